@@ -1,0 +1,70 @@
+//! Shared helpers for the integration tests: slow, obviously-correct reference casts and input
+//! generators.
+#![allow(dead_code)] // each test binary uses a subset
+
+use deepwell_core::{e2m1_to_f32, e4m3_to_f32, e5m2_to_f32};
+use proptest::prelude::*;
+
+/// Reference RNE satfinite cast by brute force: nearest finite grid value in f64, ties to the
+/// even code, beyond the grid -> the largest code. `max_code` is the largest finite magnitude
+/// code, `sign` the sign bit, `nan` the NaN result.
+pub fn ref_cast(x: f32, decode: fn(u8) -> f32, max_code: u8, sign: u8, nan: u8) -> u8 {
+    if x.is_nan() {
+        return nan;
+    }
+    let s = if x.is_sign_negative() { sign } else { 0 };
+    let a = f64::from(x.abs());
+    if a >= f64::from(decode(max_code)) {
+        // satfinite (and f64 distances would lose precision this far out).
+        return s | max_code;
+    }
+    let mut best = 0u8;
+    for c in 1..=max_code {
+        let (dc, db) = ((f64::from(decode(c)) - a).abs(), (f64::from(decode(best)) - a).abs());
+        if dc < db || (dc == db && c % 2 == 0) {
+            best = c;
+        }
+    }
+    s | best
+}
+
+pub fn ref_e4m3(x: f32) -> u8 {
+    ref_cast(x, e4m3_to_f32, 0x7E, 0x80, 0x7F)
+}
+pub fn ref_e5m2(x: f32) -> u8 {
+    ref_cast(x, e5m2_to_f32, 0x7B, 0x80, 0x7F)
+}
+pub fn ref_e2m1(x: f32) -> u8 {
+    ref_cast(x, e2m1_to_f32, 7, 0x8, 0)
+}
+
+/// A float across magnitudes 1e-30..1e30 with either sign, plus zeros, fp32 subnormals and
+/// exact powers of two.
+pub fn wide_f32() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        6 => (-30.0f64..30.0, any::<bool>()).prop_map(|(p, neg)| {
+            let v = 10f64.powf(p) as f32;
+            if neg { -v } else { v }
+        }),
+        1 => Just(0.0f32),
+        1 => Just(-0.0f32),
+        1 => (1u32..0x80_0000, any::<bool>()).prop_map(|(m, neg)| f32::from_bits(m | (u32::from(neg) << 31))),
+        1 => (-126i32..127).prop_map(|e| 2f32.powi(e)),
+    ]
+}
+
+/// A block of `n` values around a random base magnitude, spread over `spread` decades.
+pub fn block(n: usize, spread: f64) -> impl Strategy<Value = Vec<f32>> {
+    (-30.0f64..30.0).prop_flat_map(move |base| {
+        proptest::collection::vec(
+            prop_oneof![
+                8 => (-spread..0.0f64, any::<bool>()).prop_map(move |(d, neg)| {
+                    let v = 10f64.powf(base + d) as f32;
+                    if neg { -v } else { v }
+                }),
+                1 => wide_f32(),
+            ],
+            n,
+        )
+    })
+}

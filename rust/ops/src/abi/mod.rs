@@ -1,0 +1,124 @@
+//! The LibTorch stable C ABI, as a table of function pointers resolved once at registration.
+//!
+//! This module and `kernel.rs` are the whole FFI seam (STYLE.md item 8). Signatures mirror
+//! `torch/csrc/inductor/aoti_torch/c/shim.h` and `torch/csrc/stable/c/shim.h` (torch 2.10+). The
+//! 2.10 set is mandatory; newer shims are `Option`s probed with dlsym.
+
+pub mod dl;
+
+use std::ffi::{c_char, c_void};
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+use dl::{cast, Library};
+
+pub type AtenTensorHandle = *mut c_void;
+pub type TorchLibraryHandle = *mut c_void;
+pub type StringHandle = *mut c_void;
+pub type StableIValue = u64;
+/// 0 = success, 1 = failure (the message went to stderr: torch < 2.13 cannot return it).
+pub type AotiError = i32;
+
+/// A boxed kernel: `stack[0..num_args)` holds the arguments in schema order; the kernel writes its
+/// returns to `stack[0..num_outputs)`.
+pub type BoxedKernel = unsafe extern "C-unwind" fn(*mut StableIValue, u64, u64);
+
+/// The torch version whose StableIValue encodings this crate implements (2.10.0), passed to
+/// `torch_library_impl` so newer libtorch keeps presenting arguments the 2.10 way.
+pub const EXTENSION_BUILD_VERSION: u64 = (2 << 56) | (10 << 48);
+
+macro_rules! abi_table {
+    (
+        required { $( $name:ident : fn($($arg:ty),*) $(-> $ret:ty)? ; )* }
+        optional { $( $oname:ident : fn($($oarg:ty),*) $(-> $oret:ty)? ; )* }
+    ) => {
+        /// Function pointers into libtorch_cpu.so (names are the C symbols).
+        #[allow(non_snake_case)]
+        pub struct Api {
+            $( pub $name: unsafe extern "C-unwind" fn($($arg),*) $(-> $ret)?, )*
+            $( pub $oname: Option<unsafe extern "C-unwind" fn($($oarg),*) $(-> $oret)?>, )*
+            /// `operator delete(void*)` from libstdc++: frees the boxes of `T?` arguments on torch
+            /// < 2.13, where libtorch allocates them with `new StableIValue`.
+            pub operator_delete: Option<unsafe extern "C" fn(*mut c_void)>,
+        }
+
+        impl Api {
+            fn resolve(lib: &Library, libstdcxx: Option<&Library>) -> Result<Api> {
+                // SAFETY: each field's type is the C signature of the symbol of the same name.
+                unsafe {
+                    Ok(Api {
+                        $( $name: cast(lib.required(stringify!($name))?), )*
+                        $( $oname: lib.optional(stringify!($oname)).map(|p| cast(p)), )*
+                        operator_delete: libstdcxx.and_then(|l| l.optional("_ZdlPv")).map(|p| cast(p)),
+                    })
+                }
+            }
+        }
+    };
+}
+
+abi_table! {
+    required {
+        aoti_torch_abi_version: fn() -> u64;
+        aoti_torch_library_init_impl: fn(*const c_char, *const c_char, *const c_char, u32, *mut TorchLibraryHandle) -> AotiError;
+        torch_library_impl: fn(TorchLibraryHandle, *const c_char, BoxedKernel, u64) -> AotiError;
+        aoti_torch_check: fn(bool, *const c_char, *const c_char, u32, *const c_char);
+        aoti_torch_delete_tensor_object: fn(AtenTensorHandle) -> AotiError;
+        aoti_torch_get_data_ptr: fn(AtenTensorHandle, *mut *mut c_void) -> AotiError;
+        aoti_torch_get_dim: fn(AtenTensorHandle, *mut i64) -> AotiError;
+        aoti_torch_get_sizes: fn(AtenTensorHandle, *mut *mut i64) -> AotiError;
+        aoti_torch_get_strides: fn(AtenTensorHandle, *mut *mut i64) -> AotiError;
+        aoti_torch_get_dtype: fn(AtenTensorHandle, *mut i32) -> AotiError;
+        aoti_torch_get_device_type: fn(AtenTensorHandle, *mut i32) -> AotiError;
+        aoti_torch_get_device_index: fn(AtenTensorHandle, *mut i32) -> AotiError;
+        aoti_torch_empty_strided: fn(i64, *const i64, *const i64, i32, i32, i32, *mut AtenTensorHandle) -> AotiError;
+        torch_string_length: fn(StringHandle, *mut usize) -> AotiError;
+        torch_string_c_str: fn(StringHandle, *mut *const c_char) -> AotiError;
+        torch_delete_string: fn(StringHandle) -> AotiError;
+        aoti_torch_device_type_cpu: fn() -> i32;
+        aoti_torch_device_type_cuda: fn() -> i32;
+        aoti_torch_dtype_float32: fn() -> i32;
+        aoti_torch_dtype_float16: fn() -> i32;
+        aoti_torch_dtype_bfloat16: fn() -> i32;
+        aoti_torch_dtype_float64: fn() -> i32;
+        aoti_torch_dtype_uint8: fn() -> i32;
+        aoti_torch_dtype_float8_e4m3fn: fn() -> i32;
+        aoti_torch_dtype_float8_e5m2: fn() -> i32;
+    }
+    optional {
+        // 2.11+
+        torch_dtype_float8_e8m0fnu: fn() -> i32;
+        // 2.13+
+        torch_delete_stable_ivalue: fn(*mut StableIValue) -> AotiError;
+    }
+}
+
+static API: OnceLock<Api> = OnceLock::new();
+
+/// Resolves the table from the already-loaded `libtorch_cpu` (idempotent).
+pub fn init(libtorch_cpu: &str) -> Result<&'static Api> {
+    if let Some(api) = API.get() {
+        return Ok(api);
+    }
+    let lib = Library::already_loaded(libtorch_cpu)?;
+    let libstdcxx = Library::already_loaded("libstdc++.so.6").ok();
+    let api = Api::resolve(&lib, libstdcxx.as_ref())?;
+    // SAFETY: resolved above with the documented signature.
+    let version = unsafe { (api.aoti_torch_abi_version)() };
+    if version < EXTENSION_BUILD_VERSION {
+        return Err(Error::Load(format!(
+            "libtorch ABI version {}.{} is too old: deepwell needs torch >= 2.10",
+            version >> 56,
+            (version >> 48) & 0xff
+        )));
+    }
+    if api.torch_delete_stable_ivalue.is_none() && api.operator_delete.is_none() {
+        return Err(Error::Load("cannot free optional-argument boxes: libstdc++ not found".into()));
+    }
+    Ok(API.get_or_init(|| api))
+}
+
+/// The resolved table. Kernels only run after `init` succeeded (they are registered by it).
+pub fn api() -> &'static Api {
+    API.get().expect("deepwell: ABI table used before deepwell_register")
+}

@@ -1,0 +1,94 @@
+//! Argument validation shared by the ops. Each check returns an `Error::Arg` that names the op, the
+//! argument, what was expected and what was given (DESIGN.md "Conventions"). The fake kernels in
+//! `torch_ops/deepwell/ops/*.py` mirror these checks so meta tensors fail the same way.
+
+use crate::dtype::{DType, Device};
+use crate::error::{Error, Op, Result};
+use crate::tensor::Tensor;
+
+pub fn shape_str(sizes: &[i64]) -> String {
+    let parts: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// Non-empty and at least `min_dim`-dimensional (0-d tensors have no dim to block along).
+pub fn non_empty(op: Op, arg: &'static str, t: &Tensor, min_dim: usize) -> Result<()> {
+    if t.dim() < min_dim {
+        return Err(Error::arg(op, arg, format!("have at least {min_dim} dimension(s)"), format!("a {}-d tensor", t.dim())));
+    }
+    if t.numel() == 0 {
+        return Err(Error::arg(op, arg, "be non-empty", format!("shape {}", shape_str(t.sizes()))));
+    }
+    Ok(())
+}
+
+pub fn dtype_in(op: Op, arg: &'static str, t: &Tensor, allowed: &[DType]) -> Result<DType> {
+    let d = t.dtype();
+    if allowed.contains(&d) {
+        return Ok(d);
+    }
+    let names: Vec<String> = allowed.iter().map(|d| d.to_string()).collect();
+    Err(Error::arg(op, arg, format!("have dtype {}", names.join(" or ")), d))
+}
+
+/// The floating dtypes the quantizers read (widened exactly to fp32).
+pub const FLOAT_INPUTS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// The dtypes dequantizers may write.
+pub fn out_dtype(op: Op, code: Option<i32>) -> Result<DType> {
+    let d = code.map_or(DType::BF16, DType::from_code);
+    if FLOAT_INPUTS.contains(&d) {
+        Ok(d)
+    } else {
+        Err(Error::arg(op, "out_dtype", "be torch.float32, torch.bfloat16 or torch.float16", d))
+    }
+}
+
+/// Every tensor argument on the CPU (the device of the kernel being run).
+pub fn on_cpu(op: Op, arg: &'static str, t: &Tensor) -> Result<()> {
+    match t.device() {
+        Device::Cpu => Ok(()),
+        other => Err(Error::arg(op, arg, "be on the CPU (this build has CPU kernels only)", other)),
+    }
+}
+
+/// Python-style dim (negative counts from the end) -> index.
+pub fn dim(op: Op, arg: &'static str, dim: i64, ndim: usize) -> Result<usize> {
+    let n = ndim as i64;
+    let d = if dim < 0 { dim + n } else { dim };
+    if (0..n).contains(&d) {
+        Ok(d as usize)
+    } else {
+        Err(Error::arg(op, arg, format!("be in [{}, {}] for a {ndim}-d tensor", -n, n - 1), dim))
+    }
+}
+
+/// `size(dim)` of `arg` must be a multiple of `block`.
+pub fn divisible(op: Op, arg: &'static str, t: &Tensor, dim: usize, block: usize, why: &str) -> Result<()> {
+    let size = t.sizes()[dim];
+    if size as usize % block == 0 {
+        return Ok(());
+    }
+    Err(Error::arg(
+        op,
+        arg,
+        format!("have size(dim={dim}) divisible by {block} ({why})"),
+        format!("shape {}", shape_str(t.sizes())),
+    ))
+}
+
+pub fn shape_eq(op: Op, arg: &'static str, t: &Tensor, expected: &[i64]) -> Result<()> {
+    if t.sizes() == expected {
+        return Ok(());
+    }
+    Err(Error::arg(op, arg, format!("have shape {}", shape_str(expected)), shape_str(t.sizes())))
+}
+
+/// Parses a string option with the core crate's `FromStr`, naming the argument on failure.
+pub fn parse<T: std::str::FromStr>(op: Op, arg: &'static str, s: &str, choices: &str) -> Result<T> {
+    s.parse().map_err(|_| Error::arg(op, arg, format!("be one of {choices}"), format!("{s:?}")))
+}
+
+pub fn sizes_usize(t: &Tensor) -> Vec<usize> {
+    t.sizes().iter().map(|&s| s as usize).collect()
+}

@@ -1,0 +1,125 @@
+//! Host (CPU) views of tensor memory for the reference kernels: typed contiguous slices of inputs
+//! (gathered into a buffer when the input is strided) and of freshly allocated outputs.
+
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::tensor::Tensor;
+
+/// A float input as a contiguous, row-major slice of its own element type.
+pub enum FloatSlice<'a> {
+    F32(Cow<'a, [f32]>),
+    BF16(Cow<'a, [bf16]>),
+    F16(Cow<'a, [f16]>),
+}
+
+/// Runs `$body` with `$s: &[T]` bound to the slice, for whichever float type it holds.
+macro_rules! with_floats {
+    ($view:expr, $s:ident => $body:expr) => {
+        match $view {
+            $crate::host::FloatSlice::F32(c) => {
+                let $s: &[f32] = &c;
+                $body
+            }
+            $crate::host::FloatSlice::BF16(c) => {
+                let $s: &[half::bf16] = &c;
+                $body
+            }
+            $crate::host::FloatSlice::F16(c) => {
+                let $s: &[half::f16] = &c;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_floats;
+
+/// A mutable output slice of a float dtype.
+pub enum FloatSliceMut<'a> {
+    F32(&'a mut [f32]),
+    BF16(&'a mut [bf16]),
+    F16(&'a mut [f16]),
+}
+
+macro_rules! with_floats_mut {
+    ($view:expr, $s:ident => $body:expr) => {
+        match $view {
+            $crate::host::FloatSliceMut::F32($s) => $body,
+            $crate::host::FloatSliceMut::BF16($s) => $body,
+            $crate::host::FloatSliceMut::F16($s) => $body,
+        }
+    };
+}
+pub(crate) use with_floats_mut;
+
+/// Copies a strided tensor into a row-major buffer.
+///
+/// # Safety
+/// `base` must address element 0 of a tensor with these sizes/strides whose elements are `T`.
+unsafe fn gather<T: Copy>(base: *const T, sizes: &[i64], strides: &[i64]) -> Vec<T> {
+    let numel: i64 = sizes.iter().product();
+    let mut out = Vec::with_capacity(numel as usize);
+    let mut index = vec![0i64; sizes.len()];
+    let mut offset = 0i64;
+    for _ in 0..numel {
+        // SAFETY: `offset` is the strided offset of `index`, inside the tensor by construction.
+        out.push(unsafe { *base.offset(offset as isize) });
+        // Odometer increment, last dim fastest.
+        for d in (0..sizes.len()).rev() {
+            index[d] += 1;
+            offset += strides[d];
+            if index[d] < sizes[d] {
+                break;
+            }
+            offset -= strides[d] * sizes[d];
+            index[d] = 0;
+        }
+    }
+    out
+}
+
+/// The tensor's elements in row-major order, borrowed when contiguous.
+///
+/// # Safety
+/// `t` must be a non-empty CPU tensor whose elements are `T`.
+pub unsafe fn row_major<T: Copy>(t: &Tensor) -> Cow<'_, [T]> {
+    if t.is_contiguous() {
+        // SAFETY: contiguous, non-empty, element type guaranteed by the caller.
+        Cow::Borrowed(unsafe { t.as_slice::<T>() })
+    } else {
+        // SAFETY: as above; gather follows the tensor's own strides.
+        Cow::Owned(unsafe { gather(t.data_ptr() as *const T, t.sizes(), t.strides()) })
+    }
+}
+
+/// A float input tensor (dtype already validated to be f32/bf16/f16) as a row-major slice.
+///
+/// # Safety
+/// `t` must be a non-empty CPU tensor of dtype `dtype`.
+pub unsafe fn float_slice(t: &Tensor, dtype: DType) -> FloatSlice<'_> {
+    // SAFETY: the dtype names the element type.
+    unsafe {
+        match dtype {
+            DType::F32 => FloatSlice::F32(row_major(t)),
+            DType::BF16 => FloatSlice::BF16(row_major(t)),
+            _ => FloatSlice::F16(row_major(t)),
+        }
+    }
+}
+
+/// The mutable elements of an output deepwell just allocated with a float dtype.
+///
+/// # Safety
+/// `t` must be a fresh, contiguous, non-empty CPU tensor of dtype `dtype` with no other users.
+pub unsafe fn float_slice_mut(t: &Tensor, dtype: DType) -> FloatSliceMut<'_> {
+    // SAFETY: as documented.
+    unsafe {
+        match dtype {
+            DType::F32 => FloatSliceMut::F32(t.as_mut_slice()),
+            DType::BF16 => FloatSliceMut::BF16(t.as_mut_slice()),
+            _ => FloatSliceMut::F16(t.as_mut_slice()),
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! deepwell's shared library: registers `torch.ops.deepwell.*` kernels with PyTorch's dispatcher
+//! through the LibTorch stable C ABI, with no link-time dependency on torch or CUDA.
+//!
+//! Layout (DESIGN.md "How Rust reaches PyTorch"):
+//! - `abi/`      the shim function table, resolved at load time from the libtorch torch loaded;
+//! - `tensor`    owning tensor handles; `stack` decodes boxed arguments; `kernel` is the
+//!               trampoline and the one raising function (the audited FFI seam);
+//! - `check`     argument validation with messages naming op, argument, expectation and value;
+//! - `host`      CPU views of tensor memory for the reference kernels;
+//! - `ops/`      one module per op family, each with its specs and kernels;
+//! - `register`  the exported C entry points.
+//!
+//! The maths lives in `deepwell-core`; this crate only validates, allocates and routes.
+
+pub mod abi;
+pub mod check;
+pub mod dtype;
+pub mod error;
+pub mod host;
+pub mod kernel;
+pub mod ops;
+pub mod register;
+pub mod stack;
+pub mod tensor;

@@ -1,0 +1,26 @@
+"""Builds the Rust shared library (rust/ops, a plain cdylib: no Python binding, no torch or CUDA at
+build time) into the `deepwell` package, which lives in torch_ops/deepwell."""
+
+from setuptools import find_packages, setup
+from setuptools_rust import Binding, RustExtension
+
+setup(
+    name="deepwell",
+    version="0.1.0",
+    description="Low-precision (MXFP8, NVFP4, block-scaled FP8) training for PyTorch, with a Rust core",
+    python_requires=">=3.10",
+    package_dir={"": "torch_ops"},
+    packages=find_packages("torch_ops"),
+    rust_extensions=[
+        RustExtension(
+            "deepwell._deepwell",
+            path="rust/ops/Cargo.toml",
+            binding=Binding.NoBinding,
+            # Release even for in-place/editable builds (setuptools-rust builds those in debug).
+            debug=False,
+        )
+    ],
+    install_requires=["torch>=2.10", "numpy"],
+    extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
+    zip_safe=False,
+)

@@ -1,0 +1,50 @@
+"""Helpers shared by the op tests: conversions to the float64 reference model's numpy world, and
+random inputs spanning many magnitudes."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def np_f32(x: torch.Tensor) -> np.ndarray:
+    """x widened exactly to float32, as the model (and the kernels) see it."""
+    return x.detach().float().contiguous().numpy()
+
+
+def bytes_of(t: torch.Tensor) -> np.ndarray:
+    """The raw bytes of a 1-byte tensor (fp8, e8m0, uint8) as uint8."""
+    return t.contiguous().view(torch.uint8).numpy()
+
+
+def rounded(values_f32: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The model's float32 values rounded (RNE) to `dtype`, as the dequantizers do."""
+    return torch.from_numpy(np.ascontiguousarray(values_f32, dtype=np.float32)).to(dtype)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of floats, signed zeros included. NaN payloads are not part of the contract
+    (CUDA's arithmetic makes a canonical NaN, CPUs propagate payloads): NaN must meet NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.element_size() == 1:
+        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(nan_a, nan_b):
+        return False
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    bits_a, bits_b = a.contiguous().view(ints), b.contiguous().view(ints)
+    return torch.equal(bits_a[~nan_a], bits_b[~nan_b])
+
+
+def wide_range(shape, gen: torch.Generator, dtype=torch.float32, lo=-30.0, hi=30.0) -> torch.Tensor:
+    """Normal samples scaled by 10^u, u uniform in [lo, hi] per row (spans 1e-30..1e30 in fp32),
+    with random signs and some exact zeros, then cast to `dtype` (which may saturate or flush)."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    exps = torch.empty(shape[:-1] + (1,), dtype=torch.float64).uniform_(lo, hi, generator=gen)
+    x = x * torch.pow(10.0, exps)
+    x[torch.rand(shape, generator=gen) < 0.02] = 0.0
+    return x.to(dtype)
+

@@ -1,0 +1,23 @@
+"""Shared fixtures. GPU tests (`@pytest.mark.gpu`) are skipped on machines without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepwell  # noqa: F401  (defines and registers torch.ops.deepwell)
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen():
+    """A fresh, seeded generator per test (fresh random inputs, reproducible failures)."""
+    return torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())

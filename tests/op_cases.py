@@ -1,0 +1,55 @@
+"""Sample calls of every torch.ops.deepwell op, used by the opcheck, compile and registry tests.
+Adding an op without adding its cases here fails tests/test_registry.py."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _x(*shape, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def _mx(x, **kw):
+    return torch.ops.deepwell.mxfp8_quantize(x, **kw)
+
+
+def _nv(x, **kw):
+    return torch.ops.deepwell.nvfp4_quantize(x, **kw)
+
+
+def _fb(x, *block):
+    return torch.ops.deepwell.fp8_block_quantize(x, *block)
+
+
+def cases() -> dict[str, list[tuple[tuple, dict]]]:
+    """op name -> [(args, kwargs), ...]."""
+    mx = _mx(_x(4, 64))
+    mx_dim0 = _mx(_x(64, 3), dim=0)
+    nv = _nv(_x(16, 32))
+    fb = _fb(_x(128, 256), 1, 128)
+    fb2 = _fb(_x(128, 256), 128, 128)
+    scale = torch.randint(0, 255, (130, 6), dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    return {
+        "mxfp8_quantize": [
+            ((_x(4, 64),), {}),
+            ((_x(64, 3, dtype=torch.float32),), {"dim": 0, "scale_mode": "floor", "elem": "e5m2"}),
+            ((_x(8, 64, dtype=torch.float16).t(),), {"dim": 1}),
+        ],
+        "mxfp8_dequantize": [(mx, {}), (mx_dim0, {"dim": 0, "out_dtype": torch.float32})],
+        "nvfp4_quantize": [
+            ((_x(4, 32),), {}),
+            ((_x(32, 32, dtype=torch.float32),), {"block_2d": True, "global_amax": torch.tensor([4.0])}),
+            ((_x(4, 32),), {"stochastic": True, "seed": 3, "hadamard": True}),
+        ],
+        "nvfp4_dequantize": [(nv, {}), (nv, {"out_dtype": torch.float16})],
+        "fp8_block_quantize": [
+            ((_x(4, 256),), {}),
+            ((_x(128, 256, dtype=torch.float32), 128, 128, False), {}),
+            ((_x(256, 8), 128, 1), {}),
+        ],
+        "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
+        "swizzle_scales": [((scale,), {})],
+        "unswizzle_scales": [((torch.ops.deepwell.swizzle_scales(scale), 130, 6), {})],
+    }

@@ -1,0 +1,57 @@
+"""Argument checks of the fake (meta) kernels, mirroring rust/ops/src/check.rs so that tracing with
+fake tensors fails with the same messages as the real kernels."""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def fail(op: str, arg: str, expected: str, got) -> None:
+    raise RuntimeError(f"deepwell.{op}: argument '{arg}' must {expected}, got {got}")
+
+
+def shape_str(shape) -> str:
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def non_empty(op: str, arg: str, t: torch.Tensor, min_dim: int = 1) -> None:
+    if t.dim() < min_dim:
+        fail(op, arg, f"have at least {min_dim} dimension(s)", f"a {t.dim()}-d tensor")
+    if t.numel() == 0:
+        fail(op, arg, "be non-empty", f"shape {shape_str(t.shape)}")
+
+
+def dtype_in(op: str, arg: str, t: torch.Tensor, allowed) -> None:
+    if t.dtype not in allowed:
+        fail(op, arg, "have dtype " + " or ".join(str(d) for d in allowed), t.dtype)
+
+
+def out_dtype(op: str, dtype) -> torch.dtype:
+    d = torch.bfloat16 if dtype is None else dtype
+    if d not in FLOAT_INPUTS:
+        fail(op, "out_dtype", "be torch.float32, torch.bfloat16 or torch.float16", d)
+    return d
+
+
+def dim(op: str, arg: str, d: int, ndim: int) -> int:
+    i = d + ndim if d < 0 else d
+    if not 0 <= i < ndim:
+        fail(op, arg, f"be in [{-ndim}, {ndim - 1}] for a {ndim}-d tensor", d)
+    return i
+
+
+def divisible(op: str, arg: str, t: torch.Tensor, d: int, block: int, why: str) -> None:
+    if t.shape[d] % block != 0:
+        fail(op, arg, f"have size(dim={d}) divisible by {block} ({why})", f"shape {shape_str(t.shape)}")
+
+
+def shape_eq(op: str, arg: str, t: torch.Tensor, expected) -> None:
+    if tuple(t.shape) != tuple(expected):
+        fail(op, arg, f"have shape {shape_str(expected)}", shape_str(t.shape))
+
+
+def choice(op: str, arg: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        fail(op, arg, "be one of " + ", ".join(repr(c) for c in choices), f'"{value}"')

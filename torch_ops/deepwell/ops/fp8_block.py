@@ -1,0 +1,79 @@
+"""Block-scaled FP8 (DeepSeek-V3 style, Hopper's native block-scaled GEMM): schema, fake kernel,
+Python wrapper.
+
+Kernels: rust/ops/src/ops/fp8_block.rs (CPU reference); maths: rust/core/src/fp8_block.rs; rules:
+shared/NUMERICS.md "FP8 block".
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+from ._library import define
+
+BLOCKS = ((1, 128), (128, 1), (128, 128))
+
+define(
+    "fp8_block_quantize(Tensor x, int block_rows=1, int block_cols=128, bool pow2=True) "
+    "-> (Tensor data, Tensor scale_inv)"
+)
+define(
+    "fp8_block_dequantize(Tensor data, Tensor scale_inv, int block_rows=1, int block_cols=128, "
+    "ScalarType? out_dtype=None) -> Tensor"
+)
+
+
+def _scale_shape(op: str, arg: str, t: torch.Tensor, br: int, bc: int) -> list[int]:
+    if (br, bc) not in BLOCKS:
+        _checks.fail(op, "block_rows, block_cols", "be (1, 128), (128, 1) or (128, 128)", f"({br}, {bc})")
+    _checks.non_empty(op, arg, t, 2)
+    n = t.dim()
+    _checks.divisible(op, arg, t, n - 2, br, "block_rows")
+    _checks.divisible(op, arg, t, n - 1, bc, "block_cols")
+    return [*t.shape[:-2], t.shape[-2] // br, t.shape[-1] // bc]
+
+
+@torch.library.register_fake("deepwell::fp8_block_quantize")
+def _quantize_fake(x, block_rows=1, block_cols=128, pow2=True):
+    op = "fp8_block_quantize"
+    _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
+    scale_shape = _scale_shape(op, "x", x, block_rows, block_cols)
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(scale_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("deepwell::fp8_block_dequantize")
+def _dequantize_fake(data, scale_inv, block_rows=1, block_cols=128, out_dtype=None):
+    op = "fp8_block_dequantize"
+    out = _checks.out_dtype(op, out_dtype)
+    _checks.dtype_in(op, "data", data, (torch.float8_e4m3fn,))
+    _checks.dtype_in(op, "scale_inv", scale_inv, (torch.float32,))
+    _checks.shape_eq(op, "scale_inv", scale_inv, _scale_shape(op, "data", data, block_rows, block_cols))
+    return data.new_empty(data.shape, dtype=out)
+
+
+def fp8_block_quantize(
+    x: torch.Tensor, block_rows: int = 1, block_cols: int = 128, pow2: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes the last two dims of `x` to E4M3 in blocks of block_rows x block_cols.
+
+    Blocks: (1, 128) for activations and gradients along K, (128, 1) for the same along M (the
+    weight-gradient GEMM), (128, 128) for weights. `scale = 448 / amax`, rounded down to a power of two
+    when `pow2` (the default, as in DeepSeek-V3 and Transformer Engine).
+
+    Returns:
+        (data, scale_inv): float8_e4m3fn of x's shape, and float32 dequantization factors of shape
+        (..., rows / block_rows, cols / block_cols) in natural (row-major) layout.
+    """
+    return torch.ops.deepwell.fp8_block_quantize(x, block_rows, block_cols, pow2)
+
+
+def fp8_block_dequantize(
+    data: torch.Tensor,
+    scale_inv: torch.Tensor,
+    block_rows: int = 1,
+    block_cols: int = 128,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Inverse of `fp8_block_quantize`: `e4m3(q) * scale_inv`, as `out_dtype` (default bfloat16)."""
+    return torch.ops.deepwell.fp8_block_dequantize(data, scale_inv, block_rows, block_cols, out_dtype)
