@@ -35,7 +35,7 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         "mxfp8_quantize": [
             ((_x(4, 64),), {}),
             ((_x(64, 3, dtype=torch.float32),), {"dim": 0, "scale_mode": "floor", "elem": "e5m2"}),
-            ((_x(8, 64, dtype=torch.float16).t(),), {"dim": 1}),
+            ((_x(8, 64, dtype=torch.float16).t(),), {"dim": 0}),
         ],
         "mxfp8_dequantize": [(mx, {}), (mx_dim0, {"dim": 0, "out_dtype": torch.float32})],
         "nvfp4_quantize": [

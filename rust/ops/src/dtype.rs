@@ -19,6 +19,12 @@ pub enum DType {
     E4M3,
     E5M2,
     E8M0,
+    // Dtypes no kernel accepts, named so error messages can say what was given.
+    I8,
+    I16,
+    I32,
+    I64,
+    Bool,
     Other(i32),
 }
 
@@ -26,7 +32,7 @@ pub enum DType {
 const E8M0_C10_CODE: i32 = 44;
 
 struct Codes {
-    table: [(DType, i32); 8],
+    table: [(DType, i32); 13],
 }
 
 static CODES: OnceLock<Codes> = OnceLock::new();
@@ -43,6 +49,11 @@ pub fn init(api: &Api) {
             (DType::E4M3, (api.aoti_torch_dtype_float8_e4m3fn)()),
             (DType::E5M2, (api.aoti_torch_dtype_float8_e5m2)()),
             (DType::E8M0, api.torch_dtype_float8_e8m0fnu.map_or(E8M0_C10_CODE, |f| f())),
+            (DType::I8, (api.aoti_torch_dtype_int8)()),
+            (DType::I16, (api.aoti_torch_dtype_int16)()),
+            (DType::I32, (api.aoti_torch_dtype_int32)()),
+            (DType::I64, (api.aoti_torch_dtype_int64)()),
+            (DType::Bool, (api.aoti_torch_dtype_bool)()),
         ]
     };
     let _ = CODES.set(Codes { table });
@@ -70,7 +81,10 @@ impl DType {
             DType::F64 => Some(8),
             DType::F32 => Some(4),
             DType::F16 | DType::BF16 => Some(2),
-            DType::U8 | DType::E4M3 | DType::E5M2 | DType::E8M0 => Some(1),
+            DType::U8 | DType::I8 | DType::Bool | DType::E4M3 | DType::E5M2 | DType::E8M0 => Some(1),
+            DType::I16 => Some(2),
+            DType::I32 => Some(4),
+            DType::I64 => Some(8),
             DType::Other(_) => None,
         }
     }
@@ -87,6 +101,11 @@ impl fmt::Display for DType {
             DType::E4M3 => "torch.float8_e4m3fn",
             DType::E5M2 => "torch.float8_e5m2",
             DType::E8M0 => "torch.float8_e8m0fnu",
+            DType::I8 => "torch.int8",
+            DType::I16 => "torch.int16",
+            DType::I32 => "torch.int32",
+            DType::I64 => "torch.int64",
+            DType::Bool => "torch.bool",
             DType::Other(c) => return write!(f, "dtype code {c}"),
         };
         f.write_str(name)

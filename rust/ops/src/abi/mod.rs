@@ -82,6 +82,11 @@ abi_table! {
         aoti_torch_dtype_bfloat16: fn() -> i32;
         aoti_torch_dtype_float64: fn() -> i32;
         aoti_torch_dtype_uint8: fn() -> i32;
+        aoti_torch_dtype_int8: fn() -> i32;
+        aoti_torch_dtype_int16: fn() -> i32;
+        aoti_torch_dtype_int32: fn() -> i32;
+        aoti_torch_dtype_int64: fn() -> i32;
+        aoti_torch_dtype_bool: fn() -> i32;
         aoti_torch_dtype_float8_e4m3fn: fn() -> i32;
         aoti_torch_dtype_float8_e5m2: fn() -> i32;
     }
