@@ -37,6 +37,10 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(64, 3, dtype=torch.float32),), {"dim": 0, "scale_mode": "floor", "elem": "e5m2"}),
             ((_x(8, 64, dtype=torch.float16).t(),), {"dim": 0}),
         ],
+        "mxfp8_quantize_rowcol": [
+            ((_x(64, 96),), {}),
+            ((_x(32, 64, dtype=torch.float32),), {"scale_mode": "floor", "col_transposed": True, "swizzle": True}),
+        ],
         "mxfp8_dequantize": [(mx, {}), (mx_dim0, {"dim": 0, "out_dtype": torch.float32})],
         "nvfp4_quantize": [
             ((_x(4, 32),), {}),
@@ -49,6 +53,7 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(128, 256, dtype=torch.float32), 128, 128, False), {}),
             ((_x(256, 8), 128, 1), {}),
         ],
+        "fp8_block_quantize_rowcol": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float16),), {"pow2": False})],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
         "swizzle_scales": [((scale,), {})],
         "unswizzle_scales": [((torch.ops.deepwell.swizzle_scales(scale), 130, 6), {})],

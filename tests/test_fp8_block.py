@@ -61,3 +61,13 @@ def test_non_finite_block_gets_scale_one(bad):
     data, s = check_against_model(x)
     assert s[0, 0].item() == 1.0 and s[0, 1].item() == 1.0 / 128
     assert bytes_of(data)[0, 7] == (0x7F if bad != bad else 0x7E)
+
+
+@pytest.mark.parametrize("pow2", [True, False])
+def test_rowcol_equals_row_and_transposed_quantizations(pow2, gen):
+    x = wide_range((256, 384), gen, torch.bfloat16, lo=-4, hi=4)
+    rd, rs, cd, cs = deepwell.fp8_block_quantize_rowcol(x, pow2)
+    want_rd, want_rs = deepwell.fp8_block_quantize(x, 1, 128, pow2)
+    want_cd, want_cs = deepwell.fp8_block_quantize(x.t().contiguous(), 1, 128, pow2)
+    for got, want in ((rd, want_rd), (rs, want_rs), (cd, want_cd), (cs, want_cs)):
+        assert same_bits(got, want)

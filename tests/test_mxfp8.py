@@ -144,3 +144,17 @@ def test_dequantize_round_trip_error_is_within_half_an_e4m3_ulp(gen):
     scale = deepwell.mxfp8_quantize(x)[1].float().repeat_interleave(32, -1)
     bound = torch.maximum(x.abs() * 2.0**-4, scale * 2.0**-10)
     assert ((y - x).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("swizzle", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_rowcol_equals_the_two_separate_quantizations(transposed, swizzle, mode, gen):
+    x = wide_range((96, 160), gen, torch.bfloat16, lo=-5, hi=5)
+    rd, rs, cd, cs = deepwell.mxfp8_quantize_rowcol(x, mode, "e4m3", transposed, swizzle)
+    want_rd, want_rs = deepwell.mxfp8_quantize(x, -1, mode)
+    want_cd, want_cs = deepwell.mxfp8_quantize(x.t().contiguous(), -1, mode) if transposed else deepwell.mxfp8_quantize(x, 0, mode)
+    if swizzle:
+        want_rs, want_cs = deepwell.swizzle_scales(want_rs), deepwell.swizzle_scales(want_cs)
+    for got, want in ((rd, want_rd), (rs, want_rs), (cd, want_cd), (cs, want_cs)):
+        assert same_bits(got, want)

@@ -8,8 +8,10 @@ from . import _native
 from .ops import (
     fp8_block_dequantize,
     fp8_block_quantize,
+    fp8_block_quantize_rowcol,
     mxfp8_dequantize,
     mxfp8_quantize,
+    mxfp8_quantize_rowcol,
     nvfp4_dequantize,
     nvfp4_quantize,
     swizzle_scales,
@@ -23,8 +25,10 @@ __version__ = _native.version()
 __all__ = [
     "fp8_block_dequantize",
     "fp8_block_quantize",
+    "fp8_block_quantize_rowcol",
     "mxfp8_dequantize",
     "mxfp8_quantize",
+    "mxfp8_quantize_rowcol",
     "nvfp4_dequantize",
     "nvfp4_quantize",
     "swizzle_scales",

@@ -7,3 +7,13 @@ import os
 #: Path of the deepwell shared library to load instead of the one installed in the package
 #: (used on the GPU machine, where the library is built elsewhere and carried over).
 LIBRARY: str | None = os.environ.get("DEEPWELL_LIBRARY") or None
+
+#: Directory of the on-disk JIT cache of compiled CUDA kernels ("0" or "off" disables it).
+CACHE_DIR: str | None = os.environ.get("DEEPWELL_CACHE_DIR") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "deepwell", "jit"
+)
+if CACHE_DIR in ("0", "off"):
+    CACHE_DIR = None
+
+#: Path of libnvrtc to compile kernels with, instead of the one in torch's CUDA wheel.
+NVRTC: str | None = os.environ.get("DEEPWELL_NVRTC") or None

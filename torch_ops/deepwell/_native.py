@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import sys
 
 import torch
 
@@ -35,21 +36,59 @@ def library_path() -> str:
     return found[0]
 
 
+def nvrtc_path() -> str | None:
+    """libnvrtc from torch's CUDA wheel (site-packages/nvidia/cu1X/lib), or $DEEPWELL_NVRTC."""
+    if _env.NVRTC:
+        return _env.NVRTC
+    for root in sys.path:
+        for name in ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"):
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def _open(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    lib.deepwell_register.argtypes = [ctypes.c_char_p] * 4
+    lib.deepwell_register.restype = ctypes.c_int
+    lib.deepwell_compile_all.argtypes = [ctypes.c_char_p] * 2
+    lib.deepwell_compile_all.restype = ctypes.c_int
+    for name in ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table"):
+        getattr(lib, name).restype = ctypes.c_char_p
+    return lib
+
+
+def _encode(s: str | None) -> bytes | None:
+    return None if s is None else s.encode()
+
+
 def load() -> ctypes.CDLL:
-    """Loads the library and registers its kernels (idempotent)."""
+    """Loads the library and registers its kernels (idempotent). CUDA kernels are registered when
+    this torch has CUDA; they compile on first use with NVRTC (no GPU is needed to import)."""
     global _lib
     if _lib is not None:
         return _lib
-    lib = ctypes.CDLL(library_path())
-    lib.deepwell_register.argtypes = [ctypes.c_char_p]
-    lib.deepwell_register.restype = ctypes.c_int
-    for name in ("deepwell_last_error", "deepwell_version", "deepwell_kernel_table"):
-        getattr(lib, name).restype = ctypes.c_char_p
-    libtorch_cpu = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-    if lib.deepwell_register(libtorch_cpu.encode()) != 0:
-        raise RuntimeError(lib.deepwell_last_error().decode())
+    lib = _open(library_path())
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    libtorch_cuda = os.path.join(torch_lib, "libtorch_cuda.so")
+    has_cuda = torch.version.cuda is not None and os.path.isfile(libtorch_cuda)
+    args = (os.path.join(torch_lib, "libtorch_cpu.so"), libtorch_cuda if has_cuda else None, nvrtc_path(), _env.CACHE_DIR)
+    if lib.deepwell_register(*map(_encode, args)) != 0:
+        raise RuntimeError(lib.deepwell_last_message().decode())
     _lib = lib
     return lib
+
+
+def compile_all(archs: list[str]) -> str:
+    """Compiles every CUDA kernel for each arch with NVRTC (no GPU needed); returns the report."""
+    nvrtc = nvrtc_path()
+    if nvrtc is None:
+        raise RuntimeError("deepwell: NVRTC not found (install torch's CUDA wheel or set DEEPWELL_NVRTC)")
+    lib = load()
+    if lib.deepwell_compile_all(nvrtc.encode(), ",".join(archs).encode()) != 0:
+        raise RuntimeError(lib.deepwell_last_message().decode())
+    return lib.deepwell_last_message().decode()
 
 
 def version() -> str:

@@ -36,7 +36,14 @@ fn bench(c: &mut Criterion) {
         let mut scale = vec![0u8; N * N / 32];
         g.bench_function(name, |b| {
             b.iter(|| {
-                mxfp8_quantize(black_box(&x), dims, ScaleMode::Rceil, Fp8Elem::E4M3, &mut data, &mut scale)
+                mxfp8_quantize(
+                    black_box(&x),
+                    dims,
+                    ScaleMode::Rceil,
+                    Fp8Elem::E4M3,
+                    &mut data,
+                    &mut scale,
+                )
             })
         });
     }
@@ -45,8 +52,21 @@ fn bench(c: &mut Criterion) {
     let mut scale = vec![0u8; N * N / 16];
     for (name, opts) in [
         ("nvfp4", Nvfp4Options::default()),
-        ("nvfp4_2d", Nvfp4Options { block_2d: true, ..Default::default() }),
-        ("nvfp4_sr_rht", Nvfp4Options { stochastic_seed: Some(7), hadamard: true, ..Default::default() }),
+        (
+            "nvfp4_2d",
+            Nvfp4Options {
+                block_2d: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "nvfp4_sr_rht",
+            Nvfp4Options {
+                stochastic_seed: Some(7),
+                hadamard: true,
+                ..Default::default()
+            },
+        ),
     ] {
         g.bench_function(name, |b| {
             b.iter(|| nvfp4_quantize(black_box(&x), N, N, 4.0, &opts, &mut packed, &mut scale))
@@ -57,7 +77,17 @@ fn bench(c: &mut Criterion) {
         let mut scale_inv = vec![0f32; N * N / 128 / br];
         g.bench_function(name, |b| {
             b.iter(|| {
-                fp8_block_quantize(black_box(&x), 1, N, N, br, 128, true, &mut data, &mut scale_inv)
+                fp8_block_quantize(
+                    black_box(&x),
+                    1,
+                    N,
+                    N,
+                    br,
+                    128,
+                    true,
+                    &mut data,
+                    &mut scale_inv,
+                )
             })
         });
     }

@@ -52,25 +52,31 @@ pub(crate) fn abs_bits_max(acc: u32, x: u32) -> u32 {
     (acc & 0x7FFF_FFFF).max(x & 0x7FFF_FFFF)
 }
 
-/// Unsaturated magnitude code of `|x|` (bits `a`, finite or Inf, not NaN) in a minifloat with
-/// `M` mantissa bits and exponent bias `BIAS`, rounded to nearest even. The caller saturates.
+/// Unsaturated magnitude code of `|x|` (bits `a`) in a minifloat with `M` mantissa bits and
+/// exponent bias `BIAS`, rounded to nearest even. The caller saturates, and replaces the
+/// meaningless result for NaN by its NaN code.
+///
+/// Both candidate codes are computed and one is selected, so that loops over the casts have no
+/// data-dependent branch and vectorize.
 #[inline(always)]
 fn minifloat_magnitude<const M: u32, const BIAS: i32>(a: u32) -> u32 {
+    // Target subnormal (|x| < 2^(1-BIAS)): the code is the number of quanta 2^(1-BIAS-M).
+    // Scaling by a power of two is exact and gives v < 2^M; adding 2^23 rounds v to an integer
+    // with the FPU's round-to-nearest-even, leaving it in the low mantissa bits. A result of
+    // 2^M is the code of the smallest normal, so the carry is right too.
+    let v = f32::from_bits(a) * exp2i(M as i32 + BIAS - 1);
+    let sub = (v + 8_388_608.0).to_bits().wrapping_sub(0x4B00_0000);
+    // Target normal: round the fp32 exponent+mantissa field to M mantissa bits (RNE: add
+    // half - 1 plus the kept LSB; a carry correctly bumps the exponent), then rebias.
+    // No overflow: a <= 0x7FFFFFFF and the addend is below 2^22.
+    let shift = 23 - M;
+    let rounded = (a + (1 << (shift - 1)) - 1 + ((a >> shift) & 1)) >> shift;
+    let norm = rounded.wrapping_sub(((127 - BIAS) as u32) << M);
     // Bits of the smallest normal 2^(1-BIAS).
-    let min_normal = ((128 - BIAS) as u32) << 23;
-    if a < min_normal {
-        // Target subnormal: the code is the number of quanta 2^(1-BIAS-M). Scaling by a power
-        // of two is exact, v < 2^M; adding 2^23 then rounds v to an integer with the FPU's
-        // round-to-nearest-even, and the integer sits in the low mantissa bits. A result of
-        // 2^M is the code of the smallest normal, so the carry is correct too.
-        let v = f32::from_bits(a) * exp2i(M as i32 + BIAS - 1);
-        (v + 8_388_608.0).to_bits() - 0x4B00_0000
+    if a < ((128 - BIAS) as u32) << 23 {
+        sub
     } else {
-        // Target normal: round the fp32 exponent+mantissa field to M mantissa bits (RNE: add
-        // half-1 plus the kept LSB; a carry correctly bumps the exponent), then rebias.
-        let shift = 23 - M;
-        let rounded = (a + (1 << (shift - 1)) - 1 + ((a >> shift) & 1)) >> shift;
-        rounded - (((127 - BIAS) as u32) << M)
+        norm
     }
 }
 
@@ -80,12 +86,14 @@ fn minifloat_magnitude<const M: u32, const BIAS: i32>(a: u32) -> u32 {
 pub fn f32_to_e4m3(x: f32) -> u8 {
     let bits = x.to_bits();
     let a = bits & 0x7FFF_FFFF;
-    if a > 0x7F80_0000 {
-        return 0x7F;
-    }
     let sign = ((bits >> 24) & 0x80) as u8;
     // 0x7E = 448 is the largest finite code; 0x7F is NaN.
-    sign | minifloat_magnitude::<3, 7>(a).min(0x7E) as u8
+    let q = sign | minifloat_magnitude::<3, 7>(a).min(0x7E) as u8;
+    if a > 0x7F80_0000 {
+        0x7F
+    } else {
+        q
+    }
 }
 
 /// fp32 -> E5M2: RNE, satfinite (±Inf and overflow -> ±57344 = 0x7B), NaN -> 0x7F.
@@ -93,12 +101,14 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
 pub fn f32_to_e5m2(x: f32) -> u8 {
     let bits = x.to_bits();
     let a = bits & 0x7FFF_FFFF;
-    if a > 0x7F80_0000 {
-        return 0x7F;
-    }
     let sign = ((bits >> 24) & 0x80) as u8;
     // 0x7B = 57344 is the largest finite code; 0x7C is Inf, which satfinite never produces.
-    sign | minifloat_magnitude::<2, 15>(a).min(0x7B) as u8
+    let q = sign | minifloat_magnitude::<2, 15>(a).min(0x7B) as u8;
+    if a > 0x7F80_0000 {
+        0x7F
+    } else {
+        q
+    }
 }
 
 /// fp32 -> E2M1 4-bit code (bit 3 = sign): RNE with the grid {0, .5, 1, 1.5, 2, 3, 4, 6}, so the
@@ -106,13 +116,22 @@ pub fn f32_to_e5m2(x: f32) -> u8 {
 /// NaN -> 0 (E2M1 has no NaN; the quantizers never pass one). -0.0 -> 0x8.
 #[inline(always)]
 pub fn f32_to_e2m1(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let a = bits & 0x7FFF_FFFF;
-    if a > 0x7F80_0000 {
-        return 0;
+    // With only seven decision points, RNE is a count of thresholds passed: `>` where the tie
+    // goes down (to an even code), `>=` where it goes up. NaN passes none (code 0), Inf all.
+    let a = x.abs();
+    let code = u8::from(a > 0.25)
+        + u8::from(a >= 0.75)
+        + u8::from(a > 1.25)
+        + u8::from(a >= 1.75)
+        + u8::from(a > 2.5)
+        + u8::from(a >= 3.5)
+        + u8::from(a > 5.0);
+    let q = (((x.to_bits() >> 28) & 0x8) as u8) | code;
+    if a.is_nan() {
+        0
+    } else {
+        q
     }
-    let sign = ((bits >> 28) & 0x8) as u8;
-    sign | minifloat_magnitude::<1, 1>(a).min(0x7) as u8
 }
 
 /// fp32 bits of the minifloat code `c` (`M` mantissa bits, `BIAS`), ignoring NaN/Inf codes.
@@ -137,7 +156,11 @@ const fn e4m3_table() -> [u32; 256] {
     let mut t = [0u32; 256];
     let mut c = 0;
     while c < 256 {
-        t[c] = if c & 0x7F == 0x7F { 0x7FC0_0000 } else { minifloat_bits(c as u32, 7, 3, 7) };
+        t[c] = if c & 0x7F == 0x7F {
+            0x7FC0_0000
+        } else {
+            minifloat_bits(c as u32, 7, 3, 7)
+        };
         c += 1;
     }
     t

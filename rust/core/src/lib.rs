@@ -44,9 +44,7 @@ pub use formats::{
 };
 pub use fp8_block::{fp8_block_dequantize, fp8_block_quantize, fp8_block_scale};
 pub use hadamard::{hadamard16, HADAMARD_SIGNS};
-pub use mxfp8::{
-    mxfp8_dequantize, mxfp8_quantize, mxfp8_scale_byte, Fp8Elem, ScaleMode, MX_BLOCK,
-};
+pub use mxfp8::{mxfp8_dequantize, mxfp8_quantize, mxfp8_scale_byte, Fp8Elem, ScaleMode, MX_BLOCK};
 pub use nvfp4::{
     nvfp4_dequantize, nvfp4_encode_scale, nvfp4_global_amax, nvfp4_quantize, Nvfp4Options,
     NVFP4_BLOCK,

@@ -65,9 +65,16 @@ fn amax16(v: &[f32; 16], acc: u32) -> u32 {
 /// # Panics
 /// If `k % 16 != 0` or `x.len()` is not a multiple of `k`.
 pub fn nvfp4_global_amax<T: Element>(x: &[T], k: usize, hadamard: bool) -> f32 {
-    assert!(k % NVFP4_BLOCK == 0, "nvfp4_global_amax: k = {k} is not a multiple of 16");
     assert!(
-        if k == 0 { x.is_empty() } else { x.len() % k == 0 },
+        k % NVFP4_BLOCK == 0,
+        "nvfp4_global_amax: k = {k} is not a multiple of 16"
+    );
+    assert!(
+        if k == 0 {
+            x.is_empty()
+        } else {
+            x.len() % k == 0
+        },
         "nvfp4_global_amax: {} elements do not form rows of k = {k}",
         x.len()
     );
@@ -76,9 +83,11 @@ pub fn nvfp4_global_amax<T: Element>(x: &[T], k: usize, hadamard: bool) -> f32 {
         .par_chunks(chunk)
         .map(|c| {
             if hadamard {
-                c.chunks_exact(NVFP4_BLOCK).fold(0, |m, b| amax16(&load16(b, true), m))
+                c.chunks_exact(NVFP4_BLOCK)
+                    .fold(0, |m, b| amax16(&load16(b, true), m))
             } else {
-                c.iter().fold(0, |m, v| abs_bits_max(m, v.to_f32().to_bits()))
+                c.iter()
+                    .fold(0, |m, v| abs_bits_max(m, v.to_f32().to_bits()))
             }
         })
         .reduce(|| 0, u32::max);
@@ -95,11 +104,12 @@ pub fn nvfp4_encode_scale(global_amax: f32) -> f32 {
 }
 
 /// Per-tensor constants of one quantization.
-#[derive(Clone, Copy)]
 struct Ctx {
     /// `S_enc * fp32(1/6)`.
     sb_factor: f32,
-    s_dec: f32,
+    /// `enc = min(1 / (float(sb) * S_dec), FLT_MAX)` for every block scale byte `sb`: the same
+    /// fp32 values as evaluating it per block, without a division per block.
+    enc: [f32; 256],
     seed: Option<u64>,
     hadamard: bool,
 }
@@ -114,18 +124,27 @@ impl Ctx {
             return (0x7F, f32::NAN);
         }
         let sb = f32_to_e4m3(amax * self.sb_factor);
-        (sb, (1.0 / (e4m3_to_f32(sb) * self.s_dec)).min(f32::MAX))
+        (sb, self.enc[usize::from(sb)])
     }
 
     /// Packs 16 values into 8 bytes; `index` is the flat index of `v[0]`.
     #[inline]
     fn encode(&self, v: &[f32; 16], enc: f32, index: usize, out: &mut [u8]) {
-        let q = |i: usize| match self.seed {
-            None => f32_to_e2m1(v[i] * enc),
-            Some(s) => e2m1_stochastic(v[i] * enc, sr_bits(s, (index + i) as u64)),
-        };
-        for (i, o) in out.iter_mut().enumerate().take(NVFP4_BLOCK / 2) {
-            *o = q(2 * i) | (q(2 * i + 1) << 4);
+        let mut q = [0u8; 16];
+        match self.seed {
+            None => {
+                for (c, x) in q.iter_mut().zip(v) {
+                    *c = f32_to_e2m1(x * enc);
+                }
+            }
+            Some(s) => {
+                for (i, (c, x)) in q.iter_mut().zip(v).enumerate() {
+                    *c = e2m1_stochastic(x * enc, sr_bits(s, (index + i) as u64));
+                }
+            }
+        }
+        for (o, pair) in out.iter_mut().zip(q.chunks_exact(2)) {
+            *o = pair[0] | (pair[1] << 4);
         }
     }
 }
@@ -154,7 +173,7 @@ pub fn nvfp4_quantize<T: Element>(
     let s_dec = 1.0 / s_enc;
     let ctx = Ctx {
         sb_factor: s_enc * (1.0 / 6.0),
-        s_dec,
+        enc: std::array::from_fn(|b| (1.0 / (e4m3_to_f32(b as u8) * s_dec)).min(f32::MAX)),
         seed: opts.stochastic_seed,
         hadamard: opts.hadamard,
     };
@@ -162,22 +181,24 @@ pub fn nvfp4_quantize<T: Element>(
         return s_dec;
     }
     if opts.block_2d {
-        quantize_2d(x, k, ctx, data, scale);
+        quantize_2d(x, k, &ctx, data, scale);
     } else {
-        quantize_1d(x, ctx, data, scale);
+        quantize_1d(x, &ctx, data, scale);
     }
     s_dec
 }
 
 /// 1x16 blocks: k % 16 == 0, so the tensor is a flat run of blocks.
-fn quantize_1d<T: Element>(x: &[T], ctx: Ctx, data: &mut [u8], scale: &mut [u8]) {
+fn quantize_1d<T: Element>(x: &[T], ctx: &Ctx, data: &mut [u8], scale: &mut [u8]) {
     let chunk = NVFP4_BLOCK * BLOCKS_PER_TASK;
     x.par_chunks(chunk)
         .zip(data.par_chunks_mut(chunk / 2))
         .zip(scale.par_chunks_mut(BLOCKS_PER_TASK))
         .enumerate()
         .for_each(|(t, ((xc, dc), sc))| {
-            let blocks = xc.chunks_exact(NVFP4_BLOCK).zip(dc.chunks_exact_mut(NVFP4_BLOCK / 2));
+            let blocks = xc
+                .chunks_exact(NVFP4_BLOCK)
+                .zip(dc.chunks_exact_mut(NVFP4_BLOCK / 2));
             for (b, ((xb, db), s)) in blocks.zip(sc.iter_mut()).enumerate() {
                 let v = load16(xb, ctx.hadamard);
                 let (sb, enc) = ctx.block(amax16(&v, 0));
@@ -188,7 +209,7 @@ fn quantize_1d<T: Element>(x: &[T], ctx: Ctx, data: &mut [u8], scale: &mut [u8])
 }
 
 /// 16x16 tiles: one work item per group of 16 rows.
-fn quantize_2d<T: Element>(x: &[T], k: usize, ctx: Ctx, data: &mut [u8], scale: &mut [u8]) {
+fn quantize_2d<T: Element>(x: &[T], k: usize, ctx: &Ctx, data: &mut [u8], scale: &mut [u8]) {
     let nb = k / NVFP4_BLOCK;
     x.par_chunks(NVFP4_BLOCK * k)
         .zip(data.par_chunks_mut(NVFP4_BLOCK * k / 2))
@@ -221,13 +242,22 @@ pub fn nvfp4_dequantize<O: Element>(
     k: usize,
     out: &mut [O],
 ) {
-    check("nvfp4_dequantize", rows, k, out.len(), data.len(), scale.len());
+    check(
+        "nvfp4_dequantize",
+        rows,
+        k,
+        out.len(),
+        data.len(),
+        scale.len(),
+    );
     let chunk = NVFP4_BLOCK * BLOCKS_PER_TASK;
     out.par_chunks_mut(chunk)
         .zip(data.par_chunks(chunk / 2))
         .zip(scale.par_chunks(BLOCKS_PER_TASK))
         .for_each(|((oc, dc), sc)| {
-            let blocks = oc.chunks_exact_mut(NVFP4_BLOCK).zip(dc.chunks_exact(NVFP4_BLOCK / 2));
+            let blocks = oc
+                .chunks_exact_mut(NVFP4_BLOCK)
+                .zip(dc.chunks_exact(NVFP4_BLOCK / 2));
             for ((ob, db), &sb) in blocks.zip(sc) {
                 let f = e4m3_to_f32(sb);
                 for (pair, &byte) in ob.chunks_exact_mut(2).zip(db) {
@@ -240,9 +270,22 @@ pub fn nvfp4_dequantize<O: Element>(
 
 fn check(op: &str, rows: usize, k: usize, x_len: usize, data_len: usize, scale_len: usize) {
     let n = rows * k;
-    assert!(k % NVFP4_BLOCK == 0, "{op}: k = {k} is not a multiple of 16");
-    assert!(x_len == n, "{op}: high-precision tensor has {x_len} elements, {rows}x{k} needs {n}");
-    assert!(data_len == n / 2, "{op}: data has {data_len} bytes, {rows}x{k} needs {}", n / 2);
+    assert!(
+        k % NVFP4_BLOCK == 0,
+        "{op}: k = {k} is not a multiple of 16"
+    );
+    assert!(
+        x_len == n,
+        "{op}: high-precision tensor has {x_len} elements, {rows}x{k} needs {n}"
+    );
+    assert!(
+        data_len == n / 2,
+        "{op}: data has {data_len} bytes, {rows}x{k} needs {}",
+        n / 2
+    );
     let ns = n / NVFP4_BLOCK;
-    assert!(scale_len == ns, "{op}: scale has {scale_len} bytes, {rows}x{k} needs {ns}");
+    assert!(
+        scale_len == ns,
+        "{op}: scale has {scale_len} bytes, {rows}x{k} needs {ns}"
+    );
 }

@@ -40,8 +40,13 @@ pub fn e2m1_stochastic(v: f32, bits: u32) -> u8 {
     if a >= 6.0 {
         return sign | 7;
     }
-    // lo = the largest grid point <= a (a < 6, so lo's index is at most 6).
-    let lo = GRID[1..7].iter().take_while(|&&g| g <= a).count();
+    // lo = index of the largest grid point <= a (a < 6, so at most 6); branch-free count.
+    let lo = usize::from(a >= 0.5)
+        + usize::from(a >= 1.0)
+        + usize::from(a >= 1.5)
+        + usize::from(a >= 2.0)
+        + usize::from(a >= 3.0)
+        + usize::from(a >= 4.0);
     let (l, h) = (GRID[lo], GRID[lo + 1]);
     let t = (a - l) / (h - l);
     let u = (bits >> 8) as f32 * (1.0 / 16_777_216.0);

@@ -48,9 +48,30 @@ mod tests {
     #[test]
     fn views_each_dim() {
         let s = [2, 3, 64, 5];
-        assert_eq!(Dims3::from_shape(&s, 0), Dims3 { outer: 1, k: 2, inner: 960 });
-        assert_eq!(Dims3::from_shape(&s, 2), Dims3 { outer: 6, k: 64, inner: 5 });
-        assert_eq!(Dims3::from_shape(&s, 3), Dims3 { outer: 384, k: 5, inner: 1 });
+        assert_eq!(
+            Dims3::from_shape(&s, 0),
+            Dims3 {
+                outer: 1,
+                k: 2,
+                inner: 960
+            }
+        );
+        assert_eq!(
+            Dims3::from_shape(&s, 2),
+            Dims3 {
+                outer: 6,
+                k: 64,
+                inner: 5
+            }
+        );
+        assert_eq!(
+            Dims3::from_shape(&s, 3),
+            Dims3 {
+                outer: 384,
+                k: 5,
+                inner: 1
+            }
+        );
         assert_eq!(Dims3::from_shape(&s, 1).numel(), 1920);
     }
 

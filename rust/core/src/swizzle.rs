@@ -71,9 +71,16 @@ pub fn unswizzle_scales(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) {
 }
 
 fn check(op: &str, plain: usize, rows: usize, cols: usize, swizzled: usize) {
-    assert!(plain == rows * cols, "{op}: plain scales have {plain} bytes, {rows}x{cols} needs {}", rows * cols);
+    assert!(
+        plain == rows * cols,
+        "{op}: plain scales have {plain} bytes, {rows}x{cols} needs {}",
+        rows * cols
+    );
     let need = swizzled_len(rows, cols);
-    assert!(swizzled == need, "{op}: swizzled scales have {swizzled} bytes, {rows}x{cols} needs {need}");
+    assert!(
+        swizzled == need,
+        "{op}: swizzled scales have {swizzled} bytes, {rows}x{cols} needs {need}"
+    );
 }
 
 #[cfg(test)]

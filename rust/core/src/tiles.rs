@@ -66,8 +66,9 @@ pub(crate) fn par_tiles<T, S, F>(
         .zip(x.par_chunks(unit_len))
         .for_each(|((d, s), unit)| {
             // Regroup the unit's rows by column tile: safe disjoint borrows of strided data.
-            let mut tiles: Vec<Vec<&mut [u8]>> =
-                (0..width.div_ceil(tile)).map(|_| Vec::with_capacity(unit_rows)).collect();
+            let mut tiles: Vec<Vec<&mut [u8]>> = (0..width.div_ceil(tile))
+                .map(|_| Vec::with_capacity(unit_rows))
+                .collect();
             for row in d.chunks_mut(width) {
                 for (slot, seg) in tiles.iter_mut().zip(row.chunks_mut(tile)) {
                     slot.push(seg);
@@ -79,7 +80,12 @@ pub(crate) fn par_tiles<T, S, F>(
                 .enumerate()
                 .for_each(|(t, (mut rows, st))| {
                     let w = rows.first().map_or(0, |r| r.len());
-                    let view = Tile { unit, width, c0: t * tile, w };
+                    let view = Tile {
+                        unit,
+                        width,
+                        c0: t * tile,
+                        w,
+                    };
                     f(&view, &mut rows, st);
                 });
         });
@@ -97,7 +103,9 @@ pub(crate) fn group_amax<T: Element>(tile: &Tile<'_, T>, rows: usize, group: usi
             }
         } else {
             for (a, seg) in amax.iter_mut().zip(xr.chunks_exact(group)) {
-                *a = seg.iter().fold(*a, |m, v| abs_bits_max(m, v.to_f32().to_bits()));
+                *a = seg
+                    .iter()
+                    .fold(*a, |m, v| abs_bits_max(m, v.to_f32().to_bits()));
             }
         }
     }

@@ -18,7 +18,11 @@ fn scale_rules() {
         (f32::from_bits(1), false, f32::MAX), // 448 / 2^-149 = Inf -> FLT_MAX
         (f32::from_bits(1), true, 2f32.powi(127)),
     ] {
-        assert_eq!(fp8_block_scale(amax, pow2), want, "amax {amax:e} pow2 {pow2}");
+        assert_eq!(
+            fp8_block_scale(amax, pow2),
+            want,
+            "amax {amax:e} pow2 {pow2}"
+        );
     }
 }
 
@@ -47,15 +51,19 @@ fn layouts_1x128_and_128x128() {
         .map(|i| {
             let (bi, ri, ci) = (i / (r * c), (i / c) % r, i % c);
             let a = amax_of(bi, ri / 128, ci / 128);
-            if (ri % 128, ci % 128) == (5, 7) { -a } else { a / 3.0 }
+            if (ri % 128, ci % 128) == (5, 7) {
+                -a
+            } else {
+                a / 3.0
+            }
         })
         .collect();
     let mut data = vec![0u8; x.len()];
     let mut si = vec![0f32; 8];
     fp8_block_quantize(&x, b, r, c, 128, 128, false, &mut data, &mut si);
-    for i in 0..8 {
+    for (i, &s) in si.iter().enumerate() {
         let (bi, ri, ci) = (i / 4, (i / 2) % 2, i % 2);
-        assert_eq!(si[i], 1.0 / (448.0 / amax_of(bi, ri, ci)), "scale {i}");
+        assert_eq!(s, 1.0 / (448.0 / amax_of(bi, ri, ci)), "scale {i}");
     }
     let mut out = vec![0f32; x.len()];
     fp8_block_dequantize(&data, &si, b, r, c, 128, 128, &mut out);
@@ -70,7 +78,10 @@ fn layouts_1x128_and_128x128() {
     assert_eq!(si[row5 + 1], 1.0 / (448.0 / amax_of(0, 0, 1)));
     assert_eq!(si[0], 1.0 / (448.0 / (amax_of(0, 0, 0) / 3.0)));
     fp8_block_dequantize(&data, &si, b, r, c, 1, 128, &mut out);
-    assert!(out.iter().zip(&x).all(|(&y, &v)| (y - v).abs() <= v.abs() / 16.0));
+    assert!(out
+        .iter()
+        .zip(&x)
+        .all(|(&y, &v)| (y - v).abs() <= v.abs() / 16.0));
 }
 
 #[test]
@@ -79,4 +90,48 @@ fn rejects_partial_blocks() {
     let x = vec![0f32; 100 * 128];
     let (mut d, mut s) = (vec![0u8; x.len()], vec![0f32; 1]);
     fp8_block_quantize(&x, 1, 100, 128, 128, 128, true, &mut d, &mut s);
+}
+
+/// Per-block scalar model (no tiling, no threads) against the quantizer, on shapes whose
+/// column tiles are ragged, and on column-wise 128x1 blocks.
+#[test]
+fn quantizer_matches_scalar_model() {
+    let (b, r, c) = (2, 256, 640);
+    let mut st = 3u32;
+    let x: Vec<f32> = (0..b * r * c)
+        .map(|_| {
+            st ^= st << 13;
+            st ^= st >> 17;
+            st ^= st << 5;
+            if st % 4099 == 0 {
+                f32::NAN
+            } else {
+                (st as f32 / 4e9 - 0.5) * exp2i((st % 36) as i32 - 18)
+            }
+        })
+        .collect();
+    for (br, bc) in [(1, 128), (128, 128), (128, 1), (2, 64)] {
+        for pow2 in [false, true] {
+            let (mut d, mut s) = (vec![0u8; x.len()], vec![0f32; x.len() / br / bc]);
+            fp8_block_quantize(&x, b, r, c, br, bc, pow2, &mut d, &mut s);
+            let (nr, nc) = (r / br, c / bc);
+            let block_of = |i: usize| {
+                let (bi, ri, ci) = (i / (r * c), (i / c) % r, i % c);
+                (bi * nr + ri / br) * nc + ci / bc
+            };
+            let mut amax = vec![0f32; s.len()];
+            for (i, &v) in x.iter().enumerate() {
+                amax[block_of(i)] = abs_max(amax[block_of(i)], v);
+            }
+            for (i, (&q, &v)) in d.iter().zip(&x).enumerate() {
+                let scale = fp8_block_scale(amax[block_of(i)], pow2);
+                assert_eq!(
+                    s[block_of(i)].to_bits(),
+                    (1.0 / scale).to_bits(),
+                    "{br}x{bc} element {i}"
+                );
+                assert_eq!(q, f32_to_e4m3(v * scale), "{br}x{bc} element {i}");
+            }
+        }
+    }
 }

@@ -9,14 +9,24 @@ use proptest::prelude::*;
 
 /// Half the E2M1 grid gap at |v| (the RNE error bound in units of the block scale).
 fn half_gap(a: f64) -> f64 {
-    if a < 2.0 { 0.25 } else if a < 4.0 { 0.5 } else { 1.0 }
+    if a < 2.0 {
+        0.25
+    } else if a < 4.0 {
+        0.5
+    } else {
+        1.0
+    }
 }
 
 /// Dense (1/4) diag(s) H16 in f64.
 fn dense_h() -> [[f64; 16]; 16] {
     std::array::from_fn(|i| {
         std::array::from_fn(|j| {
-            let h = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+            let h = if (i & j).count_ones() % 2 == 0 {
+                1.0
+            } else {
+                -1.0
+            };
             0.25 * f64::from(HADAMARD_SIGNS[i]) * h
         })
     })
@@ -31,8 +41,8 @@ proptest! {
         let s_dec = nvfp4_quantize(&x, 1, 64, gamax, &Nvfp4Options::default(), &mut d, &mut s);
         let mut out = vec![0f32; 64];
         nvfp4_dequantize(&d, &s, s_dec, 1, 64, &mut out);
-        for b in 0..4 {
-            let unit = f64::from(e4m3_to_f32(s[b])) * f64::from(s_dec);
+        for (b, &sb) in s.iter().enumerate() {
+            let unit = f64::from(e4m3_to_f32(sb)) * f64::from(s_dec);
             for i in b * 16..b * 16 + 16 {
                 let (v, y) = (f64::from(x[i]), f64::from(out[i]));
                 if unit == 0.0 { prop_assert_eq!(y, 0.0); continue; }
@@ -122,5 +132,97 @@ proptest! {
         nvfp4_quantize(&x, rows, k, gamax, &with, &mut d1, &mut s1);
         nvfp4_quantize(&xt, rows, k, gamax, &without, &mut d2, &mut s2);
         prop_assert!(d1 == d2 && s1 == s2);
+    }
+}
+
+/// Per-block scalar model of NUMERICS.md NVFP4 steps 1-5 (no threads, no tables).
+fn nvfp4_model(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    gamax: f32,
+    opts: Nvfp4Options,
+) -> (Vec<u8>, Vec<u8>) {
+    let s_enc = nvfp4_encode_scale(gamax);
+    let s_dec = 1.0 / s_enc;
+    let mut xt = x.to_vec();
+    if opts.hadamard {
+        for c in xt.chunks_exact_mut(16) {
+            let mut v: [f32; 16] = c.try_into().expect("16");
+            hadamard16(&mut v);
+            c.copy_from_slice(&v);
+        }
+    }
+    let (mut codes, mut scale) = (vec![0u8; rows * k], vec![0u8; rows * k / 16]);
+    for r in 0..rows {
+        for cb in 0..k / 16 {
+            let tile_rows = if opts.block_2d {
+                r / 16 * 16..r / 16 * 16 + 16
+            } else {
+                r..r + 1
+            };
+            let amax = tile_rows
+                .flat_map(|tr| xt[tr * k + cb * 16..][..16].iter().copied())
+                .fold(0f32, abs_max);
+            let (sb, enc) = if amax.is_finite() {
+                let sb = f32_to_e4m3(amax * (s_enc * (1.0 / 6.0)));
+                (sb, (1.0 / (e4m3_to_f32(sb) * s_dec)).min(f32::MAX))
+            } else {
+                (0x7F, f32::NAN)
+            };
+            scale[r * (k / 16) + cb] = sb;
+            for c in cb * 16..cb * 16 + 16 {
+                let i = r * k + c;
+                codes[i] = match (sb, opts.stochastic_seed) {
+                    (0x7F, _) => 0,
+                    (_, None) => f32_to_e2m1(xt[i] * enc),
+                    (_, Some(seed)) => e2m1_stochastic(xt[i] * enc, sr_bits(seed, i as u64)),
+                };
+            }
+        }
+    }
+    (
+        codes.chunks_exact(2).map(|p| p[0] | (p[1] << 4)).collect(),
+        scale,
+    )
+}
+
+#[test]
+fn quantizer_matches_scalar_model() {
+    let mut st = 7u64;
+    // (rows, k): 32 x 784 spans several 1024-block work items.
+    for (rows, k) in [(16, 16), (48, 80), (32, 784)] {
+        let x: Vec<f32> = (0..rows * k)
+            .map(|_| {
+                st = st
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let r = (st >> 33) as u32;
+                if r % 1999 == 0 {
+                    f32::INFINITY
+                } else {
+                    (r as f32 / 2f32.powi(31) - 0.5) * exp2i((r % 24) as i32 - 12)
+                }
+            })
+            .collect();
+        for block_2d in [false, true] {
+            for stochastic_seed in [None, Some(99)] {
+                for hadamard in [false, true] {
+                    let opts = Nvfp4Options {
+                        block_2d,
+                        stochastic_seed,
+                        hadamard,
+                    };
+                    let gamax = nvfp4_global_amax(&x, k, hadamard);
+                    for g in [gamax, 3.0] {
+                        let (mut d, mut s) = (vec![0u8; rows * k / 2], vec![0u8; rows * k / 16]);
+                        nvfp4_quantize(&x, rows, k, g, &opts, &mut d, &mut s);
+                        let (wd, ws) = nvfp4_model(&x, rows, k, g, opts);
+                        assert!(s == ws, "{rows}x{k} {opts:?} g={g}: scales differ");
+                        assert!(d == wd, "{rows}x{k} {opts:?} g={g}: data differ");
+                    }
+                }
+            }
+        }
     }
 }

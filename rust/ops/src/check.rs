@@ -44,12 +44,32 @@ pub fn out_dtype(op: Op, code: Option<i32>) -> Result<DType> {
     }
 }
 
-/// Every tensor argument on the CPU (the device of the kernel being run).
-pub fn on_cpu(op: Op, arg: &'static str, t: &Tensor) -> Result<()> {
-    match t.device() {
-        Device::Cpu => Ok(()),
-        other => Err(Error::arg(op, arg, "be on the CPU (this build has CPU kernels only)", other)),
+/// Which kernel is running: the CPU reference or the CUDA one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+}
+
+/// Every tensor argument must be on the kernel's backend and on one device; returns that device.
+pub fn same_device(op: Op, backend: Backend, tensors: &[(&'static str, &Tensor)]) -> Result<Device> {
+    let mut first: Option<(&'static str, Device)> = None;
+    for &(arg, t) in tensors {
+        let d = t.device();
+        let ok = matches!((backend, d), (Backend::Cpu, Device::Cpu) | (Backend::Cuda, Device::Cuda(_)));
+        if !ok {
+            let want = if backend == Backend::Cpu { "be on the CPU" } else { "be on a CUDA device" };
+            return Err(Error::arg(op, arg, format!("{want} like the other arguments"), d));
+        }
+        match first {
+            None => first = Some((arg, d)),
+            Some((a0, d0)) if d0 != d => {
+                return Err(Error::arg(op, arg, format!("be on {d0} like '{a0}'"), d));
+            }
+            _ => {}
+        }
     }
+    Ok(first.map_or(Device::Cpu, |(_, d)| d))
 }
 
 /// Python-style dim (negative counts from the end) -> index.

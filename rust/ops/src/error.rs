@@ -31,6 +31,10 @@ pub enum Error {
     #[error("{op}: {what}")]
     Unsupported { op: Op, what: String },
 
+    /// The CUDA runtime failed (driver, NVRTC, JIT cache).
+    #[error("{op}: {source}")]
+    Gpu { op: Op, source: deepwell_gpu::GpuError },
+
     /// A Rust panic caught at the FFI boundary: a bug in deepwell, reported instead of aborting.
     #[error("{op}: internal error (please report): {msg}")]
     Panic { op: Op, msg: String },

@@ -123,3 +123,12 @@ pub unsafe fn float_slice_mut(t: &Tensor, dtype: DType) -> FloatSliceMut<'_> {
         }
     }
 }
+
+/// The (k, m) row-major transpose of an (m, k) row-major slice (the reference's column-wise copies).
+pub fn transpose<T: Copy>(xs: &[T], m: usize, k: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(m * k);
+    for c in 0..k {
+        out.extend((0..m).map(|r| xs[r * k + c]));
+    }
+    out
+}

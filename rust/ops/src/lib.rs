@@ -7,6 +7,7 @@
 //!               trampoline and the one raising function (the audited FFI seam);
 //! - `check`     argument validation with messages naming op, argument, expectation and value;
 //! - `host`      CPU views of tensor memory for the reference kernels;
+//! - `cuda`      torch's stream, contiguous inputs and launch contexts for the CUDA kernels;
 //! - `ops/`      one module per op family, each with its specs and kernels;
 //! - `register`  the exported C entry points.
 //!
@@ -14,6 +15,7 @@
 
 pub mod abi;
 pub mod check;
+pub mod cuda;
 pub mod dtype;
 pub mod error;
 pub mod host;

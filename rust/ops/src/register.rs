@@ -8,52 +8,79 @@ use std::sync::{Mutex, OnceLock};
 use crate::abi::{self, EXTENSION_BUILD_VERSION};
 use crate::dtype;
 use crate::error::{Error, Result};
-use crate::ops::all_kernels;
+use crate::ops::{all_cuda_specs, all_kernels};
 use crate::stack::c_message;
 
-static LAST_ERROR: Mutex<Option<CString>> = Mutex::new(None);
+/// The text of the last failure (or of the last compile-all report), read by Python.
+static LAST_MESSAGE: Mutex<Option<CString>> = Mutex::new(None);
 static REGISTERED: OnceLock<()> = OnceLock::new();
 
-fn set_last_error(msg: &str) {
-    if let Ok(mut slot) = LAST_ERROR.lock() {
+fn set_last_message(msg: &str) {
+    if let Ok(mut slot) = LAST_MESSAGE.lock() {
         *slot = Some(c_message(msg));
     }
 }
 
-/// Resolves the ABI table from `libtorch_cpu` (a path or soname of the copy torch loaded) and
-/// registers every kernel under `torch.ops.deepwell`. Idempotent. Returns 0, or 1 with the reason
-/// in `deepwell_last_error()`.
+/// A possibly-NULL C string argument.
 ///
 /// # Safety
-/// `libtorch_cpu` must be a NUL-terminated string; torch must be imported in this process.
-#[no_mangle]
-pub unsafe extern "C" fn deepwell_register(libtorch_cpu: *const c_char) -> i32 {
-    if libtorch_cpu.is_null() {
-        set_last_error("deepwell_register: libtorch_cpu path is NULL");
-        return 1;
-    }
-    // SAFETY: the caller passes a NUL-terminated string.
-    let path = unsafe { CStr::from_ptr(libtorch_cpu) }.to_string_lossy().into_owned();
-    match catch_unwind(|| register(&path)) {
+/// `p` must be NULL or NUL-terminated.
+unsafe fn opt_str(p: *const c_char) -> Option<String> {
+    // SAFETY: guaranteed by the caller.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// Runs `f` with panics caught, storing its error text; returns 0 or 1.
+fn status(f: impl FnOnce() -> Result<()> + std::panic::UnwindSafe) -> i32 {
+    match catch_unwind(f) {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
-            set_last_error(&e.to_string());
+            set_last_message(&e.to_string());
             1
         }
         Err(_) => {
-            set_last_error("deepwell_register panicked (a bug in deepwell)");
+            set_last_message("deepwell: internal panic (a bug in deepwell)");
             1
         }
     }
 }
 
-fn register(libtorch_cpu: &str) -> Result<()> {
+/// Resolves the ABI table from the already-loaded `libtorch_cpu` (and `libtorch_cuda`, NULL for a
+/// CPU-only torch), configures the GPU runtime (NVRTC path and JIT cache directory, either may be
+/// NULL) and registers every kernel under `torch.ops.deepwell`. Idempotent. Returns 0, or 1 with
+/// the reason in `deepwell_last_message()`.
+///
+/// # Safety
+/// Every argument must be NULL or a NUL-terminated string (`libtorch_cpu` must not be NULL);
+/// torch must be imported in this process.
+#[no_mangle]
+pub unsafe extern "C" fn deepwell_register(
+    libtorch_cpu: *const c_char,
+    libtorch_cuda: *const c_char,
+    nvrtc: *const c_char,
+    cache_dir: *const c_char,
+) -> i32 {
+    // SAFETY: guaranteed by the caller.
+    let (cpu, cuda, nvrtc, cache) = unsafe { (opt_str(libtorch_cpu), opt_str(libtorch_cuda), opt_str(nvrtc), opt_str(cache_dir)) };
+    status(move || {
+        let cpu = cpu.ok_or_else(|| Error::Load("deepwell_register: libtorch_cpu path is NULL".into()))?;
+        register(&cpu, cuda.as_deref(), nvrtc, cache)
+    })
+}
+
+fn register(libtorch_cpu: &str, libtorch_cuda: Option<&str>, nvrtc: Option<String>, cache_dir: Option<String>) -> Result<()> {
     if REGISTERED.get().is_some() {
         return Ok(());
     }
     let api = abi::init(libtorch_cpu)?;
     dtype::init(api);
-    for key in ["CPU"] {
+    deepwell_gpu::configure(deepwell_gpu::Config { nvrtc_path: nvrtc, cache_dir });
+    let mut keys = vec!["CPU"];
+    if let Some(path) = libtorch_cuda {
+        abi::init_cuda(path)?;
+        keys.push("CUDA");
+    }
+    for key in keys {
         let mut lib = std::ptr::null_mut();
         let key_c = c_message(key);
         // SAFETY: valid C strings; `lib` receives a heap torch::Library that we never free (freeing
@@ -78,13 +105,45 @@ fn register(libtorch_cpu: &str) -> Result<()> {
     Ok(())
 }
 
-/// The message of the last failed `deepwell_register` (empty if none). Borrowed; valid until the
-/// next failure.
+/// Compiles every CUDA kernel the ops can launch for each arch in `archs` (comma-separated, e.g.
+/// "sm_90a,sm_100a,sm_120a") with the NVRTC at `nvrtc`. Needs no GPU. Returns 0 with a report
+/// (one line per arch) in `deepwell_last_message()`, or 1 with the first failure there.
+///
+/// # Safety
+/// Both arguments must be NUL-terminated strings.
 #[no_mangle]
-pub extern "C" fn deepwell_last_error() -> *const c_char {
-    match LAST_ERROR.lock() {
+pub unsafe extern "C" fn deepwell_compile_all(nvrtc: *const c_char, archs: *const c_char) -> i32 {
+    // SAFETY: guaranteed by the caller.
+    let (nvrtc, archs) = unsafe { (opt_str(nvrtc), opt_str(archs)) };
+    status(move || {
+        let nvrtc = nvrtc.ok_or_else(|| Error::Load("deepwell_compile_all: NVRTC path is NULL".into()))?;
+        let archs: Vec<String> = archs
+            .unwrap_or_default()
+            .split(',')
+            .map(|a| deepwell_gpu::arch::parse_arch(a.trim()).map_err(Error::Load))
+            .collect::<Result<_>>()?;
+        let specs = all_cuda_specs();
+        let start = std::time::Instant::now();
+        let built = deepwell_gpu::compile_all(&nvrtc, &specs, &archs).map_err(|e| Error::Load(e.to_string()))?;
+        let mut report = Vec::new();
+        for arch in &archs {
+            let mine: Vec<_> = built.iter().filter(|(_, a, _)| a == arch).collect();
+            let bytes: usize = mine.iter().map(|(_, _, b)| b).sum();
+            report.push(format!("{arch}: {} kernels, {:.1} KiB of cubin", mine.len(), bytes as f64 / 1024.0));
+        }
+        report.push(format!("compiled {} kernels in {:.1} s", built.len(), start.elapsed().as_secs_f64()));
+        set_last_message(&report.join("\n"));
+        Ok(())
+    })
+}
+
+/// The text of the last failure, or of the last compile-all report (empty if none). Borrowed;
+/// valid until the next call that sets it.
+#[no_mangle]
+pub extern "C" fn deepwell_last_message() -> *const c_char {
+    match LAST_MESSAGE.lock() {
         Ok(slot) => slot.as_ref().map_or(c"".as_ptr(), |s| s.as_ptr()),
-        Err(_) => c"deepwell: error slot poisoned".as_ptr(),
+        Err(_) => c"deepwell: message slot poisoned".as_ptr(),
     }
 }
 

@@ -2,16 +2,18 @@
 and typed wrapper. Importing this package defines the schemas; `deepwell._native.load()` then
 registers the Rust kernels behind them."""
 
-from .fp8_block import fp8_block_dequantize, fp8_block_quantize
-from .mxfp8 import mxfp8_dequantize, mxfp8_quantize
+from .fp8_block import fp8_block_dequantize, fp8_block_quantize, fp8_block_quantize_rowcol
+from .mxfp8 import mxfp8_dequantize, mxfp8_quantize, mxfp8_quantize_rowcol
 from .nvfp4 import nvfp4_dequantize, nvfp4_quantize
 from .swizzle import swizzle_scales, unswizzle_scales
 
 __all__ = [
     "fp8_block_dequantize",
     "fp8_block_quantize",
+    "fp8_block_quantize_rowcol",
     "mxfp8_dequantize",
     "mxfp8_quantize",
+    "mxfp8_quantize_rowcol",
     "nvfp4_dequantize",
     "nvfp4_quantize",
     "swizzle_scales",

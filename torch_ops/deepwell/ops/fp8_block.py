@@ -19,6 +19,10 @@ define(
     "-> (Tensor data, Tensor scale_inv)"
 )
 define(
+    "fp8_block_quantize_rowcol(Tensor x, bool pow2=True) "
+    "-> (Tensor row_data, Tensor row_scale_inv, Tensor col_data, Tensor col_scale_inv)"
+)
+define(
     "fp8_block_dequantize(Tensor data, Tensor scale_inv, int block_rows=1, int block_cols=128, "
     "ScalarType? out_dtype=None) -> Tensor"
 )
@@ -40,6 +44,25 @@ def _quantize_fake(x, block_rows=1, block_cols=128, pow2=True):
     _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
     scale_shape = _scale_shape(op, "x", x, block_rows, block_cols)
     return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(scale_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("deepwell::fp8_block_quantize_rowcol")
+def _quantize_rowcol_fake(x, pow2=True):
+    op = "fp8_block_quantize_rowcol"
+    _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
+    if x.dim() != 2:
+        _checks.fail(op, "x", "be 2-d (rows, k)", f"a {x.dim()}-d tensor")
+    _checks.non_empty(op, "x", x, 2)
+    _checks.divisible(op, "x", x, 0, 128, "the transposed copy has 1x128 blocks along rows")
+    _checks.divisible(op, "x", x, 1, 128, "the row-wise copy has 1x128 blocks along k")
+    m, k = x.shape
+    e4, f32 = torch.float8_e4m3fn, torch.float32
+    return (
+        x.new_empty((m, k), dtype=e4),
+        x.new_empty((m, k // 128), dtype=f32),
+        x.new_empty((k, m), dtype=e4),
+        x.new_empty((k, m // 128), dtype=f32),
+    )
 
 
 @torch.library.register_fake("deepwell::fp8_block_dequantize")
@@ -66,6 +89,21 @@ def fp8_block_quantize(
         (..., rows / block_rows, cols / block_cols) in natural (row-major) layout.
     """
     return torch.ops.deepwell.fp8_block_quantize(x, block_rows, block_cols, pow2)
+
+
+def fp8_block_quantize_rowcol(
+    x: torch.Tensor, pow2: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both copies a Hopper FP8 GEMM pipeline needs, from one read of the (m, k) tensor x.
+
+    Exactly `fp8_block_quantize(x, 1, 128)` (row-wise) and `fp8_block_quantize(x.t().contiguous(), 1, 128)`
+    (the column-wise copy, stored transposed because sm_90's FP8 GEMM is TN-only). m and k must be
+    multiples of 128.
+
+    Returns:
+        (row_data (m, k), row_scale_inv (m, k/128), col_data (k, m), col_scale_inv (k, m/128)).
+    """
+    return torch.ops.deepwell.fp8_block_quantize_rowcol(x, pow2)
 
 
 def fp8_block_dequantize(

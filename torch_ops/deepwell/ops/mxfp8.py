@@ -17,6 +17,10 @@ ELEMS = ("e4m3", "e5m2")
 _ELEM_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 define('mxfp8_quantize(Tensor x, int dim=-1, str scale_mode="rceil", str elem="e4m3") -> (Tensor data, Tensor scale)')
+define(
+    'mxfp8_quantize_rowcol(Tensor x, str scale_mode="rceil", str elem="e4m3", bool col_transposed=False, '
+    "bool swizzle=False) -> (Tensor row_data, Tensor row_scale, Tensor col_data, Tensor col_scale)"
+)
 define("mxfp8_dequantize(Tensor data, Tensor scale, int dim=-1, ScalarType? out_dtype=None) -> Tensor")
 
 
@@ -38,6 +42,31 @@ def _quantize_fake(x, dim=-1, scale_mode="rceil", elem="e4m3"):
     data = x.new_empty(x.shape, dtype=_ELEM_DTYPE[elem])
     scale = x.new_empty(_scale_shape(x.shape, d), dtype=torch.float8_e8m0fnu)
     return data, scale
+
+
+def _swizzled_len(rows: int, cols: int) -> int:
+    return -(-rows // 128) * 128 * (-(-cols // 4) * 4)
+
+
+@torch.library.register_fake("deepwell::mxfp8_quantize_rowcol")
+def _quantize_rowcol_fake(x, scale_mode="rceil", elem="e4m3", col_transposed=False, swizzle=False):
+    op = "mxfp8_quantize_rowcol"
+    _checks.choice(op, "scale_mode", scale_mode, SCALE_MODES)
+    _checks.choice(op, "elem", elem, ELEMS)
+    _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
+    if x.dim() != 2:
+        _checks.fail(op, "x", "be 2-d (rows, k)", f"a {x.dim()}-d tensor")
+    _checks.non_empty(op, "x", x, 2)
+    _checks.divisible(op, "x", x, 0, BLOCK, "column-wise blocks run along rows")
+    _checks.divisible(op, "x", x, 1, BLOCK, "row-wise blocks run along k")
+    m, k = x.shape
+    col_shape, col_scale = ((k, m), (k, m // BLOCK)) if col_transposed else ((m, k), (m // BLOCK, k))
+    scales = [(m, k // BLOCK), col_scale]
+    if swizzle:
+        scales = [(_swizzled_len(*s),) for s in scales]
+    e8 = torch.float8_e8m0fnu
+    dt = _ELEM_DTYPE[elem]
+    return x.new_empty((m, k), dtype=dt), x.new_empty(scales[0], dtype=e8), x.new_empty(col_shape, dtype=dt), x.new_empty(scales[1], dtype=e8)
 
 
 @torch.library.register_fake("deepwell::mxfp8_dequantize")
@@ -71,6 +100,22 @@ def mxfp8_quantize(
         0xFF (NaN), so the whole block dequantizes to NaN.
     """
     return torch.ops.deepwell.mxfp8_quantize(x, dim, scale_mode, elem)
+
+
+def mxfp8_quantize_rowcol(
+    x: torch.Tensor, scale_mode: str = "rceil", elem: str = "e4m3", col_transposed: bool = False, swizzle: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both MXFP8 copies training needs, from one read of the (m, k) tensor x.
+
+    Exactly `mxfp8_quantize(x, -1)` (row-wise, blocks along k) and `mxfp8_quantize(x, 0)` (column-wise,
+    blocks along m); with `col_transposed`, the column-wise copy is `mxfp8_quantize(x.t().contiguous(), -1)`
+    ((k, m) data, (k, m/32) scales). With `swizzle`, both scales come in the 1-D 128x4 tiled layout of
+    `swizzle_scales` (what Blackwell's block-scaled GEMM reads). m and k must be multiples of 32.
+
+    Returns:
+        (row_data, row_scale, col_data, col_scale).
+    """
+    return torch.ops.deepwell.mxfp8_quantize_rowcol(x, scale_mode, elem, col_transposed, swizzle)
 
 
 def mxfp8_dequantize(

@@ -20,7 +20,10 @@ pub fn ref_cast(x: f32, decode: fn(u8) -> f32, max_code: u8, sign: u8, nan: u8) 
     }
     let mut best = 0u8;
     for c in 1..=max_code {
-        let (dc, db) = ((f64::from(decode(c)) - a).abs(), (f64::from(decode(best)) - a).abs());
+        let (dc, db) = (
+            (f64::from(decode(c)) - a).abs(),
+            (f64::from(decode(best)) - a).abs(),
+        );
         if dc < db || (dc == db && c % 2 == 0) {
             best = c;
         }
@@ -67,4 +70,30 @@ pub fn block(n: usize, spread: f64) -> impl Strategy<Value = Vec<f32>> {
             n,
         )
     })
+}
+
+/// `n` values from `seed` (cheap to generate in bulk, unlike a proptest vec of `wide_f32`):
+/// magnitudes 1e-30..1e30, random signs, with zeros, fp32 subnormals and, if `specials`,
+/// the occasional NaN or -Inf.
+pub fn wide_values(seed: u64, n: usize, specials: bool) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = (s ^ (s >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let sign = if z & 1 == 1 { -1.0 } else { 1.0 };
+            match (z >> 1) % 64 {
+                0 => 0.0 * sign,
+                1 => f32::from_bits(((z >> 8) as u32) & 0x7F_FFFF) * sign,
+                2 if specials => f32::NAN,
+                3 if specials => f32::NEG_INFINITY,
+                _ => {
+                    let p = ((z >> 16) % 60_000) as f64 / 1000.0 - 30.0;
+                    (10f64.powf(p) as f32) * sign
+                }
+            }
+        })
+        .collect()
 }

@@ -75,6 +75,8 @@ abi_table! {
         torch_string_length: fn(StringHandle, *mut usize) -> AotiError;
         torch_string_c_str: fn(StringHandle, *mut *const c_char) -> AotiError;
         torch_delete_string: fn(StringHandle) -> AotiError;
+        torch_call_dispatcher: fn(*const c_char, *const c_char, *mut StableIValue, u64) -> AotiError;
+        aoti_torch_memory_format_contiguous_format: fn() -> i32;
         aoti_torch_device_type_cpu: fn() -> i32;
         aoti_torch_device_type_cuda: fn() -> i32;
         aoti_torch_dtype_float32: fn() -> i32;
@@ -98,7 +100,29 @@ abi_table! {
     }
 }
 
+/// The one function deepwell needs from libtorch_cuda.so: torch's current stream of a device.
+pub struct CudaApi {
+    pub aoti_torch_get_current_cuda_stream: unsafe extern "C-unwind" fn(i32, *mut *mut c_void) -> AotiError,
+}
+
 static API: OnceLock<Api> = OnceLock::new();
+static CUDA_API: OnceLock<CudaApi> = OnceLock::new();
+
+/// Resolves the CUDA table from the already-loaded `libtorch_cuda` (a CUDA build of torch).
+pub fn init_cuda(libtorch_cuda: &str) -> Result<&'static CudaApi> {
+    if let Some(api) = CUDA_API.get() {
+        return Ok(api);
+    }
+    let lib = Library::already_loaded(libtorch_cuda)?;
+    // SAFETY: the declared signature of aoti_torch_get_current_cuda_stream in shim.h.
+    let api = CudaApi { aoti_torch_get_current_cuda_stream: unsafe { cast(lib.required("aoti_torch_get_current_cuda_stream")?) } };
+    Ok(CUDA_API.get_or_init(|| api))
+}
+
+/// The CUDA table, when torch has CUDA (None on CPU-only torch builds).
+pub fn cuda_api() -> Option<&'static CudaApi> {
+    CUDA_API.get()
+}
 
 /// Resolves the table from the already-loaded `libtorch_cpu` (idempotent).
 pub fn init(libtorch_cpu: &str) -> Result<&'static Api> {

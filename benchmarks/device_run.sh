@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (shared/DEVICE.md): no cargo there, so the library built here travels in
+# .device/ (name it in `carry`). Steps, in order, as arguments (default: all):
+#   info      GPU, torch, NVRTC
+#   compile   python -m deepwell.kernels --compile-all for the device's arch
+#   tests     the whole pytest suite (GPU tests included)
+#   quantize  benchmarks/bench_quantize.py
+# Logs and JSON go to $OUT (the device tool brings that folder back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/deepwell-out}
+mkdir -p "$OUT"
+export DEEPWELL_LIBRARY=${DEEPWELL_LIBRARY:-$PWD/.device/libdeepwell.so}
+export PYTHONPATH=$PWD/torch_ops${PYTHONPATH:+:$PYTHONPATH}
+export DEEPWELL_CACHE_DIR=${DEEPWELL_CACHE_DIR:-/tmp/deepwell-jit}
+export PYTHONUNBUFFERED=1
+steps=${*:-info compile tests quantize}
+status=0
+for step in $steps; do
+    echo "=== $step"
+    case $step in
+        info)
+            nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+            python3 -c 'import torch, deepwell, deepwell._native as n; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), n.nvrtc_path())'
+            ;;
+        compile)
+            python3 -m deepwell.kernels --compile-all --arch sm_90a 2>&1 | tee "$OUT/compile.log" || status=1
+            ;;
+        tests)
+            python3 -m pytest tests -q -p no:cacheprovider --maxfail=30 -rf 2>&1 | tee "$OUT/tests.log" | tail -60 || status=1
+            ;;
+        quantize)
+            python3 benchmarks/bench_quantize.py 2>&1 | tee "$OUT/bench_quantize.log" || status=1
+            cp benchmarks/results/bench_quantize-*.json "$OUT/" 2>/dev/null
+            ;;
+        *)
+            echo "unknown step $step" >&2
+            status=2
+            ;;
+    esac
+done
+exit $status

@@ -1,0 +1,183 @@
+// Shared device helpers: element loads/stores, the format casts and the scale rules.
+// Bit-exact twins of rust/core/src/formats.rs (see that file for the reasoning behind each rule);
+// shared/NUMERICS.md is the contract. No CUDA toolkit headers: NVRTC sees only deepwell's files.
+#pragma once
+
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+
+namespace deepwell {
+
+constexpr int THREADS = 256;
+constexpr float FLT_MAX_F = 3.40282346638528859812e+38f;
+
+// ---------------------------------------------------------------------------------------------
+// Element types of float tensors. bf16/fp16 travel as raw 16-bit patterns.
+
+struct F32 {
+    static __device__ __forceinline__ float load(const void* p, int64_t i) {
+        return static_cast<const float*>(p)[i];
+    }
+    static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
+        static_cast<float*>(p)[i] = v;
+    }
+};
+
+struct BF16 {
+    static __device__ __forceinline__ float from_bits(uint16_t h) {
+        return __uint_as_float(static_cast<uint32_t>(h) << 16);  // exact widening
+    }
+    static __device__ __forceinline__ uint16_t to_bits(float v) {
+        uint16_t h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));  // RNE, NaN stays NaN
+        return h;
+    }
+    static __device__ __forceinline__ float load(const void* p, int64_t i) {
+        return from_bits(static_cast<const uint16_t*>(p)[i]);
+    }
+    static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
+        static_cast<uint16_t*>(p)[i] = to_bits(v);
+    }
+};
+
+struct F16 {
+    static __device__ __forceinline__ float from_bits(uint16_t h) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));  // exact widening
+        return f;
+    }
+    static __device__ __forceinline__ uint16_t to_bits(float v) {
+        uint16_t h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));  // RNE, saturates to Inf per IEEE
+        return h;
+    }
+    static __device__ __forceinline__ float load(const void* p, int64_t i) {
+        return from_bits(static_cast<const uint16_t*>(p)[i]);
+    }
+    static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
+        static_cast<uint16_t*>(p)[i] = to_bits(v);
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Exact powers of two and the NaN-propagating amax.
+
+// 2^e from bits for e in [-149, 127] (fp32 subnormals included); clamped outside, as in Rust.
+__device__ __forceinline__ float exp2i(int e) {
+    e = max(-149, min(127, e));
+    return e >= -126 ? __uint_as_float(static_cast<uint32_t>(e + 127) << 23)
+                     : __uint_as_float(1u << (e + 149));
+}
+
+// max of |x| on magnitude bits: integer order = float order for non-negative floats, and every NaN
+// pattern orders above Inf, so NaN wins, then Inf (the amax rule of every format).
+__device__ __forceinline__ uint32_t abs_bits(float x) { return __float_as_uint(x) & 0x7FFFFFFFu; }
+__device__ __forceinline__ float abs_max(float acc, float x) {
+    return __uint_as_float(max(abs_bits(acc), abs_bits(x)));
+}
+__device__ __forceinline__ bool is_finite_amax(float amax) { return abs_bits(amax) < 0x7F800000u; }
+
+// ---------------------------------------------------------------------------------------------
+// FP8 element casts (RNE, satfinite, NaN -> 0x7F): the hardware instruction is the definition the
+// CPU reference reproduces. The x2 forms put the first operand in the upper byte.
+
+__device__ __forceinline__ uint8_t f32_to_e4m3(float x) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+    return static_cast<uint8_t>(r & 0xFF);
+}
+__device__ __forceinline__ uint8_t f32_to_e5m2(float x) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(x));
+    return static_cast<uint8_t>(r & 0xFF);
+}
+// Two at once: returns lo | hi << 8 (lo = element i, hi = element i+1 in memory order).
+__device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float lo, float hi) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ uint16_t f32x2_to_e5m2x2(float lo, float hi) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Decodes are exact: every E4M3 and E5M2 value is an fp16 value.
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
+    uint32_t h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(b)));
+    return F16::from_bits(static_cast<uint16_t>(h2 & 0xFFFF));
+}
+__device__ __forceinline__ float e5m2_to_f32(uint8_t b) {
+    return F16::from_bits(static_cast<uint16_t>(b) << 8);  // E5M2 is the top byte of fp16
+}
+
+// Element format of MXFP8 data: 0 = E4M3 (max 448, emax 8), 1 = E5M2 (max 57344, emax 15).
+template <int Elem> struct Fp8;
+template <> struct Fp8<0> {
+    static constexpr float MAX = 448.0f;
+    static constexpr int EMAX = 8;
+    static constexpr uint8_t NAN_CODE = 0x7F;
+    static __device__ __forceinline__ uint8_t encode(float x) { return f32_to_e4m3(x); }
+    static __device__ __forceinline__ uint16_t encode2(float lo, float hi) { return f32x2_to_e4m3x2(lo, hi); }
+    static __device__ __forceinline__ float decode(uint8_t b) { return e4m3_to_f32(b); }
+};
+template <> struct Fp8<1> {
+    static constexpr float MAX = 57344.0f;
+    static constexpr int EMAX = 15;
+    static constexpr uint8_t NAN_CODE = 0x7F;
+    static __device__ __forceinline__ uint8_t encode(float x) { return f32_to_e5m2(x); }
+    static __device__ __forceinline__ uint16_t encode2(float lo, float hi) { return f32x2_to_e5m2x2(lo, hi); }
+    static __device__ __forceinline__ float decode(uint8_t b) { return e5m2_to_f32(b); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// E8M0 scales (NUMERICS.md "MXFP8" steps 2-4).
+
+__device__ __forceinline__ float e8m0_to_f32(uint8_t b) {
+    if (b == 0xFF) return __uint_as_float(0x7FFFFFFFu);
+    return exp2i(static_cast<int>(b) - 127);  // byte 0 -> 2^-127, an fp32 subnormal
+}
+
+// rceil: d = amax * fp32(1/max) (a multiply); e = biased exponent of d, +1 when the mantissa is
+// non-zero (for fp32-subnormal d: +1 only when mantissa > 0x400000, i.e. d > 2^-127); cap 254.
+template <int Elem>
+__device__ __forceinline__ uint8_t e8m0_rceil(float amax) {
+    const float d = __fmul_rn(amax, 1.0f / Fp8<Elem>::MAX);
+    const uint32_t bits = __float_as_uint(d);
+    const uint32_t exp = bits >> 23, mant = bits & 0x7FFFFFu;
+    uint32_t e = exp;
+    if (exp == 0) {
+        e = mant > 0x400000u ? 1u : 0u;
+    } else if (mant != 0) {
+        e += 1;
+    }
+    return static_cast<uint8_t>(min(e, 254u));
+}
+
+// floor (OCP MX v1.0): e = clamp(floor(log2(amax)) - emax, -127, 127) + 127; amax 0 -> 0.
+template <int Elem>
+__device__ __forceinline__ uint8_t e8m0_floor(float amax) {
+    const uint32_t bits = __float_as_uint(amax);
+    if (bits == 0) return 0;
+    const int exp = static_cast<int>(bits >> 23);
+    // Unbiased floor(log2): normal -> exp - 127; subnormal -> position of the leading mantissa bit.
+    const int lg = exp != 0 ? exp - 127 : (31 - __clz(bits & 0x7FFFFFu)) - 149;
+    return static_cast<uint8_t>(max(-127, min(127, lg - Fp8<Elem>::EMAX)) + 127);
+}
+
+// The scale byte of a block from its amax: 0xFF for a block holding NaN or Inf.
+template <int Mode, int Elem>
+__device__ __forceinline__ uint8_t mx_scale_byte(float amax) {
+    if (!is_finite_amax(amax)) return 0xFF;
+    return Mode == 0 ? e8m0_rceil<Elem>(amax) : e8m0_floor<Elem>(amax);
+}
+
+// The element multiplier 2^(127 - e) for a finite scale byte (e = 254 -> 2^-127, e = 0 -> 2^127).
+__device__ __forceinline__ float mx_inv_scale(uint8_t e) { return exp2i(127 - static_cast<int>(e)); }
+
+}  // namespace deepwell

@@ -1,0 +1,535 @@
+// FP8 block-scaled kernels (DeepSeek-V3 style; Hopper's block-scaled GEMM): quantize in 1x128,
+// 128x1 or 128x128 blocks, rows + transposed columns in one pass, and dequantize.
+// Contract: shared/NUMERICS.md "FP8 block"; bit-exact twin of rust/core/src/fp8_block.rs.
+// Signatures and launch shapes: INTERFACE.md "fp8_block.cuh" (THREADS = 256, any grid size works).
+//
+// Per block (NUMERICS.md "FP8 block"):
+//   amax = NaN-propagating max |x|;  scale = __fdiv_rn(448, amax)  (amax 0/Inf/NaN -> 1,
+//   Inf scale -> FLT_MAX, pow2 -> bits & 0xFF800000);  scale_inv = __fdiv_rn(1, scale);
+//   q = cast_e4m3_rne_satfinite(__fmul_rn(x, scale)).  Dequantize: Out(e4m3(q) * scale_inv).
+//
+// Every kernel checks pointer alignment once (a grid-uniform branch) and runs either the vector
+// path (16-byte loads) or the same index arithmetic with scalar accesses, so views with any
+// storage offset are correct.
+//
+// Work per CTA and loop iteration (for the grid size; Rust caps it at 8 * SMs):
+//   quantize, rowcol: one 128 x 128 tile (quantize (1,128) tiles the flat tensor as (n/128, 128))
+//   dequantize:       THREADS * DQ_UNROLL pieces of 16 / sizeof(Out) elements (8192 for 16-bit out,
+//                     4096 for fp32)
+#pragma once
+#include "common.cuh"
+
+namespace deepwell {
+namespace fp8_block_detail {
+
+constexpr unsigned FULL = 0xFFFFFFFFu;
+constexpr int TILE = 128;
+
+// ---------------------------------------------------------------------------------------------
+// Raw element I/O: inputs stay raw 32-bit words (two bf16/fp16 or one fp32 per word, element 2i
+// in the low half) and are widened exactly when used.
+
+template <class T> struct Bytes;
+template <> struct Bytes<F32> { static constexpr int N = 4; };
+template <> struct Bytes<BF16> { static constexpr int N = 2; };
+template <> struct Bytes<F16> { static constexpr int N = 2; };
+
+template <class In> __device__ __forceinline__ float widen(const uint32_t* w, int j);
+template <> __device__ __forceinline__ float widen<F32>(const uint32_t* w, int j) {
+    return __uint_as_float(w[j]);
+}
+template <> __device__ __forceinline__ float widen<BF16>(const uint32_t* w, int j) {
+    return __uint_as_float((j & 1) ? (w[j >> 1] & 0xFFFF0000u) : (w[j >> 1] << 16));
+}
+template <> __device__ __forceinline__ float widen<F16>(const uint32_t* w, int j) {
+    return F16::from_bits(static_cast<uint16_t>((j & 1) ? (w[j >> 1] >> 16) : (w[j >> 1] & 0xFFFFu)));
+}
+
+__device__ __forceinline__ uint4 ld_nc16(const void* p) {
+    uint4 v;  // ld.global.nc: nothing these kernels read is written while they run
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// The 16-byte chunk (V = 16 / sizeof elements) at element i. VEC: one aligned 16-byte load;
+// otherwise element loads of the first `nv` elements (the rest read as 0, which no amax sees).
+template <class In, bool VEC>
+__device__ __forceinline__ void load_chunk(const void* x, int64_t i, int nv, uint32_t (&w)[4]) {
+    if constexpr (VEC) {
+        const uint4 v = ld_nc16(static_cast<const char*>(x) + i * Bytes<In>::N);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+        constexpr int V = 16 / Bytes<In>::N;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            if (j >= nv) break;
+            if constexpr (Bytes<In>::N == 4) w[j] = __float_as_uint(static_cast<const float*>(x)[i + j]);
+            else w[j >> 1] |= static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i + j]) << (16 * (j & 1));
+        }
+    }
+}
+
+// V fp8 bytes (V / 4 words) to p. VEC: one 8- or 4-byte store; otherwise the first nv bytes.
+template <int V, bool VEC>
+__device__ __forceinline__ void store_chunk(uint8_t* p, const uint32_t* w, int nv) {
+    if constexpr (VEC) {
+        if constexpr (V == 8) *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+        else *reinterpret_cast<uint32_t*>(p) = w[0];
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+            if (j < nv) p[j] = static_cast<uint8_t>(w[j >> 2] >> (8 * (j & 3)));
+    }
+}
+
+// NUMERICS.md "FP8 block": the quantization scale of a block (rust fp8_block_scale).
+__device__ __forceinline__ float block_scale(float amax, int pow2) {
+    if (amax == 0.0f || !is_finite_amax(amax)) return 1.0f;  // amax is |.|: +0, finite, Inf or NaN
+    float s = __fdiv_rn(448.0f, amax);                        // correctly rounded, like Rust's `/`
+    if (abs_bits(s) == 0x7F800000u) s = FLT_MAX_F;            // tiny (subnormal) amax
+    if (pow2) s = __uint_as_float(__float_as_uint(s) & 0xFF800000u);  // round down to 2^k
+    return s;
+}
+
+// V elements of a chunk times their scales, cast to E4M3, packed 4 per word (element order = byte order).
+template <class In, int V>
+__device__ __forceinline__ void encode_chunk(const uint32_t (&w)[4], const float* f, uint32_t* out) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4)
+        out[j >> 2] =
+            static_cast<uint32_t>(f32x2_to_e4m3x2(__fmul_rn(widen<In>(w, j), f[j]), __fmul_rn(widen<In>(w, j + 1), f[j + 1]))) |
+            (static_cast<uint32_t>(f32x2_to_e4m3x2(__fmul_rn(widen<In>(w, j + 2), f[j + 2]),
+                                                   __fmul_rn(widen<In>(w, j + 3), f[j + 3])))
+             << 16);
+}
+
+__device__ __forceinline__ bool aligned(const void* p, unsigned a) {
+    return (reinterpret_cast<uint64_t>(p) & (a - 1)) == 0;
+}
+
+// Tile geometry: a 128 x 128 tile is read as 16-byte chunks. L lanes cover a tile row (16 for
+// 16-bit inputs, 32 for fp32), so a warp instruction reads 512 contiguous bytes (2 rows of 256 or
+// 1 of 512); RS rows per step over the CTA, S steps, S independent 16-byte loads per thread.
+template <class In> struct Geo {
+    static constexpr int V = 16 / Bytes<In>::N;  // elements per chunk
+    static constexpr int L = TILE / V;           // lanes per tile row
+    static constexpr int RS = THREADS / L;       // rows per step
+    static constexpr int S = TILE / RS;          // steps
+};
+
+// Max over the L lanes of one tile row (they are L consecutive lanes of one warp).
+template <int L> __device__ __forceinline__ float row_reduce(float a) {
+#pragma unroll
+    for (int o = 1; o < L; o <<= 1) a = abs_max(a, __shfl_xor_sync(FULL, a, o));
+    return a;
+}
+// Max over the lanes of a warp that hold the same columns (lane, lane ^ L, ...).
+template <int L> __device__ __forceinline__ float col_reduce_warp(float a) {
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1) a = abs_max(a, __shfl_xor_sync(FULL, a, o));
+    return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantize: x viewed as (nrows, ncols), 128 x 128 tiles, one per CTA iteration.
+//  (1,128):   view (n/128, 128): a block is a tile row; reduce over its L lanes with shuffles.
+//  (128,1):   view (batch*rows, cols): a block is a tile column; per-thread max over its S rows,
+//             shuffle across the warp's lanes of that column, then across the 8 warps in shared
+//             memory; threads 0..127 finish one column each. Partial last column tile allowed.
+//  (128,128): the tile is the block: warp reduce, then 8 partials in shared memory (two buffers
+//             by tile parity, so the next tile's writes never race this tile's reads).
+// Elements are quantized from the registers loaded once.
+
+template <class In, int BR, int BC, bool VEC>
+__device__ __forceinline__ void quantize_tiles(const void* x, uint8_t* data, float* scale_inv, int64_t nrows,
+                                               int64_t ncols, int pow2, float* s_part, float* s_scale) {
+    using G = Geo<In>;
+    constexpr int V = G::V, L = G::L, RS = G::RS, S = G::S;
+    const int li = threadIdx.x % L, rsub = threadIdx.x / L;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row_tiles = (nrows + TILE - 1) / TILE, col_tiles = (ncols + TILE - 1) / TILE;
+    const int64_t tiles = row_tiles * col_tiles;
+    int parity = 0;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, parity ^= 1) {
+        const int64_t rt = t / col_tiles, ct = t - rt * col_tiles;
+        const int64_t r0 = rt * TILE, c = ct * TILE + li * V;  // this thread's first column
+        const int nv = static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(V), ncols - c)));
+        uint32_t raw[S][4];
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int64_t r = r0 + rsub + s * RS;
+            if (r < nrows && nv > 0) {
+                load_chunk<In, VEC>(x, r * ncols + c, nv, raw[s]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) raw[s][k] = 0;
+            }
+        }
+        if constexpr (BR == 1) {
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                const int64_t r = r0 + rsub + s * RS;
+                float amax = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V; ++j) amax = abs_max(amax, widen<In>(raw[s], j));
+                const float scale = block_scale(row_reduce<L>(amax), pow2);
+                float f[V];
+#pragma unroll
+                for (int j = 0; j < V; ++j) f[j] = scale;
+                uint32_t out[V / 4];
+                encode_chunk<In, V>(raw[s], f, out);
+                if (r < nrows) {
+                    store_chunk<V, VEC>(data + r * ncols + c, out, nv);
+                    if (li == 0) scale_inv[r] = __fdiv_rn(1.0f, scale);  // block index = view row
+                }
+            }
+        } else {
+            float camax[V];
+#pragma unroll
+            for (int j = 0; j < V; ++j) camax[j] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < S; ++s)
+#pragma unroll
+                for (int j = 0; j < V; ++j) camax[j] = abs_max(camax[j], widen<In>(raw[s], j));
+            float f[V];
+            if constexpr (BC == 1) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) camax[j] = col_reduce_warp<L>(camax[j]);
+                if (lane < L) {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) s_part[warp * TILE + li * V + j] = camax[j];
+                }
+                __syncthreads();
+                if (threadIdx.x < TILE) {
+                    float a = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < THREADS / 32; ++w) a = abs_max(a, s_part[w * TILE + threadIdx.x]);
+                    const float scale = block_scale(a, pow2);
+                    s_scale[threadIdx.x] = scale;
+                    const int64_t col = ct * TILE + threadIdx.x;
+                    if (col < ncols) scale_inv[rt * ncols + col] = __fdiv_rn(1.0f, scale);
+                }
+                __syncthreads();
+#pragma unroll
+                for (int j = 0; j < V; ++j) f[j] = s_scale[li * V + j];
+            } else {
+                float a = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V; ++j) a = abs_max(a, camax[j]);
+                a = row_reduce<32>(a);
+                if (lane == 0) s_part[parity * 8 + warp] = a;
+                __syncthreads();
+                a = 0.0f;
+#pragma unroll
+                for (int w = 0; w < THREADS / 32; ++w) a = abs_max(a, s_part[parity * 8 + w]);
+                const float scale = block_scale(a, pow2);
+                if (threadIdx.x == 0) scale_inv[rt * col_tiles + ct] = __fdiv_rn(1.0f, scale);
+#pragma unroll
+                for (int j = 0; j < V; ++j) f[j] = scale;
+            }
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                const int64_t r = r0 + rsub + s * RS;  // < nrows: nrows % 128 == 0 here
+                uint32_t out[V / 4];
+                encode_chunk<In, V>(raw[s], f, out);
+                if (nv > 0) store_chunk<V, VEC>(data + r * ncols + c, out, nv);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transposed output through a 128 x 128 byte tile in shared memory (32 words per row). Word w of
+// row r is stored at r * 32 + (w ^ tswz(r)). The XOR keeps every access pattern on 32 distinct
+// banks: writers (a half-warp or warp storing one row, or rows r, r + 1 with r even) see a
+// permutation of the row's words, and transpose_store's readers (8 row groups x 4 word columns)
+// get XOR 4 * group.
+__device__ __forceinline__ int tswz(int r) { return (((r >> 4) & 7) << 2) ^ ((r & 1) << 4); }
+
+// out[(c0 + c) * ld + r0 + r] = tile byte (r, c), r, c < 128. Thread: columns 4cg..4cg+3 x rows
+// 16rg..16rg+15, 4x4 byte blocks transposed with prmt. The 8 lanes of a column cover its 128
+// rows, so every 16-byte store instruction of a warp writes 4 whole 128-byte lines.
+template <bool VEC>
+__device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* out, int64_t ld, int64_t r0,
+                                                int64_t c0) {
+    const int lane = threadIdx.x & 31, rg = lane & 7, cg = (threadIdx.x >> 5) * 4 + (lane >> 3);
+    uint32_t w[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] = tile[(rg * 16 + i) * 32 + (cg ^ (rg << 2) ^ ((i & 1) << 4))];  // tswz
+    uint32_t col[4][4];  // col[j][g]: rows 4g..4g+3 of column 4cg + j
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        const uint32_t a = __byte_perm(w[4 * g], w[4 * g + 1], 0x5140);      // byte 0, 1 of rows 0, 1
+        const uint32_t b = __byte_perm(w[4 * g + 2], w[4 * g + 3], 0x5140);  // byte 0, 1 of rows 2, 3
+        const uint32_t c = __byte_perm(w[4 * g], w[4 * g + 1], 0x7362);      // byte 2, 3 of rows 0, 1
+        const uint32_t d = __byte_perm(w[4 * g + 2], w[4 * g + 3], 0x7362);
+        col[0][g] = __byte_perm(a, b, 0x5410);
+        col[1][g] = __byte_perm(a, b, 0x7632);
+        col[2][g] = __byte_perm(c, d, 0x5410);
+        col[3][g] = __byte_perm(c, d, 0x7632);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        uint8_t* p = out + (c0 + cg * 4 + j) * ld + r0 + rg * 16;
+        if constexpr (VEC) {
+            *reinterpret_cast<uint4*>(p) = make_uint4(col[j][0], col[j][1], col[j][2], col[j][3]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) p[i] = static_cast<uint8_t>(col[j][i >> 2] >> (8 * (i & 3)));
+        }
+    }
+}
+
+// Rows + transposed columns, one read of x (m, k), 128 x 128 tiles.
+//  1. Load the tile's chunks (as in quantize_tiles).
+//  2. Row blocks (1 x 128 = a tile row): shuffle reduce over L lanes, quantize, store row_data.
+//  3. Column amax: per thread over its S rows, across the warp by shuffles, across warps through
+//     s_part; threads 0..127 compute the column scales (s_scale, col_scale_inv).
+//  4. Quantize the register chunks with the column scales into the shared byte tile (row = x row).
+//  5. transpose_store: whole 128-byte lines of col_data (k, m).
+// Three barriers per tile; each shared buffer's next write is behind a barrier that follows its
+// last read (s_part: 2 -> next 1; s_scale: 3 -> next 2; byte tile: next 1 -> next 3).
+
+template <class In, bool VEC>
+__device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
+                                             float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
+                                             float* s_part, float* s_scale, uint32_t* s_bytes) {
+    using G = Geo<In>;
+    constexpr int V = G::V, L = G::L, RS = G::RS, S = G::S;
+    const int li = threadIdx.x % L, rsub = threadIdx.x / L;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row_tiles = m / TILE, col_tiles = k / TILE, tiles = row_tiles * col_tiles;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int64_t rt = t / col_tiles, ct = t - rt * col_tiles;
+        const int64_t r0 = rt * TILE, c0 = ct * TILE, c = c0 + li * V;
+        uint32_t raw[S][4];
+#pragma unroll
+        for (int s = 0; s < S; ++s) load_chunk<In, VEC>(x, (r0 + rsub + s * RS) * k + c, V, raw[s]);
+
+        // 2. Row blocks.
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int64_t r = r0 + rsub + s * RS;
+            float amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; ++j) amax = abs_max(amax, widen<In>(raw[s], j));
+            const float scale = block_scale(row_reduce<L>(amax), pow2);
+            float f[V];
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = scale;
+            uint32_t out[V / 4];
+            encode_chunk<In, V>(raw[s], f, out);
+            store_chunk<V, VEC>(row_data + r * k + c, out, V);
+            if (li == 0) row_scale_inv[r * col_tiles + ct] = __fdiv_rn(1.0f, scale);
+        }
+
+        // 3. Column scales.
+        float camax[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) camax[j] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < S; ++s)
+#pragma unroll
+            for (int j = 0; j < V; ++j) camax[j] = abs_max(camax[j], widen<In>(raw[s], j));
+#pragma unroll
+        for (int j = 0; j < V; ++j) camax[j] = col_reduce_warp<L>(camax[j]);
+        if (lane < L) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) s_part[warp * TILE + li * V + j] = camax[j];
+        }
+        __syncthreads();
+        if (threadIdx.x < TILE) {
+            float a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < THREADS / 32; ++w) a = abs_max(a, s_part[w * TILE + threadIdx.x]);
+            const float scale = block_scale(a, pow2);
+            s_scale[threadIdx.x] = scale;
+            col_scale_inv[(c0 + threadIdx.x) * row_tiles + rt] = __fdiv_rn(1.0f, scale);
+        }
+        __syncthreads();
+
+        // 4. Column-quantized bytes into the shared byte tile.
+        float f[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) f[j] = s_scale[li * V + j];
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+            const int row = rsub + s * RS;
+            uint32_t out[V / 4];
+            encode_chunk<In, V>(raw[s], f, out);
+            uint32_t* dst = s_bytes + row * 32 + ((li * V / 4) ^ tswz(row));
+            if constexpr (V == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(out[0], out[1]);
+            else *dst = out[0];
+        }
+        __syncthreads();
+
+        // 5. Transposed, coalesced stores.
+        transpose_store<VEC>(s_bytes, col_data, m, r0, c0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize: element (R, c) of the (batch*rows, cols) view uses scale_inv[(R/BR)*(cols/BC) + c/BC]
+// (rows % BR == 0, so R/BR = b*(rows/BR) + r/BR). Vector path: a thread piece is
+// P = 16 / sizeof(Out) elements (P fp8 bytes in, one 16-byte store out), pieces of a warp are
+// consecutive, so each store instruction writes 512 contiguous bytes; DQ_UNROLL pieces per thread
+// in flight. Needs cols % P == 0.
+
+constexpr int DQ_UNROLL = 4;
+
+template <class Out> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<BF16>(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // RNE, as BF16::store
+    return r;
+}
+template <> __device__ __forceinline__ uint32_t pack2<F16>(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // RNE, as F16::store
+    return r;
+}
+
+// 16 bytes of Out (P results) to out + e * sizeof(Out), 16-byte aligned.
+template <class Out> __device__ __forceinline__ void store_piece(void* out, int64_t e, const float* y) {
+    if constexpr (Bytes<Out>::N == 4)
+        *reinterpret_cast<uint4*>(static_cast<float*>(out) + e) =
+            make_uint4(__float_as_uint(y[0]), __float_as_uint(y[1]), __float_as_uint(y[2]), __float_as_uint(y[3]));
+    else
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + e) =
+            make_uint4(pack2<Out>(y[0], y[1]), pack2<Out>(y[2], y[3]), pack2<Out>(y[4], y[5]), pack2<Out>(y[6], y[7]));
+}
+
+// Two E4M3 codes (low byte first) decoded exactly through f16x2.
+__device__ __forceinline__ void e4m3x2_to_f32(uint32_t two, float& lo, float& hi) {
+    uint32_t h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<uint16_t>(two & 0xFFFF)));
+    lo = F16::from_bits(static_cast<uint16_t>(h2 & 0xFFFF));
+    hi = F16::from_bits(static_cast<uint16_t>(h2 >> 16));
+}
+
+// Quotient for non-negative operands; 32-bit division when both fit (the usual case).
+__device__ __forceinline__ int64_t div_nn(int64_t a, int64_t b) {
+    if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    return a / b;
+}
+
+template <class Out, int BR, int BC>
+__device__ __forceinline__ void dequant_vec(const uint8_t* data, const float* scale_inv, void* out, int64_t n,
+                                            int64_t ncols) {
+    constexpr int P = 16 / Bytes<Out>::N, NS = BC == 1 ? P : 1;
+    const int64_t pieces = n / P;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * THREADS * DQ_UNROLL + threadIdx.x; base < pieces;
+         base += static_cast<int64_t>(gridDim.x) * THREADS * DQ_UNROLL) {
+        uint32_t d[DQ_UNROLL][2];
+        float sc[DQ_UNROLL][NS];
+#pragma unroll
+        for (int u = 0; u < DQ_UNROLL; ++u) {
+            const int64_t pc = base + u * THREADS, e = pc * P;
+            d[u][0] = d[u][1] = 0;
+#pragma unroll
+            for (int j = 0; j < NS; ++j) sc[u][j] = 0.0f;
+            if (pc >= pieces) continue;
+            if constexpr (P == 8) {
+                asm("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(d[u][0]), "=r"(d[u][1]) : "l"(data + e));
+            } else {
+                asm("ld.global.nc.u32 %0, [%1];" : "=r"(d[u][0]) : "l"(data + e));
+            }
+            if constexpr (BR == 1) {
+                sc[u][0] = scale_inv[e >> 7];  // cols % 128 == 0: blocks tile the flat tensor
+            } else {
+                const int64_t R = div_nn(e, ncols), cc = e - R * ncols;
+                if constexpr (BC == TILE) {
+                    sc[u][0] = scale_inv[(R >> 7) * (ncols >> 7) + (cc >> 7)];
+                } else {
+#pragma unroll
+                    for (int k = 0; k < P / 4; ++k) {
+                        const uint4 v = ld_nc16(scale_inv + (R >> 7) * ncols + cc + 4 * k);
+                        sc[u][4 * k] = __uint_as_float(v.x), sc[u][4 * k + 1] = __uint_as_float(v.y);
+                        sc[u][4 * k + 2] = __uint_as_float(v.z), sc[u][4 * k + 3] = __uint_as_float(v.w);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < DQ_UNROLL; ++u) {
+            const int64_t pc = base + u * THREADS;
+            if (pc >= pieces) continue;
+            float y[P];
+#pragma unroll
+            for (int j = 0; j < P; j += 2) {
+                float lo, hi;
+                e4m3x2_to_f32(d[u][j >> 2] >> (8 * (j & 3)), lo, hi);
+                y[j] = __fmul_rn(lo, sc[u][BC == 1 ? j : 0]);
+                y[j + 1] = __fmul_rn(hi, sc[u][BC == 1 ? j + 1 : 0]);
+            }
+            store_piece<Out>(out, pc * P, y);
+        }
+    }
+}
+
+template <class Out, int BR, int BC>
+__device__ __forceinline__ void dequant_scalar(const uint8_t* data, const float* scale_inv, void* out, int64_t n,
+                                               int64_t ncols) {
+    for (int64_t e = static_cast<int64_t>(blockIdx.x) * THREADS + threadIdx.x; e < n;
+         e += static_cast<int64_t>(gridDim.x) * THREADS) {
+        const int64_t R = div_nn(e, ncols), cc = e - R * ncols;
+        const float s = scale_inv[(R / BR) * (ncols / BC) + cc / BC];
+        Out::store(out, e, __fmul_rn(e4m3_to_f32(data[e]), s));
+    }
+}
+
+}  // namespace fp8_block_detail
+
+// =============================================================================================
+// Kernels (INTERFACE.md "fp8_block.cuh").
+
+template <class In, int BR, int BC>
+__global__ void __launch_bounds__(THREADS)
+    fp8_block_quantize(const void* x, uint8_t* data, float* scale_inv, int64_t batch, int64_t rows, int64_t cols,
+                       int pow2) {
+    using namespace fp8_block_detail;
+    static_assert((BR == 1 && BC == 128) || (BR == 128 && BC == 1) || (BR == 128 && BC == 128), "block shape");
+    constexpr int V = Geo<In>::V;
+    // (1,128) blocks tile the flat tensor: view it as (n / 128, 128).
+    const int64_t nrows = BR == 1 ? batch * rows * cols / TILE : batch * rows;
+    const int64_t ncols = BR == 1 ? TILE : cols;
+    __shared__ float s_part[BC == 1 ? (THREADS / 32) * TILE : 16];
+    __shared__ float s_scale[BC == 1 ? TILE : 1];
+    if (ncols % V == 0 && aligned(x, 16) && aligned(data, V))
+        quantize_tiles<In, BR, BC, true>(x, data, scale_inv, nrows, ncols, pow2, s_part, s_scale);
+    else
+        quantize_tiles<In, BR, BC, false>(x, data, scale_inv, nrows, ncols, pow2, s_part, s_scale);
+}
+
+template <class In>
+__global__ void __launch_bounds__(THREADS)
+    fp8_block_quantize_rowcol(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
+                              float* row_scale_inv, uint8_t* col_data, float* col_scale_inv) {
+    using namespace fp8_block_detail;
+    __shared__ float s_part[(THREADS / 32) * TILE];
+    __shared__ float s_scale[TILE];
+    __shared__ __align__(16) uint32_t s_bytes[TILE * TILE / 4];
+    if (aligned(x, 16) && aligned(row_data, Geo<In>::V) && aligned(col_data, 16))
+        rowcol_tiles<In, true>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part, s_scale,
+                               s_bytes);
+    else
+        rowcol_tiles<In, false>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part, s_scale,
+                                s_bytes);
+}
+
+template <class Out, int BR, int BC>
+__global__ void __launch_bounds__(THREADS)
+    fp8_block_dequantize(const uint8_t* data, const float* scale_inv, void* out, int64_t batch, int64_t rows,
+                         int64_t cols) {
+    using namespace fp8_block_detail;
+    const int64_t n = batch * rows * cols;
+    constexpr unsigned P = 16 / Bytes<Out>::N;  // elements per vector piece
+    if (cols % P == 0 && aligned(data, P) && aligned(out, 16) && (BC != 1 || aligned(scale_inv, 16)))
+        dequant_vec<Out, BR, BC>(data, scale_inv, out, n, cols);
+    else
+        dequant_scalar<Out, BR, BC>(data, scale_inv, out, n, cols);
+}
+
+}  // namespace deepwell

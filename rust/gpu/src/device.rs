@@ -1,0 +1,210 @@
+//! Per-device state: torch's primary context, the arch to compile for, and the table of loaded
+//! kernels. Kernels are compiled on first use (disk cache first) and launched on the stream the
+//! caller passes (torch's current stream). Device memory is never allocated here: buffers come
+//! from torch's allocator through the ops layer.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{OnceLock, RwLock};
+
+use cudarc::driver::{result, sys};
+
+use crate::arch::nvrtc_arch;
+use crate::cache::{self, DiskCache};
+use crate::error::{driver, GpuError, Result};
+use crate::nvrtc;
+use crate::sources::KernelSpec;
+
+/// Where NVRTC and the disk cache are; set once by the ops layer at registration.
+pub struct Config {
+    pub nvrtc_path: Option<String>,
+    pub cache_dir: Option<String>,
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+pub fn configure(config: Config) {
+    let _ = CONFIG.set(config);
+}
+
+fn config() -> Option<&'static Config> {
+    CONFIG.get()
+}
+
+/// A loaded kernel. The module stays loaded for the life of the process.
+#[derive(Clone, Copy)]
+struct Function(sys::CUfunction);
+// SAFETY: CUfunction handles are process-global and usable from any thread with the context current.
+unsafe impl Send for Function {}
+unsafe impl Sync for Function {}
+
+pub struct Device {
+    ordinal: i32,
+    ctx: sys::CUcontext,
+    arch: String,
+    sms: u32,
+    name: String,
+    functions: RwLock<HashMap<KernelSpec, Function>>,
+}
+
+// SAFETY: the primary context handle is process-global; the table is behind an RwLock.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+const MAX_DEVICES: usize = 64;
+static DEVICES: [OnceLock<std::result::Result<Device, String>>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+
+/// The state of CUDA device `ordinal`, opened on first use (no lock on later calls).
+pub fn device(ordinal: i32) -> Result<&'static Device> {
+    let slot = DEVICES
+        .get(ordinal as usize)
+        .ok_or_else(|| GpuError::Unsupported(format!("CUDA device index {ordinal} is out of range")))?;
+    slot.get_or_init(|| Device::open(ordinal).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| GpuError::Unsupported(e.clone()))
+}
+
+/// Kernel arguments: each value is stored in 8 bytes (little-endian, so a 4-byte `int` parameter
+/// reads the low half) and cuLaunchKernel receives a pointer to each.
+#[derive(Default)]
+pub struct Params {
+    values: Vec<u64>,
+}
+
+impl Params {
+    pub fn new() -> Params {
+        Params::default()
+    }
+    pub fn ptr(mut self, p: *const c_void) -> Params {
+        self.values.push(p as u64);
+        self
+    }
+    pub fn i64(mut self, v: i64) -> Params {
+        self.values.push(v as u64);
+        self
+    }
+    pub fn u64(mut self, v: u64) -> Params {
+        self.values.push(v);
+        self
+    }
+    pub fn i32(mut self, v: i32) -> Params {
+        self.values.push(v as u32 as u64);
+        self
+    }
+}
+
+impl Device {
+    fn open(ordinal: i32) -> Result<Device> {
+        driver("cuInit", result::init())?;
+        let dev = driver("cuDeviceGet", result::device::get(ordinal))?;
+        // SAFETY: `dev` is a valid device; retaining the primary context is what the CUDA runtime
+        // (and so torch) does too, so both share one context.
+        let ctx = driver("cuDevicePrimaryCtxRetain", unsafe { result::primary_ctx::retain(dev) })?;
+        let attr = |a| driver("cuDeviceGetAttribute", unsafe { result::device::get_attribute(dev, a) });
+        use sys::CUdevice_attribute::*;
+        let (major, minor) = (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
+        let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let arch = nvrtc_arch(major, minor).map_err(GpuError::Unsupported)?;
+        let name = driver("cuDeviceGetName", result::device::get_name(dev))?;
+        Ok(Device { ordinal, ctx, arch, sms, name, functions: RwLock::new(HashMap::new()) })
+    }
+
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+    pub fn sms(&self) -> u32 {
+        self.sms
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn make_current(&self) -> Result<()> {
+        // SAFETY: a retained primary context; making it current on this thread is always valid.
+        driver("cuCtxSetCurrent", unsafe { result::ctx::set_current(self.ctx) })
+    }
+
+    /// Compiles (or reads from the disk cache) and loads `spec`.
+    fn load(&self, spec: &KernelSpec) -> Result<Function> {
+        let cfg = config().ok_or_else(|| GpuError::Unsupported("deepwell's GPU runtime is not configured".into()))?;
+        let path = cfg.nvrtc_path.as_deref().ok_or_else(|| {
+            GpuError::Unsupported("NVRTC was not found (torch's nvidia/cu13/lib/libnvrtc.so.13); deepwell cannot build its kernels".into())
+        })?;
+        let nvrtc = nvrtc::load(path)?;
+        let disk = cfg.cache_dir.as_ref().map(DiskCache::new);
+        let key = cache::key(spec, &self.arch, &nvrtc.version());
+        let (cubin, lowered) = match disk.as_ref().and_then(|d| d.get(&key)) {
+            Some(hit) => hit,
+            None => {
+                let built = nvrtc.compile(spec, &self.arch)?;
+                if let Some(d) = &disk {
+                    d.put(&key, &built.0, &built.1)?;
+                }
+                built
+            }
+        };
+        self.make_current()?;
+        // SAFETY: `cubin` is a complete cubin image for this device's arch; the module is never
+        // unloaded, so the function handle stays valid.
+        unsafe {
+            let module = driver("cuModuleLoadData", result::module::load_data(cubin.as_ptr().cast()))?;
+            let name = CString::new(lowered).map_err(|e| GpuError::Nvrtc(e.to_string()))?;
+            Ok(Function(driver("cuModuleGetFunction", result::module::get_function(module, name))?))
+        }
+    }
+
+    fn function(&self, spec: &KernelSpec) -> Result<Function> {
+        if let Some(f) = self.functions.read().ok().and_then(|t| t.get(spec).copied()) {
+            return Ok(f);
+        }
+        let f = self.load(spec)?;
+        if let Ok(mut t) = self.functions.write() {
+            t.entry(spec.clone()).or_insert(f);
+        }
+        Ok(f)
+    }
+
+    /// Launches `spec` with a 1-D grid on `stream` (torch's current stream of this device).
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list, and every pointer in it must be valid
+    /// device memory of the sizes the kernel accesses for the given sizes.
+    pub unsafe fn launch(&self, spec: &KernelSpec, grid: u32, block: u32, smem: u32, stream: *mut c_void, params: Params) -> Result<()> {
+        let f = self.function(spec)?;
+        self.make_current()?;
+        let mut values = params.values;
+        let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
+        // SAFETY: guaranteed by the caller; `values` outlives the call (cuLaunchKernel copies the
+        // parameters before returning).
+        driver("cuLaunchKernel", unsafe {
+            result::launch_kernel(f.0, (grid, 1, 1), (block, 1, 1), smem, stream as sys::CUstream, &mut ptrs)
+        })
+    }
+
+    /// Fills `bytes` bytes at `ptr` with zero on `stream`.
+    ///
+    /// # Safety
+    /// `ptr` must be device memory of at least `bytes` bytes on this device.
+    pub unsafe fn memset_zero(&self, ptr: *mut c_void, bytes: usize, stream: *mut c_void) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: guaranteed by the caller.
+        driver("cuMemsetD8Async", unsafe { result::memset_d8_async(ptr as sys::CUdeviceptr, 0, bytes, stream as sys::CUstream) })
+    }
+}
+
+/// Compiles `specs` for every arch with no GPU (the `--compile-all` check). Returns
+/// (kernel, arch, cubin bytes) per success and stops at the first failure.
+pub fn compile_all(nvrtc_path: &str, specs: &[KernelSpec], archs: &[String]) -> Result<Vec<(String, String, usize)>> {
+    let nvrtc = nvrtc::load(nvrtc_path)?;
+    let mut out = Vec::new();
+    for arch in archs {
+        for spec in specs {
+            let (cubin, _) = nvrtc.compile(spec, arch)?;
+            out.push((spec.name.clone(), arch.clone(), cubin.len()));
+        }
+    }
+    Ok(out)
+}

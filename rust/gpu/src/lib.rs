@@ -1,0 +1,19 @@
+//! deepwell's CUDA runtime (no torch here; the ops crate hands over streams and device pointers).
+//!
+//! - `sources`  the kernel headers of ../../cuda as embedded data, and kernel specs (one template
+//!              specialization each);
+//! - `nvrtc`    NVRTC loaded from torch's wheel, compiling a spec to a cubin for an exact arch;
+//! - `cache`    the content-addressed, atomically written on-disk cache of cubins;
+//! - `device`   per-device primary context, module table and launches on the caller's stream;
+//! - `arch`     pure decisions (arch strings, grid sizes), unit-tested without a GPU.
+
+pub mod arch;
+pub mod cache;
+pub mod device;
+pub mod error;
+pub mod nvrtc;
+pub mod sources;
+
+pub use device::{compile_all, configure, device, Config, Device, Params};
+pub use error::{GpuError, Result};
+pub use sources::{Header, KernelSpec};

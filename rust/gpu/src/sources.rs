@@ -1,0 +1,57 @@
+//! Kernel sources are data inside the crate (STYLE.md item 2): every header of ../../cuda, embedded
+//! at build time and indexed by a closed enum. A kernel is one template specialization of one
+//! header, named by an NVRTC name expression; the generated translation unit is two lines.
+
+/// The kernel headers (one per op family, plus the shared helpers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Header {
+    Common,
+    Mxfp8,
+    Fp8Block,
+    Nvfp4,
+    Swizzle,
+}
+
+impl Header {
+    pub const ALL: [Header; 5] = [Header::Common, Header::Mxfp8, Header::Fp8Block, Header::Nvfp4, Header::Swizzle];
+
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Header::Common => "common.cuh",
+            Header::Mxfp8 => "mxfp8.cuh",
+            Header::Fp8Block => "fp8_block.cuh",
+            Header::Nvfp4 => "nvfp4.cuh",
+            Header::Swizzle => "swizzle.cuh",
+        }
+    }
+
+    pub fn source(self) -> &'static str {
+        match self {
+            Header::Common => include_str!("../../../cuda/common.cuh"),
+            Header::Mxfp8 => include_str!("../../../cuda/mxfp8.cuh"),
+            Header::Fp8Block => include_str!("../../../cuda/fp8_block.cuh"),
+            Header::Nvfp4 => include_str!("../../../cuda/nvfp4.cuh"),
+            Header::Swizzle => include_str!("../../../cuda/swizzle.cuh"),
+        }
+    }
+}
+
+/// One kernel: a specialization of a template in `header`, e.g.
+/// `deepwell::mxfp8_quantize_rows<deepwell::BF16, 0, 0>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelSpec {
+    pub header: Header,
+    pub name: String,
+}
+
+impl KernelSpec {
+    pub fn new(header: Header, name: impl Into<String>) -> KernelSpec {
+        KernelSpec { header, name: name.into() }
+    }
+
+    /// The whole translation unit NVRTC compiles: the header; NVRTC instantiates the template
+    /// named by the name expression.
+    pub fn translation_unit(&self) -> String {
+        format!("#include \"{}\"\n", self.header.file_name())
+    }
+}

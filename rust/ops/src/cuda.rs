@@ -1,0 +1,92 @@
+//! Glue between torch tensors and the CUDA runtime (`deepwell-gpu`): torch's current stream, the
+//! per-device runtime, contiguous inputs, and the template tags naming element types in kernels.
+
+use std::ffi::c_void;
+
+use deepwell_gpu::{arch::grid_blocks, Device, GpuError};
+
+use crate::abi::{api, cuda_api, StableIValue, EXTENSION_BUILD_VERSION};
+use crate::dtype::DType;
+use crate::error::{Error, Op, Result};
+use crate::tensor::Tensor;
+
+/// Threads per block of every deepwell kernel (cuda/common.cuh `THREADS`).
+pub const THREADS: u32 = 256;
+/// Resident-block waves a grid-stride launch is capped at.
+const WAVES: u32 = 8;
+
+pub fn gpu_err(op: Op) -> impl Fn(GpuError) -> Error {
+    move |source| Error::Gpu { op, source }
+}
+
+/// The runtime of CUDA device `index`.
+pub fn device(op: Op, index: i32) -> Result<&'static Device> {
+    deepwell_gpu::device(index).map_err(gpu_err(op))
+}
+
+/// torch's current CUDA stream of device `index` (borrowed; every kernel launches on it).
+pub fn current_stream(op: Op, index: i32) -> Result<*mut c_void> {
+    let cuda = cuda_api().ok_or(Error::Unsupported { op, what: "this torch build has no CUDA".into() })?;
+    let mut stream: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out pointer; the stream is borrowed from torch.
+    let code = unsafe { (cuda.aoti_torch_get_current_cuda_stream)(index, &mut stream) };
+    if code != 0 {
+        return Err(Error::Torch { op, call: "aoti_torch_get_current_cuda_stream" });
+    }
+    Ok(stream)
+}
+
+/// What a kernel launch needs: the device's runtime and torch's current stream on it.
+pub struct Launch {
+    pub dev: &'static Device,
+    pub stream: *mut c_void,
+}
+
+/// The launch context of a (validated) CUDA device.
+pub fn launch_context(op: Op, device: crate::dtype::Device) -> Result<Launch> {
+    let index = match device {
+        crate::dtype::Device::Cuda(i) => i,
+        other => return Err(Error::arg(op, "device", "be a CUDA device", other)),
+    };
+    Ok(Launch { dev: self::device(op, index)?, stream: current_stream(op, index)? })
+}
+
+/// Blocks for a grid-stride launch over `work` items, `per_block` items per block.
+pub fn grid(dev: &Device, work: u64, per_block: u64) -> u32 {
+    grid_blocks(work, per_block, dev.sms(), WAVES)
+}
+
+/// `t` itself when contiguous, else `aten::contiguous(t)` (a copy made by torch, on t's stream).
+pub fn contiguous(op: Op, t: Tensor) -> Result<Tensor> {
+    if t.is_contiguous() {
+        return Ok(t);
+    }
+    // SAFETY: constant getter.
+    let format = unsafe { (api().aoti_torch_memory_format_contiguous_format)() };
+    // aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a).
+    // The dispatcher consumes the handle we pass (even on failure) and returns a new owning one.
+    let mut stack: [StableIValue; 2] = [t.into_raw() as StableIValue, format as StableIValue];
+    // SAFETY: the stack holds the op's two arguments encoded for ABI 2.10 and has room for its one return.
+    let code = unsafe {
+        (api().torch_call_dispatcher)(c"aten::contiguous".as_ptr(), c"".as_ptr(), stack.as_mut_ptr(), EXTENSION_BUILD_VERSION)
+    };
+    if code != 0 {
+        return Err(Error::Torch { op, call: "torch_call_dispatcher(aten::contiguous)" });
+    }
+    // SAFETY: on success stack[0] is a new owning tensor handle.
+    unsafe { Tensor::from_raw(stack[0] as _) }.ok_or(Error::Torch { op, call: "aten::contiguous" })
+}
+
+/// The template tag of a float element type (cuda/common.cuh).
+pub fn float_tag(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "deepwell::F32",
+        DType::F16 => "deepwell::F16",
+        _ => "deepwell::BF16",
+    }
+}
+
+/// The device pointer of a tensor, as a kernel argument.
+pub fn ptr(t: &Tensor) -> *const c_void {
+    t.data_ptr() as *const c_void
+}

@@ -1,0 +1,157 @@
+//! `deepwell.fp8_block_quantize`, `fp8_block_quantize_rowcol` and `fp8_block_dequantize`
+//! (NUMERICS.md "FP8 block"). Schemas: torch_ops/deepwell/ops/fp8_block.py. Checks here, shared by
+//! the CPU reference (`cpu.rs`, maths in rust/core/src/fp8_block.rs) and CUDA (`cuda.rs`,
+//! cuda/fp8_block.cuh).
+//!
+//! Block shapes: 1x128 (activations and gradients along K), 128x1 (the same along M, for wgrad) and
+//! 128x128 (weights). The tensor is viewed as (batch, rows, cols) with rows/cols its last two dims.
+
+mod cpu;
+mod cuda;
+
+use crate::check::{self, Backend};
+use crate::dtype::{DType, Device};
+use crate::error::{Error, Op, Result};
+use crate::kernel::{boxed_kernel, Kernel};
+use crate::stack::{Args, Kind, OpSpec};
+use crate::tensor::Tensor;
+
+pub static QUANTIZE: OpSpec = OpSpec {
+    name: "fp8_block_quantize",
+    args: &[("x", Kind::Tensor), ("block_rows", Kind::Int), ("block_cols", Kind::Int), ("pow2", Kind::Bool)],
+    returns: 2,
+};
+
+pub static QUANTIZE_ROWCOL: OpSpec =
+    OpSpec { name: "fp8_block_quantize_rowcol", args: &[("x", Kind::Tensor), ("pow2", Kind::Bool)], returns: 4 };
+
+pub static DEQUANTIZE: OpSpec = OpSpec {
+    name: "fp8_block_dequantize",
+    args: &[
+        ("data", Kind::Tensor),
+        ("scale_inv", Kind::Tensor),
+        ("block_rows", Kind::Int),
+        ("block_cols", Kind::Int),
+        ("out_dtype", Kind::OptScalarType),
+    ],
+    returns: 1,
+};
+
+pub fn kernels() -> Vec<Kernel> {
+    vec![
+        Kernel { spec: &QUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE, cpu::quantize) },
+        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cpu::quantize_rowcol) },
+        Kernel { spec: &DEQUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(DEQUANTIZE, cpu::dequantize) },
+        Kernel { spec: &QUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE, cuda::quantize) },
+        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cuda::quantize_rowcol) },
+        Kernel { spec: &DEQUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(DEQUANTIZE, cuda::dequantize) },
+    ]
+}
+
+pub use cuda::specs as cuda_specs;
+
+/// The supported block shapes (DeepSeek-V3 / Transformer Engine Float8BlockScaling).
+const BLOCKS: [(i64, i64); 3] = [(1, 128), (128, 1), (128, 128)];
+const BLOCK: i64 = 128;
+
+/// (batch, rows, cols, block_rows, block_cols) of a validated tensor, and its scale's shape.
+struct Geometry {
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    br: usize,
+    bc: usize,
+    scale_shape: Vec<i64>,
+}
+
+fn geometry(op: Op, arg: &'static str, t: &Tensor, br: i64, bc: i64) -> Result<Geometry> {
+    if !BLOCKS.contains(&(br, bc)) {
+        return Err(Error::arg(op, "block_rows, block_cols", "be (1, 128), (128, 1) or (128, 128)", format!("({br}, {bc})")));
+    }
+    check::non_empty(op, arg, t, 2)?;
+    let n = t.dim();
+    check::divisible(op, arg, t, n - 2, br as usize, "block_rows")?;
+    check::divisible(op, arg, t, n - 1, bc as usize, "block_cols")?;
+    let sizes = t.sizes();
+    let (rows, cols) = (sizes[n - 2], sizes[n - 1]);
+    let batch: i64 = sizes[..n - 2].iter().product();
+    let mut scale_shape = sizes.to_vec();
+    scale_shape[n - 2] /= br;
+    scale_shape[n - 1] /= bc;
+    Ok(Geometry { batch: batch as usize, rows: rows as usize, cols: cols as usize, br: br as usize, bc: bc as usize, scale_shape })
+}
+
+struct Quantize {
+    x: Tensor,
+    dtype: DType,
+    device: Device,
+    g: Geometry,
+    pow2: bool,
+}
+
+fn parse_quantize(a: &mut Args, backend: Backend) -> Result<Quantize> {
+    let op = a.op();
+    let x = a.tensor("x")?;
+    let (br, bc) = (a.int("block_rows")?, a.int("block_cols")?);
+    let pow2 = a.bool("pow2")?;
+    let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+    let device = check::same_device(op, backend, &[("x", &x)])?;
+    let g = geometry(op, "x", &x, br, bc)?;
+    Ok(Quantize { x, dtype, device, g, pow2 })
+}
+
+/// A validated `fp8_block_quantize_rowcol` call: x is (m, k), both multiples of 128.
+struct QuantizeRowCol {
+    x: Tensor,
+    dtype: DType,
+    device: Device,
+    m: i64,
+    k: i64,
+    pow2: bool,
+}
+
+fn parse_quantize_rowcol(a: &mut Args, backend: Backend) -> Result<QuantizeRowCol> {
+    let op = a.op();
+    let x = a.tensor("x")?;
+    let pow2 = a.bool("pow2")?;
+    let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+    let device = check::same_device(op, backend, &[("x", &x)])?;
+    if x.dim() != 2 {
+        return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", x.dim())));
+    }
+    check::non_empty(op, "x", &x, 2)?;
+    check::divisible(op, "x", &x, 0, BLOCK as usize, "the transposed copy has 1x128 blocks along rows")?;
+    check::divisible(op, "x", &x, 1, BLOCK as usize, "the row-wise copy has 1x128 blocks along k")?;
+    let (m, k) = (x.sizes()[0], x.sizes()[1]);
+    Ok(QuantizeRowCol { x, dtype, device, m, k, pow2 })
+}
+
+impl QuantizeRowCol {
+    /// Row data (m, k), row scales (m, k/128), transposed col data (k, m), col scales (k, m/128).
+    fn shapes(&self) -> [Vec<i64>; 4] {
+        let (m, k) = (self.m, self.k);
+        [vec![m, k], vec![m, k / BLOCK], vec![k, m], vec![k, m / BLOCK]]
+    }
+}
+
+struct Dequantize {
+    data: Tensor,
+    scale_inv: Tensor,
+    device: Device,
+    g: Geometry,
+    out_dtype: DType,
+}
+
+fn parse_dequantize(a: &mut Args, backend: Backend) -> Result<Dequantize> {
+    let op = a.op();
+    let data = a.tensor("data")?;
+    let scale_inv = a.tensor("scale_inv")?;
+    let (br, bc) = (a.int("block_rows")?, a.int("block_cols")?);
+    let out_dtype = check::out_dtype(op, a.opt_scalar_type("out_dtype")?)?;
+    check::dtype_in(op, "data", &data, &[DType::E4M3])?;
+    check::dtype_in(op, "scale_inv", &scale_inv, &[DType::F32])?;
+    let device = check::same_device(op, backend, &[("data", &data), ("scale_inv", &scale_inv)])?;
+    let g = geometry(op, "data", &data, br, bc)?;
+    check::shape_eq(op, "scale_inv", &scale_inv, &g.scale_shape)?;
+    Ok(Dequantize { data, scale_inv, device, g, out_dtype })
+}

@@ -1,0 +1,174 @@
+//! `deepwell.mxfp8_quantize`, `mxfp8_quantize_rowcol` and `mxfp8_dequantize` (NUMERICS.md "MXFP8").
+//! Schemas: torch_ops/deepwell/ops/mxfp8.py. Argument checks live here, shared by the CPU
+//! reference (`cpu.rs`, maths in rust/core/src/mxfp8.rs) and the CUDA kernels (`cuda.rs`,
+//! cuda/mxfp8.cuh), so both backends accept and reject exactly the same inputs.
+
+mod cpu;
+mod cuda;
+
+use deepwell_core::mxfp8::{Fp8Elem, ScaleMode, MX_BLOCK};
+use deepwell_core::shape::Dims3;
+
+use crate::check::{self, Backend};
+use crate::dtype::{DType, Device};
+use crate::error::{Error, Result};
+use crate::kernel::{boxed_kernel, Kernel};
+use crate::stack::{Args, Kind, OpSpec};
+use crate::tensor::Tensor;
+
+pub static QUANTIZE: OpSpec = OpSpec {
+    name: "mxfp8_quantize",
+    args: &[("x", Kind::Tensor), ("dim", Kind::Int), ("scale_mode", Kind::Str), ("elem", Kind::Str)],
+    returns: 2,
+};
+
+pub static QUANTIZE_ROWCOL: OpSpec = OpSpec {
+    name: "mxfp8_quantize_rowcol",
+    args: &[
+        ("x", Kind::Tensor),
+        ("scale_mode", Kind::Str),
+        ("elem", Kind::Str),
+        ("col_transposed", Kind::Bool),
+        ("swizzle", Kind::Bool),
+    ],
+    returns: 4,
+};
+
+pub static DEQUANTIZE: OpSpec = OpSpec {
+    name: "mxfp8_dequantize",
+    args: &[("data", Kind::Tensor), ("scale", Kind::Tensor), ("dim", Kind::Int), ("out_dtype", Kind::OptScalarType)],
+    returns: 1,
+};
+
+pub fn kernels() -> Vec<Kernel> {
+    vec![
+        Kernel { spec: &QUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE, cpu::quantize) },
+        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cpu::quantize_rowcol) },
+        Kernel { spec: &DEQUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(DEQUANTIZE, cpu::dequantize) },
+        Kernel { spec: &QUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE, cuda::quantize) },
+        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cuda::quantize_rowcol) },
+        Kernel { spec: &DEQUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(DEQUANTIZE, cuda::dequantize) },
+    ]
+}
+
+pub use cuda::specs as cuda_specs;
+
+fn elem_dtype(elem: Fp8Elem) -> DType {
+    match elem {
+        Fp8Elem::E4M3 => DType::E4M3,
+        Fp8Elem::E5M2 => DType::E5M2,
+    }
+}
+
+/// x's shape with `dim` divided by the block.
+fn scale_shape(sizes: &[i64], dim: usize) -> Vec<i64> {
+    let mut s = sizes.to_vec();
+    s[dim] /= MX_BLOCK as i64;
+    s
+}
+
+fn parse_mode_elem(a: &mut Args) -> Result<(ScaleMode, Fp8Elem)> {
+    let op = a.op();
+    let mode = check::parse(op, "scale_mode", &a.str("scale_mode")?, "'rceil', 'floor'")?;
+    let elem = check::parse(op, "elem", &a.str("elem")?, "'e4m3', 'e5m2'")?;
+    Ok((mode, elem))
+}
+
+/// A validated `mxfp8_quantize` call.
+struct Quantize {
+    x: Tensor,
+    dtype: DType,
+    device: Device,
+    dims: Dims3,
+    mode: ScaleMode,
+    elem: Fp8Elem,
+    data_shape: Vec<i64>,
+    scale_shape: Vec<i64>,
+}
+
+fn parse_quantize(a: &mut Args, backend: Backend) -> Result<Quantize> {
+    let op = a.op();
+    let x = a.tensor("x")?;
+    let dim = a.int("dim")?;
+    let (mode, elem) = parse_mode_elem(a)?;
+    let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+    let device = check::same_device(op, backend, &[("x", &x)])?;
+    check::non_empty(op, "x", &x, 1)?;
+    let d = check::dim(op, "dim", dim, x.dim())?;
+    check::divisible(op, "x", &x, d, MX_BLOCK, "the MX block size along `dim`")?;
+    let dims = Dims3::from_shape(&check::sizes_usize(&x), d);
+    let (data_shape, scale_shape) = (x.sizes().to_vec(), scale_shape(x.sizes(), d));
+    Ok(Quantize { x, dtype, device, dims, mode, elem, data_shape, scale_shape })
+}
+
+/// A validated `mxfp8_quantize_rowcol` call: x is (m, k), both multiples of 32.
+struct QuantizeRowCol {
+    x: Tensor,
+    dtype: DType,
+    device: Device,
+    m: usize,
+    k: usize,
+    mode: ScaleMode,
+    elem: Fp8Elem,
+    col_transposed: bool,
+    swizzle: bool,
+}
+
+fn parse_quantize_rowcol(a: &mut Args, backend: Backend) -> Result<QuantizeRowCol> {
+    let op = a.op();
+    let x = a.tensor("x")?;
+    let (mode, elem) = parse_mode_elem(a)?;
+    let (col_transposed, swizzle) = (a.bool("col_transposed")?, a.bool("swizzle")?);
+    let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+    let device = check::same_device(op, backend, &[("x", &x)])?;
+    if x.dim() != 2 {
+        return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", x.dim())));
+    }
+    check::non_empty(op, "x", &x, 2)?;
+    check::divisible(op, "x", &x, 0, MX_BLOCK, "column-wise blocks run along rows")?;
+    check::divisible(op, "x", &x, 1, MX_BLOCK, "row-wise blocks run along k")?;
+    let (m, k) = (x.sizes()[0] as usize, x.sizes()[1] as usize);
+    Ok(QuantizeRowCol { x, dtype, device, m, k, mode, elem, col_transposed, swizzle })
+}
+
+impl QuantizeRowCol {
+    /// (row data, row scale, col data, col scale) shapes, scales before any swizzle.
+    fn shapes(&self) -> [Vec<i64>; 4] {
+        let (m, k, b) = (self.m as i64, self.k as i64, MX_BLOCK as i64);
+        if self.col_transposed {
+            [vec![m, k], vec![m, k / b], vec![k, m], vec![k, m / b]]
+        } else {
+            [vec![m, k], vec![m, k / b], vec![m, k], vec![m / b, k]]
+        }
+    }
+}
+
+/// A validated `mxfp8_dequantize` call.
+struct Dequantize {
+    data: Tensor,
+    scale: Tensor,
+    device: Device,
+    dims: Dims3,
+    elem: Fp8Elem,
+    out_dtype: DType,
+}
+
+fn parse_dequantize(a: &mut Args, backend: Backend) -> Result<Dequantize> {
+    let op = a.op();
+    let data = a.tensor("data")?;
+    let scale = a.tensor("scale")?;
+    let dim = a.int("dim")?;
+    let out_dtype = check::out_dtype(op, a.opt_scalar_type("out_dtype")?)?;
+    let elem = match check::dtype_in(op, "data", &data, &[DType::E4M3, DType::E5M2])? {
+        DType::E5M2 => Fp8Elem::E5M2,
+        _ => Fp8Elem::E4M3,
+    };
+    check::dtype_in(op, "scale", &scale, &[DType::E8M0])?;
+    let device = check::same_device(op, backend, &[("data", &data), ("scale", &scale)])?;
+    check::non_empty(op, "data", &data, 1)?;
+    let d = check::dim(op, "dim", dim, data.dim())?;
+    check::divisible(op, "data", &data, d, MX_BLOCK, "the MX block size along `dim`")?;
+    check::shape_eq(op, "scale", &scale, &scale_shape(data.sizes(), d))?;
+    let dims = Dims3::from_shape(&check::sizes_usize(&data), d);
+    Ok(Dequantize { data, scale, device, dims, elem, out_dtype })
+}

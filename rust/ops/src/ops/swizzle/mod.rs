@@ -1,0 +1,75 @@
+//! `deepwell.swizzle_scales` / `unswizzle_scales`: Blackwell's 128x4 tiled scale layout
+//! (NUMERICS.md "Transposes and layouts"). Schemas: torch_ops/deepwell/ops/swizzle.py.
+//!
+//! The swizzled tensor is 1-D (round_up(rows,128) * round_up(cols,4) bytes, padding 0): its bytes are
+//! in the order cuBLASLt and `F.scaled_mm(..., swizzle=SWIZZLE_32_4_4)` read them.
+
+mod cpu;
+mod cuda;
+
+use deepwell_core::swizzle::swizzled_len;
+
+use crate::check::{self, Backend};
+use crate::dtype::{DType, Device};
+use crate::error::{Error, Result};
+use crate::kernel::{boxed_kernel, Kernel};
+use crate::stack::{Args, Kind, OpSpec};
+use crate::tensor::Tensor;
+
+pub static SWIZZLE: OpSpec = OpSpec { name: "swizzle_scales", args: &[("scale", Kind::Tensor)], returns: 1 };
+
+pub static UNSWIZZLE: OpSpec = OpSpec {
+    name: "unswizzle_scales",
+    args: &[("swizzled", Kind::Tensor), ("rows", Kind::Int), ("cols", Kind::Int)],
+    returns: 1,
+};
+
+pub fn kernels() -> Vec<Kernel> {
+    vec![
+        Kernel { spec: &SWIZZLE, dispatch_key: "CPU", boxed: boxed_kernel!(SWIZZLE, cpu::swizzle) },
+        Kernel { spec: &UNSWIZZLE, dispatch_key: "CPU", boxed: boxed_kernel!(UNSWIZZLE, cpu::unswizzle) },
+        Kernel { spec: &SWIZZLE, dispatch_key: "CUDA", boxed: boxed_kernel!(SWIZZLE, cuda::swizzle) },
+        Kernel { spec: &UNSWIZZLE, dispatch_key: "CUDA", boxed: boxed_kernel!(UNSWIZZLE, cuda::unswizzle) },
+    ]
+}
+
+pub use cuda::{specs as cuda_specs, swizzle_on_device};
+
+/// Scale dtypes: E8M0 (MXFP8), E4M3 (NVFP4), or raw bytes.
+const SCALE_DTYPES: [DType; 3] = [DType::E8M0, DType::E4M3, DType::U8];
+
+/// A validated call: the source tensor, its device and dtype, and the unswizzled (rows, cols).
+struct Call {
+    src: Tensor,
+    dtype: DType,
+    device: Device,
+    rows: usize,
+    cols: usize,
+}
+
+fn parse_swizzle(a: &mut Args, backend: Backend) -> Result<Call> {
+    let op = a.op();
+    let src = a.tensor("scale")?;
+    let dtype = check::dtype_in(op, "scale", &src, &SCALE_DTYPES)?;
+    let device = check::same_device(op, backend, &[("scale", &src)])?;
+    if src.dim() != 2 {
+        return Err(Error::arg(op, "scale", "be 2-d (rows, scale columns)", format!("a {}-d tensor", src.dim())));
+    }
+    check::non_empty(op, "scale", &src, 2)?;
+    let (rows, cols) = (src.sizes()[0] as usize, src.sizes()[1] as usize);
+    Ok(Call { src, dtype, device, rows, cols })
+}
+
+fn parse_unswizzle(a: &mut Args, backend: Backend) -> Result<Call> {
+    let op = a.op();
+    let src = a.tensor("swizzled")?;
+    let (rows, cols) = (a.int("rows")?, a.int("cols")?);
+    let dtype = check::dtype_in(op, "swizzled", &src, &SCALE_DTYPES)?;
+    let device = check::same_device(op, backend, &[("swizzled", &src)])?;
+    if rows <= 0 || cols <= 0 {
+        return Err(Error::arg(op, "rows, cols", "be positive", format!("({rows}, {cols})")));
+    }
+    let (rows, cols) = (rows as usize, cols as usize);
+    check::shape_eq(op, "swizzled", &src, &[swizzled_len(rows, cols) as i64])?;
+    Ok(Call { src, dtype, device, rows, cols })
+}
