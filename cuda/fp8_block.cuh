@@ -289,8 +289,11 @@ __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* o
 //     s_part; threads 0..127 compute the column scales (s_scale, col_scale_inv).
 //  4. Quantize the register chunks with the column scales into the shared byte tile (row = x row).
 //  5. transpose_store: whole 128-byte lines of col_data (k, m).
-// Three barriers per tile; each shared buffer's next write is behind a barrier that follows its
-// last read (s_part: 2 -> next 1; s_scale: 3 -> next 2; byte tile: next 1 -> next 3).
+// Three barriers per tile (B1 after step 3's partials, B2 after the scales, B3 after the bytes).
+// Every shared buffer is rewritten only behind a barrier that all its readers have passed:
+// s_part is read before B2, rewritten before the next B1; s_scale is read before B3, rewritten
+// after the next B1; the byte tile is read after B3, rewritten after the next B2 (> next B1).
+// The next tile's loads are issued before B3, so they overlap the barrier and transpose_store.
 
 template <class In, bool VEC>
 __device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
@@ -301,12 +304,17 @@ __device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k
     const int li = threadIdx.x % L, rsub = threadIdx.x / L;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row_tiles = m / TILE, col_tiles = k / TILE, tiles = row_tiles * col_tiles;
+    // The chunks of tile t (this kernel holds ~80 registers for 16-bit inputs even so).
+    uint32_t raw[S][4];
+    auto load_tile = [&](int64_t t) {
+        const int64_t rt = t / col_tiles, c = (t - rt * col_tiles) * TILE + li * V;
+#pragma unroll
+        for (int s = 0; s < S; ++s) load_chunk<In, VEC>(x, (rt * TILE + rsub + s * RS) * k + c, V, raw[s]);
+    };
+    if (blockIdx.x < tiles) load_tile(blockIdx.x);
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
         const int64_t rt = t / col_tiles, ct = t - rt * col_tiles;
         const int64_t r0 = rt * TILE, c0 = ct * TILE, c = c0 + li * V;
-        uint32_t raw[S][4];
-#pragma unroll
-        for (int s = 0; s < S; ++s) load_chunk<In, VEC>(x, (r0 + rsub + s * RS) * k + c, V, raw[s]);
 
         // 2. Row blocks.
 #pragma unroll
@@ -363,6 +371,7 @@ __device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k
             if constexpr (V == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(out[0], out[1]);
             else *dst = out[0];
         }
+        if (t + gridDim.x < tiles) load_tile(t + gridDim.x);
         __syncthreads();
 
         // 5. Transposed, coalesced stores.

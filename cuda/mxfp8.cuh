@@ -12,8 +12,8 @@
 // views with any storage offset are correct.
 //
 // Work per CTA and loop iteration (for the grid size; Rust caps it at 8 * SMs):
-//   rows:    MX_ROWS_BLOCKS_PER_CTA = 256 blocks of 32 (8192 elements)
-//   cols:    THREADS items, an item = 32 rows x MX_COLS_V inner positions (vector path), x 1 (scalar)
+//   rows:    THREADS / 4 * ROWS_UNROLL = 256 blocks of 32 (8192 elements)
+//   cols:    THREADS items, an item = 32 rows x MX_COLS_V = 4 inner positions (vector path) or 1
 //   rowcol:  one 128 x 128 tile (RC_TILE)
 //   dequant: THREADS * DQ_UNROLL pieces of 16 / sizeof(Out) elements (8192 for 16-bit out, 4096 for fp32)
 #pragma once
@@ -224,17 +224,22 @@ __device__ __forceinline__ void cols_body(const void* x, uint8_t* data, uint8_t*
             s_word |= static_cast<uint32_t>(s) << (8 * j);
             if (s == 0xFF) mask |= 0xFFu << (8 * j);
         }
+        // Store addresses from a fresh base and stride (hidden from CSE by an empty asm):
+        // otherwise the 32 load offsets stay alive as 64-bit registers until the stores.
+        uint8_t* drow = data + e0;
+        int64_t dstride = inner;
+        asm volatile("" : "+l"(drow), "+l"(dstride));
 #pragma unroll
-        for (int r = 0; r < 32; ++r) {
+        for (int r = 0; r < 32; ++r, drow += dstride) {
             if constexpr (V == 4) {
                 const uint32_t out = nan_fix<Elem>(
                     encode4<Elem>(__fmul_rn(widen<In>(raw[r], 0), f[0]), __fmul_rn(widen<In>(raw[r], 1), f[1]),
                                   __fmul_rn(widen<In>(raw[r], 2), f[2]), __fmul_rn(widen<In>(raw[r], 3), f[3])),
                     mask);
-                store_bytes<1, VEC>(data + e0 + r * inner, &out);
+                store_bytes<1, VEC>(drow, &out);
             } else {
                 const uint32_t out = Fp8<Elem>::encode(__fmul_rn(widen<In>(raw[r], 0), f[0]));
-                data[e0 + r * inner] = static_cast<uint8_t>(nan_fix<Elem>(out, mask));
+                *drow = static_cast<uint8_t>(nan_fix<Elem>(out, mask));
             }
         }
         if constexpr (V == 4) store_bytes<1, VEC>(scale + slab * inner + col, &s_word);
@@ -252,11 +257,13 @@ __device__ __forceinline__ int tswz(int r) { return (((r >> 4) & 7) << 2) ^ ((r 
 // out[(c0 + c) * ld + r0 + r] = tile byte (r, c) for r0 + r < nrows, c0 + c < ncols (nrows a
 // multiple of 16, ncols of 4). Thread: columns 4cg..4cg+3 x rows 16rg..16rg+15, 4x4 byte blocks
 // transposed with prmt. The 8 lanes of a column cover its 128 rows, so every 16-byte store
-// instruction of a warp writes 4 whole 128-byte lines.
+// instruction of a warp writes 4 whole 128-byte lines. Warps w with the same w % 2 handle the
+// columns 64 * (w % 2)..+64, the half that the same warps write in rowcol_body.
 template <bool VEC>
 __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* out, int64_t ld, int64_t r0,
                                                 int64_t c0, int64_t nrows, int64_t ncols) {
-    const int lane = threadIdx.x & 31, rg = lane & 7, cg = (threadIdx.x >> 5) * 4 + (lane >> 3);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rg = lane & 7;
+    const int cg = (warp & 1) * 16 + (warp >> 1) * 4 + (lane >> 3);
     uint32_t w[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) w[i] = tile[(rg * 16 + i) * 32 + (cg ^ (rg << 2) ^ ((i & 1) << 4))];  // tswz
@@ -289,7 +296,9 @@ __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* o
 //  - Column block (the warp's 32 rows) = the lanes with the same li: xor-shuffles LW..16.
 // Both copies come from registers. ColT = 0 stores the column copy like the row copy (natural
 // layout, no shared memory, no barrier). ColT = 1 writes its bytes into the shared byte tile and
-// transpose_store sends them to the (k, m) output as whole lines (two barriers per tile).
+// transpose_store sends them to the (k, m) output as whole lines, one iteration later: the byte
+// tile is double-buffered (one barrier per tile) and the transposed stores of tile t overlap the
+// loads of tile t + gridDim.x.
 
 template <class In> struct RcGeo {
     static constexpr int V = 16 / Bytes<In>::N;  // elements per 16-byte chunk (8 or 4)
@@ -312,20 +321,40 @@ __device__ __forceinline__ void rowcol_body(const void* x, int64_t m, int64_t k,
     const int rl = 32 * (warp >> 1);          // first row of the warp's block in the tile
     const int64_t row_tiles = (m + RC_TILE - 1) / RC_TILE, col_tiles = (k + RC_TILE - 1) / RC_TILE;
     const int64_t tiles = row_tiles * col_tiles, ks = k / 32, ms = m / 32;
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int64_t rt = t / col_tiles, ct = t - rt * col_tiles;
-        const int64_t r0 = rt * RC_TILE, c0 = ct * RC_TILE;
-        const int64_t rb = r0 + rl, c = c0 + cl;  // block's first row, chunk's first column
-        const bool ok = rb < m && c < k;          // uniform over every shuffle group
-        uint32_t raw[S][4];
+    // The chunks of tile t (zeros outside x).
+    uint32_t raw[S][4];
+    auto load_tile = [&](int64_t t) {
+        const int64_t rt = t / col_tiles, rb = rt * RC_TILE + rl, c = (t - rt * col_tiles) * RC_TILE + cl;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-            if (ok) {
+            if (rb < m && c < k) {
                 load_chunk<In, V, VEC>(x, (rb + rr + RR * s) * k + c, raw[s]);
             } else {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) raw[s][i] = 0;
             }
+        }
+    };
+    // Load policy, measured on H100: fp32 tiles (~165 registers either way) gain from loading the
+    // next tile as soon as the registers are free; for 16-bit inputs that costs ~45 registers
+    // and half the occupancy, so they load at the top of each iteration.
+    constexpr bool EARLY = Bytes<In>::N == 4;
+    constexpr int TW = RC_TILE * RC_TILE / 4;  // words per byte tile
+    if constexpr (EARLY) {
+        if (blockIdx.x < tiles) load_tile(blockIdx.x);
+    }
+    // ColT = 1 pipeline: tile t's column bytes go to byte tile `buf`; they are transposed out in
+    // the next iteration, after that iteration's loads are issued (or after the loop).
+    int buf = 0;
+    int64_t prev_r0 = -1, prev_c0 = 0;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, buf ^= 1) {
+        const int64_t rt = t / col_tiles, ct = t - rt * col_tiles;
+        const int64_t r0 = rt * RC_TILE, c0 = ct * RC_TILE;
+        const int64_t rb = r0 + rl, c = c0 + cl;  // block's first row, chunk's first column
+        const bool ok = rb < m && c < k;          // uniform over every shuffle group
+        if constexpr (!EARLY) load_tile(t);
+        if constexpr (ColT == 1) {
+            if (prev_r0 >= 0) transpose_store<VEC>(tile + (buf ^ 1) * TW, col_data, m, prev_r0, prev_c0, m, k);
         }
 
         // Row blocks. Lane q of a block group stores the scale bytes of steps q, q + BL, ...
@@ -398,18 +427,27 @@ __device__ __forceinline__ void rowcol_body(const void* x, int64_t m, int64_t k,
                                        mask[i]);
             if constexpr (ColT == 1) {
                 const int r = rl + rr + RR * s;
-                uint32_t* dst = tile + r * 32 + ((cl / 4) ^ tswz(r));
+                uint32_t* dst = tile + buf * TW + r * 32 + ((cl / 4) ^ tswz(r));
                 if constexpr (VW == 2) *reinterpret_cast<uint2*>(dst) = make_uint2(out[0], out[1]);
                 else *dst = out[0];
             } else {
                 if (ok) store_bytes<VW, VEC>(col_data + (rb + rr + RR * s) * k + c, out);
             }
         }
-        if constexpr (ColT == 1) {
-            __syncthreads();
-            transpose_store<VEC>(tile, col_data, m, r0, c0, m, k);
-            __syncthreads();  // the next tile rewrites the byte tile
+        if constexpr (EARLY) {
+            if (t + gridDim.x < tiles) load_tile(t + gridDim.x);
         }
+        if constexpr (ColT == 1) {
+            // Byte tile b: written in iteration i, barrier i, read in iteration i + 1, written
+            // again in iteration i + 2 after barrier i + 1, which every reader has passed. Each
+            // 64-column half is written and read by the same 4 warps: a 128-thread named barrier
+            // per half (ids 1, 2; __syncthreads is id 0).
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + (warp & 1)) : "memory");
+            prev_r0 = r0, prev_c0 = c0;
+        }
+    }
+    if constexpr (ColT == 1) {
+        if (prev_r0 >= 0) transpose_store<VEC>(tile + (buf ^ 1) * TW, col_data, m, prev_r0, prev_c0, m, k);
     }
 }
 
@@ -549,8 +587,8 @@ __global__ void __launch_bounds__(THREADS)
     mxfp8_quantize_rowcol(const void* x, int64_t m, int64_t k, uint8_t* row_data, uint8_t* row_scale,
                           uint8_t* col_data, uint8_t* col_scale) {
     using namespace mxfp8_detail;
-    // The transposed copy's 128 x 128 byte tile (16 KiB), one allocation for both paths.
-    __shared__ __align__(16) uint32_t tile[ColT ? RC_TILE * RC_TILE / 4 : 1];
+    // The transposed copy's two 128 x 128 byte tiles (32 KiB), one allocation for both paths.
+    __shared__ __align__(16) uint32_t tile[ColT ? 2 * RC_TILE * RC_TILE / 4 : 1];
     if (aligned(x, 16) && aligned(row_data, 8) && aligned(col_data, ColT ? 16 : 8))
         rowcol_body<In, Mode, Elem, ColT, true>(x, m, k, row_data, row_scale, col_data, col_scale, tile);
     else

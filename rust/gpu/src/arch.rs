@@ -24,11 +24,11 @@ pub fn parse_arch(s: &str) -> Result<String, String> {
 }
 
 /// Blocks for a grid-stride kernel: enough to cover `work` items at `per_block` items per block,
-/// capped at `waves` resident-block waves over `sms` multiprocessors (grid-stride loops cover the
-/// rest), and at least one.
-pub fn grid_blocks(work: u64, per_block: u64, sms: u32, waves: u32) -> u32 {
+/// capped at one wave (`per_sm` resident blocks on each of `sms` multiprocessors; grid-stride loops
+/// cover the rest), and at least one.
+pub fn grid_blocks(work: u64, per_block: u64, sms: u32, per_sm: u32) -> u32 {
     let needed = work.div_ceil(per_block.max(1));
-    let cap = u64::from(sms.max(1)) * u64::from(waves.max(1));
+    let cap = u64::from(sms.max(1)) * u64::from(per_sm.max(1));
     needed.clamp(1, cap) as u32
 }
 

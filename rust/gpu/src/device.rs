@@ -43,6 +43,7 @@ pub struct Device {
     ctx: sys::CUcontext,
     arch: String,
     sms: u32,
+    max_threads_per_sm: u32,
     name: String,
     functions: RwLock<HashMap<KernelSpec, Function>>,
 }
@@ -104,9 +105,10 @@ impl Device {
         use sys::CUdevice_attribute::*;
         let (major, minor) = (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
         let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32;
         let arch = nvrtc_arch(major, minor).map_err(GpuError::Unsupported)?;
         let name = driver("cuDeviceGetName", result::device::get_name(dev))?;
-        Ok(Device { ordinal, ctx, arch, sms, name, functions: RwLock::new(HashMap::new()) })
+        Ok(Device { ordinal, ctx, arch, sms, max_threads_per_sm, name, functions: RwLock::new(HashMap::new()) })
     }
 
     pub fn ordinal(&self) -> i32 {
@@ -117,6 +119,11 @@ impl Device {
     }
     pub fn sms(&self) -> u32 {
         self.sms
+    }
+    /// Blocks of `threads` threads that fit on one SM at once (by thread count: 8 of 256 on
+    /// sm_90/sm_100, 6 on sm_120).
+    pub fn resident_blocks_per_sm(&self, threads: u32) -> u32 {
+        (self.max_threads_per_sm / threads.max(1)).max(1)
     }
     pub fn name(&self) -> &str {
         &self.name

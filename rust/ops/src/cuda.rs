@@ -12,8 +12,6 @@ use crate::tensor::Tensor;
 
 /// Threads per block of every deepwell kernel (cuda/common.cuh `THREADS`).
 pub const THREADS: u32 = 256;
-/// Resident-block waves a grid-stride launch is capped at.
-const WAVES: u32 = 8;
 
 pub fn gpu_err(op: Op) -> impl Fn(GpuError) -> Error {
     move |source| Error::Gpu { op, source }
@@ -51,9 +49,10 @@ pub fn launch_context(op: Op, device: crate::dtype::Device) -> Result<Launch> {
     Ok(Launch { dev: self::device(op, index)?, stream: current_stream(op, index)? })
 }
 
-/// Blocks for a grid-stride launch over `work` items, `per_block` items per block.
+/// Blocks for a grid-stride launch over `work` items, `per_block` items per block: at most one
+/// wave of resident blocks (the grid-stride loops cover the rest).
 pub fn grid(dev: &Device, work: u64, per_block: u64) -> u32 {
-    grid_blocks(work, per_block, dev.sms(), WAVES)
+    grid_blocks(work, per_block, dev.sms(), dev.resident_blocks_per_sm(THREADS))
 }
 
 /// `t` itself when contiguous, else `aten::contiguous(t)` (a copy made by torch, on t's stream).
