@@ -13,21 +13,24 @@ import torch
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def time_ms(fn, warmup: int = 5, iters: int = 30) -> float:
-    """Median milliseconds of `fn()` measured with CUDA events, after warm-up."""
+def time_ms(fn, warmup: int = 5, iters: int = 20, reps: int = 7) -> float:
+    """Milliseconds per call of `fn()`: `iters` back-to-back calls between two CUDA events (the
+    launch queue stays full, so host overhead per call overlaps the previous kernel, as in a
+    training step), median over `reps` repetitions, after warm-up."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
+    samples = []
+    for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(iters):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+        samples.append(start.elapsed_time(end) / iters)
+    samples.sort()
+    return samples[len(samples) // 2]
 
 
 def environment() -> dict:

@@ -63,6 +63,33 @@ struct F16 {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Raw element words for vectorized kernels: inputs stay as 32-bit words (two bf16/fp16 or one fp32
+// per word, element 2i in the low half) and are widened exactly when used.
+
+constexpr unsigned FULL_MASK = 0xFFFFFFFFu;  // all lanes of a warp, for __shfl_xor_sync
+
+template <class T> struct Bytes;
+template <> struct Bytes<F32> { static constexpr int N = 4; };
+template <> struct Bytes<BF16> { static constexpr int N = 2; };
+template <> struct Bytes<F16> { static constexpr int N = 2; };
+
+template <class In> __device__ __forceinline__ float widen(const uint32_t* w, int j);
+template <> __device__ __forceinline__ float widen<F32>(const uint32_t* w, int j) {
+    return __uint_as_float(w[j]);
+}
+template <> __device__ __forceinline__ float widen<BF16>(const uint32_t* w, int j) {
+    return __uint_as_float((j & 1) ? (w[j >> 1] & 0xFFFF0000u) : (w[j >> 1] << 16));
+}
+template <> __device__ __forceinline__ float widen<F16>(const uint32_t* w, int j) {
+    return F16::from_bits(static_cast<uint16_t>((j & 1) ? (w[j >> 1] >> 16) : (w[j >> 1] & 0xFFFFu)));
+}
+
+// True when p is a multiple of a (a power of two): kernels pick their vector path with it.
+__device__ __forceinline__ bool aligned(const void* p, unsigned a) {
+    return (reinterpret_cast<uint64_t>(p) & (a - 1)) == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Exact powers of two and the NaN-propagating amax.
 
 // 2^e from bits for e in [-149, 127] (fp32 subnormals included); clamped outside, as in Rust.

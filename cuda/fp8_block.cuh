@@ -22,28 +22,10 @@
 namespace deepwell {
 namespace fp8_block_detail {
 
-constexpr unsigned FULL = 0xFFFFFFFFu;
 constexpr int TILE = 128;
 
 // ---------------------------------------------------------------------------------------------
-// Raw element I/O: inputs stay raw 32-bit words (two bf16/fp16 or one fp32 per word, element 2i
-// in the low half) and are widened exactly when used.
-
-template <class T> struct Bytes;
-template <> struct Bytes<F32> { static constexpr int N = 4; };
-template <> struct Bytes<BF16> { static constexpr int N = 2; };
-template <> struct Bytes<F16> { static constexpr int N = 2; };
-
-template <class In> __device__ __forceinline__ float widen(const uint32_t* w, int j);
-template <> __device__ __forceinline__ float widen<F32>(const uint32_t* w, int j) {
-    return __uint_as_float(w[j]);
-}
-template <> __device__ __forceinline__ float widen<BF16>(const uint32_t* w, int j) {
-    return __uint_as_float((j & 1) ? (w[j >> 1] & 0xFFFF0000u) : (w[j >> 1] << 16));
-}
-template <> __device__ __forceinline__ float widen<F16>(const uint32_t* w, int j) {
-    return F16::from_bits(static_cast<uint16_t>((j & 1) ? (w[j >> 1] >> 16) : (w[j >> 1] & 0xFFFFu)));
-}
+// Raw element I/O (words and `widen` live in common.cuh).
 
 __device__ __forceinline__ uint4 ld_nc16(const void* p) {
     uint4 v;  // ld.global.nc: nothing these kernels read is written while they run
@@ -105,9 +87,6 @@ __device__ __forceinline__ void encode_chunk(const uint32_t (&w)[4], const float
              << 16);
 }
 
-__device__ __forceinline__ bool aligned(const void* p, unsigned a) {
-    return (reinterpret_cast<uint64_t>(p) & (a - 1)) == 0;
-}
 
 // Tile geometry: a 128 x 128 tile is read as 16-byte chunks. L lanes cover a tile row (16 for
 // 16-bit inputs, 32 for fp32), so a warp instruction reads 512 contiguous bytes (2 rows of 256 or
@@ -122,14 +101,29 @@ template <class In> struct Geo {
 // Max over the L lanes of one tile row (they are L consecutive lanes of one warp).
 template <int L> __device__ __forceinline__ float row_reduce(float a) {
 #pragma unroll
-    for (int o = 1; o < L; o <<= 1) a = abs_max(a, __shfl_xor_sync(FULL, a, o));
+    for (int o = 1; o < L; o <<= 1) a = abs_max(a, __shfl_xor_sync(FULL_MASK, a, o));
     return a;
 }
 // Max over the lanes of a warp that hold the same columns (lane, lane ^ L, ...).
 template <int L> __device__ __forceinline__ float col_reduce_warp(float a) {
 #pragma unroll
-    for (int o = L; o < 32; o <<= 1) a = abs_max(a, __shfl_xor_sync(FULL, a, o));
+    for (int o = L; o < 32; o <<= 1) a = abs_max(a, __shfl_xor_sync(FULL_MASK, a, o));
     return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile walk order of rowcol: bands of BAND tile-rows walked column-major, so the CTAs running
+// together cover ~16 x 16 tiles and the transposed (k, m) output (row stride m) gets ~2 KiB runs
+// per row instead of 128 bytes. Measured on H100, bf16: 68% -> 75% of copy bandwidth at
+// 16384 x 14336, 75% -> 77% at 32768 x 4096, unchanged at 8192 x 8192.
+constexpr int BAND = 16;
+__device__ __forceinline__ void band_tile(int64_t t, int64_t row_tiles, int64_t col_tiles, int64_t& rt,
+                                          int64_t& ct) {
+    const int64_t band = t / (BAND * col_tiles), r_start = band * BAND;
+    const int64_t h = min(static_cast<int64_t>(BAND), row_tiles - r_start);  // last band may be short
+    const int64_t idx = t - band * BAND * col_tiles;
+    rt = r_start + idx % h;
+    ct = idx / h;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -307,13 +301,16 @@ __device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k
     // The chunks of tile t (this kernel holds ~80 registers for 16-bit inputs even so).
     uint32_t raw[S][4];
     auto load_tile = [&](int64_t t) {
-        const int64_t rt = t / col_tiles, c = (t - rt * col_tiles) * TILE + li * V;
+        int64_t rt, ct;
+        band_tile(t, row_tiles, col_tiles, rt, ct);
+        const int64_t c = ct * TILE + li * V;
 #pragma unroll
         for (int s = 0; s < S; ++s) load_chunk<In, VEC>(x, (rt * TILE + rsub + s * RS) * k + c, V, raw[s]);
     };
     if (blockIdx.x < tiles) load_tile(blockIdx.x);
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int64_t rt = t / col_tiles, ct = t - rt * col_tiles;
+        int64_t rt, ct;
+        band_tile(t, row_tiles, col_tiles, rt, ct);
         const int64_t r0 = rt * TILE, c0 = ct * TILE, c = c0 + li * V;
 
         // 2. Row blocks.

@@ -63,10 +63,6 @@ template <> struct Elem<F16> {
 };
 template <class T> constexpr int WORDS = BLOCK * Elem<T>::BYTES / 4;
 
-__device__ __forceinline__ bool aligned(const void* p, unsigned bytes) {
-    return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
-}
-
 // w = raw words of x[e0 .. e0+16). `vec`: x is 16-byte aligned. All loads issue before any use.
 template <class In>
 __device__ __forceinline__ void load_raw(const void* x, int64_t e0, bool vec, uint32_t w[WORDS<In>]) {

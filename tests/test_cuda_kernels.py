@@ -168,3 +168,15 @@ def test_mixed_devices_are_rejected():
     d, s = ops.mxfp8_quantize(x)
     with pytest.raises(RuntimeError, match="'scale' must be on cuda:0 like 'data'|'scale' must be on a CUDA device"):
         ops.mxfp8_dequantize(d, s.cpu())
+
+
+def test_numerics_vectors_on_the_gpu():
+    """NUMERICS.md's MXFP8 table, on the device (the CPU side is checked against it in test_mxfp8)."""
+    from test_mxfp8 import F32_VECTORS
+
+    for value, rceil, floor in F32_VECTORS:
+        x = torch.full((2, 32), value, dtype=torch.float32, device="cuda")
+        for mode, (want_scale, want_elem) in (("rceil", rceil), ("floor", floor)):
+            data, scale = ops.mxfp8_quantize(x, -1, mode)
+            assert set(scale.view(torch.uint8).flatten().tolist()) == {want_scale}, (value, mode)
+            assert set(data.view(torch.uint8).flatten().tolist()) == {want_elem}, (value, mode)
