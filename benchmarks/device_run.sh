@@ -27,7 +27,7 @@ for step in $steps; do
             python3 -m deepwell.kernels --compile-all --arch sm_90a 2>&1 | tee "$OUT/compile.log" || status=1
             ;;
         tests)
-            python3 -m pytest tests -q -p no:cacheprovider --maxfail=30 -rf 2>&1 | tee "$OUT/tests.log" | tail -60 || status=1
+            python3 -m pytest tests -p no:cacheprovider --maxfail=30 -rf 2>&1 | tee "$OUT/tests.log" | tail -60 || status=1
             ;;
         quantize)
             python3 benchmarks/bench_quantize.py 2>&1 | tee "$OUT/bench_quantize.log" || status=1

@@ -17,3 +17,6 @@ if CACHE_DIR in ("0", "off"):
 
 #: Path of libnvrtc to compile kernels with, instead of the one in torch's CUDA wheel.
 NVRTC: str | None = os.environ.get("DEEPWELL_NVRTC") or None
+
+#: "1": print one line per CUDA kernel load (name, arch, disk-cache hit or compile time) to stderr.
+PRINT_COMPILE: bool = os.environ.get("DEEPWELL_PRINT_COMPILE", "0") not in ("", "0")

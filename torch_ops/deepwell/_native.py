@@ -50,7 +50,7 @@ def nvrtc_path() -> str | None:
 
 def _open(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
-    lib.deepwell_register.argtypes = [ctypes.c_char_p] * 4
+    lib.deepwell_register.argtypes = [ctypes.c_char_p] * 4 + [ctypes.c_int]
     lib.deepwell_register.restype = ctypes.c_int
     lib.deepwell_compile_all.argtypes = [ctypes.c_char_p] * 2
     lib.deepwell_compile_all.restype = ctypes.c_int
@@ -74,7 +74,7 @@ def load() -> ctypes.CDLL:
     libtorch_cuda = os.path.join(torch_lib, "libtorch_cuda.so")
     has_cuda = torch.version.cuda is not None and os.path.isfile(libtorch_cuda)
     args = (os.path.join(torch_lib, "libtorch_cpu.so"), libtorch_cuda if has_cuda else None, nvrtc_path(), _env.CACHE_DIR)
-    if lib.deepwell_register(*map(_encode, args)) != 0:
+    if lib.deepwell_register(*map(_encode, args), int(_env.PRINT_COMPILE)) != 0:
         raise RuntimeError(lib.deepwell_last_message().decode())
     _lib = lib
     return lib

@@ -19,6 +19,8 @@ use crate::sources::KernelSpec;
 pub struct Config {
     pub nvrtc_path: Option<String>,
     pub cache_dir: Option<String>,
+    /// Print one line per kernel load to stderr: name, arch, disk-cache hit or compile time.
+    pub print_compile: bool,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -143,16 +145,21 @@ impl Device {
         let nvrtc = nvrtc::load(path)?;
         let disk = cfg.cache_dir.as_ref().map(DiskCache::new);
         let key = cache::key(spec, &self.arch, &nvrtc.version());
-        let (cubin, lowered) = match disk.as_ref().and_then(|d| d.get(&key)) {
-            Some(hit) => hit,
+        let start = std::time::Instant::now();
+        let (cubin, lowered, how) = match disk.as_ref().and_then(|d| d.get(&key)) {
+            Some((cubin, lowered)) => (cubin, lowered, "disk cache hit"),
             None => {
-                let built = nvrtc.compile(spec, &self.arch)?;
+                let (cubin, lowered) = nvrtc.compile(spec, &self.arch)?;
                 if let Some(d) = &disk {
-                    d.put(&key, &built.0, &built.1)?;
+                    d.put(&key, &cubin, &lowered)?;
                 }
-                built
+                (cubin, lowered, "compiled")
             }
         };
+        if cfg.print_compile {
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            eprintln!("deepwell: {} for {} ({how}, {ms:.0} ms, {} bytes, key {})", spec.name, self.arch, cubin.len(), &key[..12]);
+        }
         self.make_current()?;
         // SAFETY: `cubin` is a complete cubin image for this device's arch; the module is never
         // unloaded, so the function handle stays valid.

@@ -47,8 +47,8 @@ fn status(f: impl FnOnce() -> Result<()> + std::panic::UnwindSafe) -> i32 {
 
 /// Resolves the ABI table from the already-loaded `libtorch_cpu` (and `libtorch_cuda`, NULL for a
 /// CPU-only torch), configures the GPU runtime (NVRTC path and JIT cache directory, either may be
-/// NULL) and registers every kernel under `torch.ops.deepwell`. Idempotent. Returns 0, or 1 with
-/// the reason in `deepwell_last_message()`.
+/// NULL; `print_compile` non-zero logs every kernel load) and registers every kernel under
+/// `torch.ops.deepwell`. Idempotent. Returns 0, or 1 with the reason in `deepwell_last_message()`.
 ///
 /// # Safety
 /// Every argument must be NULL or a NUL-terminated string (`libtorch_cpu` must not be NULL);
@@ -59,22 +59,24 @@ pub unsafe extern "C" fn deepwell_register(
     libtorch_cuda: *const c_char,
     nvrtc: *const c_char,
     cache_dir: *const c_char,
+    print_compile: i32,
 ) -> i32 {
     // SAFETY: guaranteed by the caller.
     let (cpu, cuda, nvrtc, cache) = unsafe { (opt_str(libtorch_cpu), opt_str(libtorch_cuda), opt_str(nvrtc), opt_str(cache_dir)) };
     status(move || {
         let cpu = cpu.ok_or_else(|| Error::Load("deepwell_register: libtorch_cpu path is NULL".into()))?;
-        register(&cpu, cuda.as_deref(), nvrtc, cache)
+        let gpu = deepwell_gpu::Config { nvrtc_path: nvrtc, cache_dir: cache, print_compile: print_compile != 0 };
+        register(&cpu, cuda.as_deref(), gpu)
     })
 }
 
-fn register(libtorch_cpu: &str, libtorch_cuda: Option<&str>, nvrtc: Option<String>, cache_dir: Option<String>) -> Result<()> {
+fn register(libtorch_cpu: &str, libtorch_cuda: Option<&str>, gpu: deepwell_gpu::Config) -> Result<()> {
     if REGISTERED.get().is_some() {
         return Ok(());
     }
     let api = abi::init(libtorch_cpu)?;
     dtype::init(api);
-    deepwell_gpu::configure(deepwell_gpu::Config { nvrtc_path: nvrtc, cache_dir });
+    deepwell_gpu::configure(gpu);
     let mut keys = vec!["CPU"];
     if let Some(path) = libtorch_cuda {
         abi::init_cuda(path)?;
