@@ -1,7 +1,7 @@
 //! deepwell's CUDA runtime (no torch here; the ops crate hands over streams and device pointers).
 //!
-//! - `sources`  the kernel headers of ../../cuda as embedded data, and kernel specs (one template
-//!              specialization each);
+//! - `sources`  the kernel headers of ../../cuda as embedded data, and kernel specs (one
+//!   template specialization each);
 //! - `nvrtc`    NVRTC loaded from torch's wheel, compiling a spec to a cubin for an exact arch;
 //! - `cache`    the content-addressed, atomically written on-disk cache of cubins;
 //! - `device`   per-device primary context, module table and launches on the caller's stream;

@@ -35,6 +35,7 @@ pub fn current_stream(op: Op, index: i32) -> Result<*mut c_void> {
 }
 
 /// What a kernel launch needs: the device's runtime and torch's current stream on it.
+#[derive(Clone, Copy)]
 pub struct Launch {
     pub dev: &'static Device,
     pub stream: *mut c_void,

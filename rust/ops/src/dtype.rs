@@ -74,20 +74,6 @@ impl DType {
             d => codes().table.iter().find(|(x, _)| *x == d).map(|(_, c)| *c).unwrap_or(-1),
         }
     }
-
-    /// Bytes per element, for the dtypes deepwell reads or writes.
-    pub fn size(self) -> Option<usize> {
-        match self {
-            DType::F64 => Some(8),
-            DType::F32 => Some(4),
-            DType::F16 | DType::BF16 => Some(2),
-            DType::U8 | DType::I8 | DType::Bool | DType::E4M3 | DType::E5M2 | DType::E8M0 => Some(1),
-            DType::I16 => Some(2),
-            DType::I32 => Some(4),
-            DType::I64 => Some(8),
-            DType::Other(_) => None,
-        }
-    }
 }
 
 impl fmt::Display for DType {

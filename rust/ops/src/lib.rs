@@ -4,7 +4,7 @@
 //! Layout (DESIGN.md "How Rust reaches PyTorch"):
 //! - `abi/`      the shim function table, resolved at load time from the libtorch torch loaded;
 //! - `tensor`    owning tensor handles; `stack` decodes boxed arguments; `kernel` is the
-//!               trampoline and the one raising function (the audited FFI seam);
+//!   trampoline and the one raising function (the audited FFI seam);
 //! - `check`     argument validation with messages naming op, argument, expectation and value;
 //! - `host`      CPU views of tensor memory for the reference kernels;
 //! - `cuda`      torch's stream, contiguous inputs and launch contexts for the CUDA kernels;

@@ -92,7 +92,8 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
 pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
     let q = parse_quantize_rowcol(a, Backend::Cuda)?;
     let op = a.op();
-    let cuda::Launch { dev, stream } = cuda::launch_context(op, q.device)?;
+    let launch = cuda::launch_context(op, q.device)?;
+    let cuda::Launch { dev, stream } = launch;
     let shapes = q.shapes();
     let x = cuda::contiguous(op, q.x)?;
     let elem = elem_dtype(q.elem);
@@ -111,8 +112,8 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
         return Ok(vec![rd, rs, cd, cs]);
     }
     // Scales are 1/32 of the data bytes: a second small kernel rearranges them (documented cost).
-    let rs = swizzle_on_device(op, dev, stream, &rs, q.device)?;
-    let cs = swizzle_on_device(op, dev, stream, &cs, q.device)?;
+    let rs = swizzle_on_device(op, &launch, &rs, q.device)?;
+    let cs = swizzle_on_device(op, &launch, &cs, q.device)?;
     Ok(vec![rd, rs, cd, cs])
 }
 

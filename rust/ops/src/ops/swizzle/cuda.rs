@@ -1,9 +1,7 @@
 //! CUDA kernels of the swizzle ops (cuda/swizzle.cuh), bit-exact with `cpu.rs`.
 
-use std::ffi::c_void;
-
 use deepwell_core::swizzle::swizzled_len;
-use deepwell_gpu::{Device as Gpu, Header, KernelSpec, Params};
+use deepwell_gpu::{Header, KernelSpec, Params};
 
 use super::{parse_swizzle, parse_unswizzle};
 use crate::check::Backend;
@@ -27,7 +25,8 @@ pub fn specs() -> Vec<KernelSpec> {
 }
 
 /// The swizzled 1-D copy of a contiguous 2-D CUDA scale tensor (also used by the one-pass quantizers).
-pub fn swizzle_on_device(op: Op, dev: &Gpu, stream: *mut c_void, src: &Tensor, device: Device) -> Result<Tensor> {
+pub fn swizzle_on_device(op: Op, launch: &cuda::Launch, src: &Tensor, device: Device) -> Result<Tensor> {
+    let cuda::Launch { dev, stream } = *launch;
     let (rows, cols) = (src.sizes()[0], src.sizes()[1]);
     let len = swizzled_len(rows as usize, cols as usize);
     let out = Tensor::empty(op, &[len as i64], src.dtype(), device)?;
@@ -43,9 +42,9 @@ pub fn swizzle_on_device(op: Op, dev: &Gpu, stream: *mut c_void, src: &Tensor, d
 pub fn swizzle(a: &mut Args) -> Result<Vec<Tensor>> {
     let c = parse_swizzle(a, Backend::Cuda)?;
     let op = a.op();
-    let cuda::Launch { dev, stream } = cuda::launch_context(op, c.device)?;
+    let launch = cuda::launch_context(op, c.device)?;
     let src = cuda::contiguous(op, c.src)?;
-    Ok(vec![swizzle_on_device(op, dev, stream, &src, c.device)?])
+    Ok(vec![swizzle_on_device(op, &launch, &src, c.device)?])
 }
 
 pub fn unswizzle(a: &mut Args) -> Result<Vec<Tensor>> {
