@@ -75,11 +75,16 @@ def cases(m: int, k: int):
         ("fp8_block rowcol^T", lambda x: ops.fp8_block_quantize_rowcol(x), torch_fp8_block_rowcol, fb1 + n + 4 * (n // 128)),
         ("nvfp4 1x16 (given amax)", lambda x: ops.nvfp4_quantize(x, AMAX), None, nv1),
         ("nvfp4 1x16 (+amax pass)", lambda x: ops.nvfp4_quantize(x), None, nv1 + 2 * n),
-        ("mxfp8 dequantize", None, None, n + n // 32 + 2 * n),
+        ("mxfp8 dequantize", lambda x: ops.mxfp8_dequantize(*MX[0]), None, n + n // 32 + 2 * n),
+        ("nvfp4 dequantize", lambda x: ops.nvfp4_dequantize(*MX[1]), None, n // 2 + n // 16 + 2 * n),
+        ("fp8_block dequantize", lambda x: ops.fp8_block_dequantize(*MX[2]), None, n + 4 * (n // 128) + 2 * n),
+        ("swizzle_scales (mx scales)", lambda x: ops.swizzle_scales(MX[0][1]), None, 2 * (n // 32)),
+        ("unswizzle_scales", lambda x: ops.unswizzle_scales(MX[3], m, k // 32), None, 2 * (n // 32)),
     ]
 
 
 AMAX = None
+MX: list = []  # per shape: quantized inputs of the dequantize and layout rows
 
 
 def main() -> None:
@@ -98,12 +103,10 @@ def main() -> None:
         copy_gbs = 2 * x.numel() * 2 / copy_ms / 1e6
         print(f"\n{m}x{k}: device copy {copy_gbs:7.0f} GB/s (roofline)")
         print(f"  {'kernel':<26}{'ms':>8}{'GB/s':>8}{'% copy':>8}  {'torch.compile GB/s':>19}{'speedup':>9}")
-        dq_inputs = ops.mxfp8_quantize(x)
+        mx = ops.mxfp8_quantize(x)
+        MX[:] = [mx, ops.nvfp4_quantize(x), ops.fp8_block_quantize(x), ops.swizzle_scales(mx[1])]
         for name, fn, ref, nbytes in cases(m, k):
-            if fn is None:  # dequantize
-                ms = time_ms(lambda: ops.mxfp8_dequantize(*dq_inputs))
-            else:
-                ms = time_ms(lambda: fn(x))
+            ms = time_ms(lambda: fn(x))
             gbs = nbytes / ms / 1e6
             ref_gbs = None
             if ref is not None:

@@ -43,3 +43,14 @@ def test_rust_specs_match_python_schemas():
         want = [[n, t] for n, t in k["args"]]
         assert got == want, f"{k['op']}: schema {got} vs Rust spec {want}"
         assert len(schema.returns) == k["returns"], k["op"]
+
+
+def test_every_op_has_a_benchmark():
+    """STYLE.md item 1: each op is measured by some script in benchmarks/."""
+    import glob
+    import os
+
+    root = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+    text = "".join(open(p).read() for p in glob.glob(os.path.join(root, "bench_*.py")))
+    missing = [name for name in deepwell_ops() if f"ops.{name}(" not in text]
+    assert not missing, f"ops without a benchmark: {missing}"
