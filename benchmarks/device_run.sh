@@ -4,7 +4,7 @@
 #   info      GPU, torch, NVRTC
 #   compile   python -m deepwell.kernels --compile-all for the device's arch
 #   tests     the whole pytest suite (GPU tests included)
-#   quantize  benchmarks/bench_quantize.py
+#   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 # Logs and JSON go to $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +29,9 @@ for step in $steps; do
         tests)
             python3 -m pytest tests -p no:cacheprovider --maxfail=30 -rf 2>&1 | tee "$OUT/tests.log" | tail -60 || status=1
             ;;
-        quantize)
-            python3 benchmarks/bench_quantize.py 2>&1 | tee "$OUT/bench_quantize.log" || status=1
+        quantize | quantize-quick)
+            quick=; [ "$step" = quantize-quick ] && quick=--quick
+            python3 benchmarks/bench_quantize.py $quick 2>&1 | tee "$OUT/bench_quantize.log" || status=1
             cp benchmarks/results/bench_quantize-*.json "$OUT/" 2>/dev/null
             ;;
         *)

@@ -31,6 +31,7 @@ pub mod fp8_block;
 pub mod hadamard;
 pub mod mxfp8;
 pub mod nvfp4;
+pub mod policy;
 pub mod rng;
 pub mod shape;
 pub mod swizzle;

@@ -1,0 +1,184 @@
+//! The GEMM dispatch table: which kernel runs each pass of a GEMM site on which device
+//! ([`gemm_backend`]; passes and shapes in [`super::gemm`]).
+
+use super::arch::{is_native, why_not_native, Arch, ArchFamily};
+use super::gemm::{GemmShape, Pass, ScalingType};
+use super::recipe::Recipe;
+
+/// The kernel that runs one GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmBackend {
+    /// bf16 `torch.matmul` on CUDA (cuBLAS).
+    CublasBf16,
+    /// `torch.matmul` on the CPU (bf16 recipe on the reference device).
+    CpuMatmul,
+    /// cuBLASLt FP8 with fp32 block scales via `aten::_scaled_mm_v2` (sm_90).
+    ScaledMmBlockwise {
+        /// Scaling of operand A (always 1x128 along K).
+        a: ScalingType,
+        /// Scaling of operand B: 128x128 for the weight (fprop, dgrad), 1x128 for x (wgrad).
+        b: ScalingType,
+    },
+    /// cuBLASLt block-scaled MX / NV GEMM via `aten::_scaled_mm_v2`, both operands with this
+    /// scaling, scales swizzled `SWIZZLE_32_4_4` (sm_100/103/120/121).
+    ScaledMmMx {
+        /// `BlockWise1x32` (MXFP8) or `BlockWise1x16` (NVFP4).
+        block: ScalingType,
+    },
+    /// Exact emulation: quantize with the recipe, dequantize, then a bf16 GEMM (fp32 on CPU).
+    Emulated {
+        /// The recipe whose numerics are reproduced.
+        recipe: Recipe,
+    },
+}
+
+impl GemmBackend {
+    /// One line for printing a plan.
+    pub fn describe(&self) -> String {
+        match *self {
+            GemmBackend::CublasBf16 => "bf16 torch.matmul (cuBLAS)".to_string(),
+            GemmBackend::CpuMatmul => "torch.matmul on CPU".to_string(),
+            GemmBackend::ScaledMmBlockwise { a, b } => format!(
+                "cuBLASLt FP8 blockwise {} x {} (aten::_scaled_mm_v2, fp32 scales)",
+                a.block(),
+                b.block()
+            ),
+            GemmBackend::ScaledMmMx { block } => {
+                let what = if block == ScalingType::BlockWise1x16 {
+                    "NVFP4"
+                } else {
+                    "MXFP8"
+                };
+                format!(
+                    "cuBLASLt {what} block-scaled {} (aten::_scaled_mm_v2, swizzled scales)",
+                    block.block()
+                )
+            }
+            GemmBackend::Emulated { recipe } => {
+                format!("{recipe} emulated: quantize, dequantize, bf16 GEMM (fp32 on CPU)")
+            }
+        }
+    }
+}
+
+/// One pass's dispatch decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GemmChoice {
+    /// The kernel.
+    pub backend: GemmBackend,
+    /// True when the recipe's numerics are emulated rather than run natively.
+    pub emulated: bool,
+    /// Why (names the recipe, the device and the rule that decided).
+    pub reason: String,
+}
+
+fn plain_matmul(arch: Arch) -> GemmBackend {
+    if arch.0.is_none() {
+        GemmBackend::CpuMatmul
+    } else {
+        GemmBackend::CublasBf16
+    }
+}
+
+/// The first shape rule of the native kernel that `s` breaks, if any.
+fn kernel_misfit(recipe: Recipe, s: GemmShape) -> Option<String> {
+    // aten::_scaled_mm_v2 checks mat_a.size(1) % 16 and both mat_b dims % 16 on its storage
+    // dtype, i.e. K and N multiples of 16 elements (fp4 packs two per byte: K % 32).
+    let k_align = if recipe == Recipe::Nvfp4 { 32 } else { 16 };
+    if s.k % k_align != 0 {
+        return Some(format!(
+            "K={} not a multiple of {k_align} (_scaled_mm_v2)",
+            s.k
+        ));
+    }
+    if s.n % 16 != 0 {
+        return Some(format!("N={} not a multiple of 16 (_scaled_mm_v2)", s.n));
+    }
+    // Blockwise on sm_90: the 1x128 scale of A is M-major with leading dimension M, which
+    // cuBLASLt wants 16-byte aligned: M a multiple of 4 (hopper_perf.md §3, §4).
+    if recipe == Recipe::Fp8Block && s.m % 4 != 0 {
+        return Some(format!(
+            "M={} not a multiple of 4 (cuBLASLt VEC128 scales)",
+            s.m
+        ));
+    }
+    None
+}
+
+/// Chooses the kernel for one pass of a GEMM site.
+///
+/// | recipe | pass | sm_90 (Hopper) | sm_100/103, sm_120/121 (Blackwell) | sm_89, older, unvalidated | CPU |
+/// |---|---|---|---|---|---|
+/// | bf16 | all | `CublasBf16` | `CublasBf16` | `CublasBf16` | `CpuMatmul` |
+/// | fp8_block | fprop | `ScaledMmBlockwise { a: 1x128, b: 128x128 }` | `Emulated` | `Emulated` | `Emulated` |
+/// | fp8_block | dgrad | `ScaledMmBlockwise { a: 1x128, b: 128x128 }` | `Emulated` | `Emulated` | `Emulated` |
+/// | fp8_block | wgrad | `ScaledMmBlockwise { a: 1x128, b: 1x128 }` | `Emulated` | `Emulated` | `Emulated` |
+/// | mxfp8 | all | `Emulated` | `ScaledMmMx { block: 1x32 }` | `Emulated` | `Emulated` |
+/// | nvfp4 | all | `Emulated` | `ScaledMmMx { block: 1x16 }` | `Emulated` | `Emulated` |
+///
+/// Shape rules, checked in this order for a low-precision recipe:
+/// 1. `K % block != 0` (32 / 16 / 128): the operands cannot be quantized along K, so the pass runs
+///    unquantized (`CublasBf16` / `CpuMatmul`, `emulated = false`). For fprop and dgrad the layer
+///    policy has already kept such layers in bf16; wgrad's K is the token count, known per call.
+/// 2. A native cell whose kernel rejects the shape becomes `Emulated` (exact, same numerics):
+///    `_scaled_mm_v2` needs K and N multiples of 16 (nvfp4: K % 32, two codes per byte), and the
+///    sm_90 blockwise mode needs M % 4 (its 1x128 scales are M-major, 16-byte aligned;
+///    shared/reference/hopper_perf.md §3, §4).
+///
+/// Why these cells: cuBLASLt allows VEC128 x BLK128x128 and VEC128 x VEC128 but never
+/// BLK128x128 x BLK128x128, and wgrad's operands (dy, x) are both 1x128 (hopper_perf.md §4);
+/// dgrad reuses the weight's 128x128 tiles, whose transpose is exact (formats.md §1.4).
+pub fn gemm_backend(recipe: Recipe, arch: Arch, pass: Pass, shape: GemmShape) -> GemmChoice {
+    let Some(block) = recipe.block_k() else {
+        let backend = plain_matmul(arch);
+        return GemmChoice {
+            backend,
+            emulated: false,
+            reason: format!("bf16 {pass} on {arch}: {}", backend.describe()),
+        };
+    };
+    if shape.k % block != 0 {
+        return GemmChoice {
+            backend: plain_matmul(arch),
+            emulated: false,
+            reason: format!(
+                "{recipe} {pass}: K={} not divisible by {block}: unquantized bf16 GEMM",
+                shape.k
+            ),
+        };
+    }
+    let emulated = |why: String| GemmChoice {
+        backend: GemmBackend::Emulated { recipe },
+        emulated: true,
+        reason: format!("{recipe} {pass} emulated on {arch}: {why}"),
+    };
+    if !is_native(recipe, arch) {
+        return emulated(why_not_native(recipe, arch));
+    }
+    if let Some(why) = kernel_misfit(recipe, shape) {
+        return emulated(why);
+    }
+    let backend = match (recipe, arch.family(), pass) {
+        (Recipe::Fp8Block, ArchFamily::Hopper, Pass::Wgrad) => GemmBackend::ScaledMmBlockwise {
+            a: ScalingType::BlockWise1x128,
+            b: ScalingType::BlockWise1x128,
+        },
+        (Recipe::Fp8Block, ArchFamily::Hopper, _) => GemmBackend::ScaledMmBlockwise {
+            a: ScalingType::BlockWise1x128,
+            b: ScalingType::BlockWise128x128,
+        },
+        (Recipe::Mxfp8, _, _) => GemmBackend::ScaledMmMx {
+            block: ScalingType::BlockWise1x32,
+        },
+        (Recipe::Nvfp4, _, _) => GemmBackend::ScaledMmMx {
+            block: ScalingType::BlockWise1x16,
+        },
+        // is_native() holds, so no other cell is reachable; emulation is the safe answer.
+        _ => return emulated("no native kernel in the table".to_string()),
+    };
+    GemmChoice {
+        backend,
+        emulated: false,
+        reason: format!("{recipe} {pass} native on {arch}: {}", backend.describe()),
+    }
+}
