@@ -207,4 +207,32 @@ __device__ __forceinline__ uint8_t mx_scale_byte(float amax) {
 // The element multiplier 2^(127 - e) for a finite scale byte (e = 254 -> 2^-127, e = 0 -> 2^127).
 __device__ __forceinline__ float mx_inv_scale(uint8_t e) { return exp2i(127 - static_cast<int>(e)); }
 
+// ---------------------------------------------------------------------------------------------
+// Byte-tile transpose for the one-pass kernels with a transposed column copy (mxfp8.cuh,
+// fp8_block.cuh). The tile is 128 rows x 128 bytes in shared memory, 32 words per row; word w of
+// row r sits at r * 32 + (w ^ tswz(r)). The XOR keeps every access on 32 distinct banks: writers
+// (a half-warp or warp storing one row, or rows r, r + 1 with r even) see a permutation of the
+// row's words, and the readers below (8 row groups x 4 word columns) get XOR 4 * group.
+__device__ __forceinline__ int tswz(int r) { return (((r >> 4) & 7) << 2) ^ ((r & 1) << 4); }
+
+// The thread owning row group rg (rows 16rg..16rg+15) and word column cg (bytes 4cg..4cg+3) gets
+// col[j][g] = rows 16rg + 4g .. +3 of byte column 4cg + j, packed in row order (4x4 byte blocks
+// transposed with prmt), ready for 16-byte stores along the transposed output's rows.
+__device__ __forceinline__ void transpose_4x16(const uint32_t* tile, int rg, int cg, uint32_t (&col)[4][4]) {
+    uint32_t w[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] = tile[(rg * 16 + i) * 32 + (cg ^ tswz(rg * 16 + i))];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+        const uint32_t a = __byte_perm(w[4 * g], w[4 * g + 1], 0x5140);      // byte 0, 1 of rows 0, 1
+        const uint32_t b = __byte_perm(w[4 * g + 2], w[4 * g + 3], 0x5140);  // byte 0, 1 of rows 2, 3
+        const uint32_t c = __byte_perm(w[4 * g], w[4 * g + 1], 0x7362);      // byte 2, 3 of rows 0, 1
+        const uint32_t d = __byte_perm(w[4 * g + 2], w[4 * g + 3], 0x7362);
+        col[0][g] = __byte_perm(a, b, 0x5410);
+        col[1][g] = __byte_perm(a, b, 0x7632);
+        col[2][g] = __byte_perm(c, d, 0x5410);
+        col[3][g] = __byte_perm(c, d, 0x7632);
+    }
+}
+
 }  // namespace deepwell

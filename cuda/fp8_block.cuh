@@ -235,12 +235,7 @@ __device__ __forceinline__ void quantize_tiles(const void* x, uint8_t* data, flo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Transposed output through a 128 x 128 byte tile in shared memory (32 words per row). Word w of
-// row r is stored at r * 32 + (w ^ tswz(r)). The XOR keeps every access pattern on 32 distinct
-// banks: writers (a half-warp or warp storing one row, or rows r, r + 1 with r even) see a
-// permutation of the row's words, and transpose_store's readers (8 row groups x 4 word columns)
-// get XOR 4 * group.
-__device__ __forceinline__ int tswz(int r) { return (((r >> 4) & 7) << 2) ^ ((r & 1) << 4); }
+// Transposed output through the byte tile of common.cuh (`tswz`, `transpose_4x16`).
 
 // out[(c0 + c) * ld + r0 + r] = tile byte (r, c), r, c < 128. Thread: columns 4cg..4cg+3 x rows
 // 16rg..16rg+15, 4x4 byte blocks transposed with prmt. The 8 lanes of a column cover its 128
@@ -249,21 +244,8 @@ template <bool VEC>
 __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* out, int64_t ld, int64_t r0,
                                                 int64_t c0) {
     const int lane = threadIdx.x & 31, rg = lane & 7, cg = (threadIdx.x >> 5) * 4 + (lane >> 3);
-    uint32_t w[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) w[i] = tile[(rg * 16 + i) * 32 + (cg ^ (rg << 2) ^ ((i & 1) << 4))];  // tswz
     uint32_t col[4][4];  // col[j][g]: rows 4g..4g+3 of column 4cg + j
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-        const uint32_t a = __byte_perm(w[4 * g], w[4 * g + 1], 0x5140);      // byte 0, 1 of rows 0, 1
-        const uint32_t b = __byte_perm(w[4 * g + 2], w[4 * g + 3], 0x5140);  // byte 0, 1 of rows 2, 3
-        const uint32_t c = __byte_perm(w[4 * g], w[4 * g + 1], 0x7362);      // byte 2, 3 of rows 0, 1
-        const uint32_t d = __byte_perm(w[4 * g + 2], w[4 * g + 3], 0x7362);
-        col[0][g] = __byte_perm(a, b, 0x5410);
-        col[1][g] = __byte_perm(a, b, 0x7632);
-        col[2][g] = __byte_perm(c, d, 0x5410);
-        col[3][g] = __byte_perm(c, d, 0x7632);
-    }
+    transpose_4x16(tile, rg, cg, col);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         uint8_t* p = out + (c0 + cg * 4 + j) * ld + r0 + rg * 16;

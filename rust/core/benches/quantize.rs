@@ -2,9 +2,7 @@
 //! second). Small sample sizes keep the whole run near a minute on two cores.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use deepwell_core::{
-    fp8_block_quantize, mxfp8_quantize, nvfp4_quantize, Dims3, Fp8Elem, Nvfp4Options, ScaleMode,
-};
+use deepwell_core::{fp8_block_quantize, mxfp8_quantize, nvfp4_quantize, Dims3, Fp8Elem, Nvfp4Options, ScaleMode};
 use half::bf16;
 use std::hint::black_box;
 use std::time::Duration;
@@ -35,16 +33,7 @@ fn bench(c: &mut Criterion) {
         let dims = Dims3::from_shape(&[N, N], dim);
         let mut scale = vec![0u8; N * N / 32];
         g.bench_function(name, |b| {
-            b.iter(|| {
-                mxfp8_quantize(
-                    black_box(&x),
-                    dims,
-                    ScaleMode::Rceil,
-                    Fp8Elem::E4M3,
-                    &mut data,
-                    &mut scale,
-                )
-            })
+            b.iter(|| mxfp8_quantize(black_box(&x), dims, ScaleMode::Rceil, Fp8Elem::E4M3, &mut data, &mut scale))
         });
     }
 
@@ -52,43 +41,16 @@ fn bench(c: &mut Criterion) {
     let mut scale = vec![0u8; N * N / 16];
     for (name, opts) in [
         ("nvfp4", Nvfp4Options::default()),
-        (
-            "nvfp4_2d",
-            Nvfp4Options {
-                block_2d: true,
-                ..Default::default()
-            },
-        ),
-        (
-            "nvfp4_sr_rht",
-            Nvfp4Options {
-                stochastic_seed: Some(7),
-                hadamard: true,
-                ..Default::default()
-            },
-        ),
+        ("nvfp4_2d", Nvfp4Options { block_2d: true, ..Default::default() }),
+        ("nvfp4_sr_rht", Nvfp4Options { stochastic_seed: Some(7), hadamard: true, ..Default::default() }),
     ] {
-        g.bench_function(name, |b| {
-            b.iter(|| nvfp4_quantize(black_box(&x), N, N, 4.0, &opts, &mut packed, &mut scale))
-        });
+        g.bench_function(name, |b| b.iter(|| nvfp4_quantize(black_box(&x), N, N, 4.0, &opts, &mut packed, &mut scale)));
     }
 
     for (name, br) in [("fp8_block_1x128", 1), ("fp8_block_128x128", 128)] {
         let mut scale_inv = vec![0f32; N * N / 128 / br];
         g.bench_function(name, |b| {
-            b.iter(|| {
-                fp8_block_quantize(
-                    black_box(&x),
-                    1,
-                    N,
-                    N,
-                    br,
-                    128,
-                    true,
-                    &mut data,
-                    &mut scale_inv,
-                )
-            })
+            b.iter(|| fp8_block_quantize(black_box(&x), 1, N, N, br, 128, true, &mut data, &mut scale_inv))
         });
     }
     g.finish();

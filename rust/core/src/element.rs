@@ -59,15 +59,9 @@ mod tests {
         let x = bf16::from_bits(0x4060); // 3.5
         assert_eq!(x.to_f32(), 3.5);
         // fp32 0x40600001 (3.5 + 1 ulp) rounds to 3.5 in bf16 (NUMERICS.md's bf16 trap row).
-        assert_eq!(
-            <bf16 as Element>::from_f32(f32::from_bits(0x4060_0001)).to_bits(),
-            0x4060
-        );
+        assert_eq!(<bf16 as Element>::from_f32(f32::from_bits(0x4060_0001)).to_bits(), 0x4060);
         // 0x43FFFFFF (just below 512) rounds up to 512.
-        assert_eq!(
-            <bf16 as Element>::from_f32(f32::from_bits(0x43FF_FFFF)).to_f32(),
-            512.0
-        );
+        assert_eq!(<bf16 as Element>::from_f32(f32::from_bits(0x43FF_FFFF)).to_f32(), 512.0);
         assert!(<bf16 as Element>::from_f32(f32::NAN).to_f32().is_nan());
         assert!(<f16 as Element>::from_f32(f32::NAN).to_f32().is_nan());
         assert_eq!(<f16 as Element>::from_f32(1.5).to_f32(), 1.5);

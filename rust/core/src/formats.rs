@@ -156,11 +156,7 @@ const fn e4m3_table() -> [u32; 256] {
     let mut t = [0u32; 256];
     let mut c = 0;
     while c < 256 {
-        t[c] = if c & 0x7F == 0x7F {
-            0x7FC0_0000
-        } else {
-            minifloat_bits(c as u32, 7, 3, 7)
-        };
+        t[c] = if c & 0x7F == 0x7F { 0x7FC0_0000 } else { minifloat_bits(c as u32, 7, 3, 7) };
         c += 1;
     }
     t

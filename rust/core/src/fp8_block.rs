@@ -51,42 +51,23 @@ pub fn fp8_block_quantize<T: Element>(
     data: &mut [u8],
     scale_inv: &mut [f32],
 ) {
-    let g = Geometry::new(
-        "fp8_block_quantize",
-        batch,
-        rows,
-        cols,
-        block_rows,
-        block_cols,
-    );
+    let g = Geometry::new("fp8_block_quantize", batch, rows, cols, block_rows, block_cols);
     g.check("fp8_block_quantize", x.len(), data.len(), scale_inv.len());
     // 1 x bc blocks tile the flat tensor; br x bc blocks are units of br rows.
-    let (unit_rows, width) = if block_rows == 1 {
-        (1, x.len())
-    } else {
-        (block_rows, cols)
-    };
-    par_tiles(
-        x,
-        data,
-        scale_inv,
-        unit_rows,
-        width,
-        block_cols,
-        |tile, out, st| {
-            let amax = group_amax(tile, out.len(), block_cols);
-            let factor: Vec<f32> = amax
-                .iter()
-                .zip(st.iter_mut())
-                .map(|(&a, s)| {
-                    let scale = fp8_block_scale(f32::from_bits(a), pow2);
-                    *s = 1.0 / scale;
-                    scale
-                })
-                .collect();
-            encode_groups(tile, out, block_cols, &factor, f32_to_e4m3);
-        },
-    );
+    let (unit_rows, width) = if block_rows == 1 { (1, x.len()) } else { (block_rows, cols) };
+    par_tiles(x, data, scale_inv, unit_rows, width, block_cols, |tile, out, st| {
+        let amax = group_amax(tile, out.len(), block_cols);
+        let factor: Vec<f32> = amax
+            .iter()
+            .zip(st.iter_mut())
+            .map(|(&a, s)| {
+                let scale = fp8_block_scale(f32::from_bits(a), pow2);
+                *s = 1.0 / scale;
+                scale
+            })
+            .collect();
+        encode_groups(tile, out, block_cols, &factor, f32_to_e4m3);
+    });
 }
 
 /// `x' = O::from_f32(e4m3(q) * scale_inv)`.
@@ -104,40 +85,23 @@ pub fn fp8_block_dequantize<O: Element>(
     block_cols: usize,
     out: &mut [O],
 ) {
-    let g = Geometry::new(
-        "fp8_block_dequantize",
-        batch,
-        rows,
-        cols,
-        block_rows,
-        block_cols,
-    );
-    g.check(
-        "fp8_block_dequantize",
-        out.len(),
-        data.len(),
-        scale_inv.len(),
-    );
+    let g = Geometry::new("fp8_block_dequantize", batch, rows, cols, block_rows, block_cols);
+    g.check("fp8_block_dequantize", out.len(), data.len(), scale_inv.len());
     if out.is_empty() {
         return;
     }
     let spr = cols / block_cols;
     // One work item per row; its scales are row (r / br) of its batch's scale matrix.
-    out.par_chunks_mut(cols)
-        .zip(data.par_chunks(cols))
-        .enumerate()
-        .for_each(|(i, (o, d))| {
-            let (b, r) = (i / rows, i % rows);
-            let srow = &scale_inv[(b * (rows / block_rows) + r / block_rows) * spr..][..spr];
-            let blocks = o
-                .chunks_exact_mut(block_cols)
-                .zip(d.chunks_exact(block_cols));
-            for ((ob, db), &s) in blocks.zip(srow) {
-                for (y, &q) in ob.iter_mut().zip(db) {
-                    *y = O::from_f32(e4m3_to_f32(q) * s);
-                }
+    out.par_chunks_mut(cols).zip(data.par_chunks(cols)).enumerate().for_each(|(i, (o, d))| {
+        let (b, r) = (i / rows, i % rows);
+        let srow = &scale_inv[(b * (rows / block_rows) + r / block_rows) * spr..][..spr];
+        let blocks = o.chunks_exact_mut(block_cols).zip(d.chunks_exact(block_cols));
+        for ((ob, db), &s) in blocks.zip(srow) {
+            for (y, &q) in ob.iter_mut().zip(db) {
+                *y = O::from_f32(e4m3_to_f32(q) * s);
             }
-        });
+        }
+    });
 }
 
 /// The validated (batch, rows, cols) / block geometry.
@@ -149,29 +113,14 @@ struct Geometry {
 impl Geometry {
     fn new(op: &str, batch: usize, rows: usize, cols: usize, br: usize, bc: usize) -> Geometry {
         assert!(br > 0 && bc > 0, "{op}: block {br}x{bc} has a zero dim");
-        assert!(
-            rows % br == 0 && cols % bc == 0,
-            "{op}: ({rows}, {cols}) is not a whole number of {br}x{bc} blocks"
-        );
-        Geometry {
-            numel: batch * rows * cols,
-            scales: batch * (rows / br) * (cols / bc),
-        }
+        assert!(rows % br == 0 && cols % bc == 0, "{op}: ({rows}, {cols}) is not a whole number of {br}x{bc} blocks");
+        Geometry { numel: batch * rows * cols, scales: batch * (rows / br) * (cols / bc) }
     }
 
     fn check(&self, op: &str, x_len: usize, data_len: usize, scale_len: usize) {
         let (n, ns) = (self.numel, self.scales);
-        assert!(
-            x_len == n,
-            "{op}: high-precision tensor has {x_len} elements, expected {n}"
-        );
-        assert!(
-            data_len == n,
-            "{op}: data has {data_len} bytes, expected {n}"
-        );
-        assert!(
-            scale_len == ns,
-            "{op}: scale_inv has {scale_len} entries, expected {ns}"
-        );
+        assert!(x_len == n, "{op}: high-precision tensor has {x_len} elements, expected {n}");
+        assert!(data_len == n, "{op}: data has {data_len} bytes, expected {n}");
+        assert!(scale_len == ns, "{op}: scale_inv has {scale_len} entries, expected {ns}");
     }
 }

@@ -10,9 +10,7 @@
 //! sign, identical to multiplying by 0.25 then by the sign).
 
 /// The fixed sign vector `s` of the transform.
-pub const HADAMARD_SIGNS: [f32; 16] = [
-    1., 1., 1., -1., 1., -1., -1., -1., -1., -1., -1., 1., -1., 1., -1., -1.,
-];
+pub const HADAMARD_SIGNS: [f32; 16] = [1., 1., 1., -1., 1., -1., -1., -1., -1., -1., -1., 1., -1., 1., -1., -1.];
 
 /// In-place `v <- (1/4) * diag(s) * H16 * v`, in the fp32 order documented above.
 #[inline]
@@ -46,11 +44,7 @@ mod tests {
             v[j] = 1.0;
             hadamard16(&mut v);
             for (i, &y) in v.iter().enumerate() {
-                let h = if (i & j).count_ones() % 2 == 0 {
-                    1.0
-                } else {
-                    -1.0
-                };
+                let h = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
                 assert_eq!(y, 0.25 * HADAMARD_SIGNS[i] * h, "column {j}, row {i}");
             }
         }

@@ -40,16 +40,13 @@ mod tiles;
 pub use element::Element;
 pub use error::{CoreError, Result};
 pub use formats::{
-    abs_max, e2m1_to_f32, e4m3_to_f32, e5m2_to_f32, e8m0_to_f32, exp2i, f32_to_e2m1, f32_to_e4m3,
-    f32_to_e5m2, E2M1_MAX, E4M3_MAX, E5M2_MAX,
+    abs_max, e2m1_to_f32, e4m3_to_f32, e5m2_to_f32, e8m0_to_f32, exp2i, f32_to_e2m1, f32_to_e4m3, f32_to_e5m2,
+    E2M1_MAX, E4M3_MAX, E5M2_MAX,
 };
 pub use fp8_block::{fp8_block_dequantize, fp8_block_quantize, fp8_block_scale};
 pub use hadamard::{hadamard16, HADAMARD_SIGNS};
 pub use mxfp8::{mxfp8_dequantize, mxfp8_quantize, mxfp8_scale_byte, Fp8Elem, ScaleMode, MX_BLOCK};
-pub use nvfp4::{
-    nvfp4_dequantize, nvfp4_encode_scale, nvfp4_global_amax, nvfp4_quantize, Nvfp4Options,
-    NVFP4_BLOCK,
-};
+pub use nvfp4::{nvfp4_dequantize, nvfp4_encode_scale, nvfp4_global_amax, nvfp4_quantize, Nvfp4Options, NVFP4_BLOCK};
 pub use rng::{e2m1_stochastic, sr_bits};
 pub use shape::Dims3;
 pub use swizzle::{swizzle_offset, swizzle_scales, swizzled_len, unswizzle_scales};

@@ -49,11 +49,7 @@ impl FromStr for ScaleMode {
         match s {
             "rceil" => Ok(ScaleMode::Rceil),
             "floor" => Ok(ScaleMode::Floor),
-            _ => Err(CoreError::UnknownMode {
-                what: "MXFP8 scale mode",
-                got: s.to_owned(),
-                choices: "rceil, floor",
-            }),
+            _ => Err(CoreError::UnknownMode { what: "MXFP8 scale mode", got: s.to_owned(), choices: "rceil, floor" }),
         }
     }
 }
@@ -74,11 +70,7 @@ impl FromStr for Fp8Elem {
         match s {
             "e4m3" => Ok(Fp8Elem::E4M3),
             "e5m2" => Ok(Fp8Elem::E5M2),
-            _ => Err(CoreError::UnknownMode {
-                what: "FP8 element format",
-                got: s.to_owned(),
-                choices: "e4m3, e5m2",
-            }),
+            _ => Err(CoreError::UnknownMode { what: "FP8 element format", got: s.to_owned(), choices: "e4m3, e5m2" }),
         }
     }
 }
@@ -195,30 +187,10 @@ pub fn mxfp8_quantize<T: Element>(
 ) {
     let n = check_dims("mxfp8_quantize", dims, x.len(), data.len(), scale.len());
     // Flat blocks of 32 when contiguous; else 32 rows of `inner` with a scale per column.
-    let (unit_rows, width, group) = if dims.inner == 1 {
-        (1, n, MX_BLOCK)
-    } else {
-        (MX_BLOCK, dims.inner, 1)
-    };
+    let (unit_rows, width, group) = if dims.inner == 1 { (1, n, MX_BLOCK) } else { (MX_BLOCK, dims.inner, 1) };
     match elem {
-        Fp8Elem::E4M3 => run(
-            x,
-            data,
-            scale,
-            (unit_rows, width, group),
-            mode,
-            elem,
-            f32_to_e4m3,
-        ),
-        Fp8Elem::E5M2 => run(
-            x,
-            data,
-            scale,
-            (unit_rows, width, group),
-            mode,
-            elem,
-            f32_to_e5m2,
-        ),
+        Fp8Elem::E4M3 => run(x, data, scale, (unit_rows, width, group), mode, elem, f32_to_e4m3),
+        Fp8Elem::E5M2 => run(x, data, scale, (unit_rows, width, group), mode, elem, f32_to_e5m2),
     }
 }
 
@@ -250,13 +222,7 @@ fn run<T: Element, E: Fn(f32) -> u8 + Sync + Copy>(
 ///
 /// # Panics
 /// As [`mxfp8_quantize`].
-pub fn mxfp8_dequantize<O: Element>(
-    data: &[u8],
-    scale: &[u8],
-    dims: Dims3,
-    elem: Fp8Elem,
-    out: &mut [O],
-) {
+pub fn mxfp8_dequantize<O: Element>(data: &[u8], scale: &[u8], dims: Dims3, elem: Fp8Elem, out: &mut [O]) {
     let n = check_dims("mxfp8_dequantize", dims, out.len(), data.len(), scale.len());
     if n == 0 {
         return;
@@ -265,54 +231,35 @@ pub fn mxfp8_dequantize<O: Element>(
     if dims.inner == 1 {
         // Contiguous blocks: work items of 1024 blocks.
         let chunk = MX_BLOCK * 1024;
-        out.par_chunks_mut(chunk)
-            .zip(data.par_chunks(chunk))
-            .zip(scale.par_chunks(1024))
-            .for_each(|((o, d), s)| {
-                let blocks = o.chunks_mut(MX_BLOCK).zip(d.chunks(MX_BLOCK));
-                for ((ob, db), &b) in blocks.zip(s) {
-                    let f = e8m0_to_f32(b);
-                    for (y, &q) in ob.iter_mut().zip(db) {
-                        *y = dec(q, f);
-                    }
-                }
-            });
-        return;
-    }
-    let unit = MX_BLOCK * dims.inner;
-    out.par_chunks_mut(unit)
-        .zip(data.par_chunks(unit))
-        .zip(scale.par_chunks(dims.inner))
-        .for_each(|((o, d), s)| {
-            let sf: Vec<f32> = s.iter().map(|&b| e8m0_to_f32(b)).collect();
-            for (orow, drow) in o.chunks_mut(dims.inner).zip(d.chunks(dims.inner)) {
-                for ((y, &q), &f) in orow.iter_mut().zip(drow).zip(&sf) {
+        out.par_chunks_mut(chunk).zip(data.par_chunks(chunk)).zip(scale.par_chunks(1024)).for_each(|((o, d), s)| {
+            let blocks = o.chunks_mut(MX_BLOCK).zip(d.chunks(MX_BLOCK));
+            for ((ob, db), &b) in blocks.zip(s) {
+                let f = e8m0_to_f32(b);
+                for (y, &q) in ob.iter_mut().zip(db) {
                     *y = dec(q, f);
                 }
             }
         });
+        return;
+    }
+    let unit = MX_BLOCK * dims.inner;
+    out.par_chunks_mut(unit).zip(data.par_chunks(unit)).zip(scale.par_chunks(dims.inner)).for_each(|((o, d), s)| {
+        let sf: Vec<f32> = s.iter().map(|&b| e8m0_to_f32(b)).collect();
+        for (orow, drow) in o.chunks_mut(dims.inner).zip(d.chunks(dims.inner)) {
+            for ((y, &q), &f) in orow.iter_mut().zip(drow).zip(&sf) {
+                *y = dec(q, f);
+            }
+        }
+    });
 }
 
 /// Checks the shared preconditions; returns numel.
 fn check_dims(op: &str, dims: Dims3, x_len: usize, data_len: usize, scale_len: usize) -> usize {
     let n = dims.numel();
-    assert!(
-        dims.k % MX_BLOCK == 0,
-        "{op}: quantized dim {} is not a multiple of 32",
-        dims.k
-    );
-    assert!(
-        x_len == n,
-        "{op}: high-precision tensor has {x_len} elements, {dims:?} needs {n}"
-    );
-    assert!(
-        data_len == n,
-        "{op}: data has {data_len} bytes, {dims:?} needs {n}"
-    );
+    assert!(dims.k % MX_BLOCK == 0, "{op}: quantized dim {} is not a multiple of 32", dims.k);
+    assert!(x_len == n, "{op}: high-precision tensor has {x_len} elements, {dims:?} needs {n}");
+    assert!(data_len == n, "{op}: data has {data_len} bytes, {dims:?} needs {n}");
     let ns = n / MX_BLOCK;
-    assert!(
-        scale_len == ns,
-        "{op}: scale has {scale_len} bytes, {dims:?} needs {ns}"
-    );
+    assert!(scale_len == ns, "{op}: scale has {scale_len} bytes, {dims:?} needs {ns}");
     n
 }

@@ -65,16 +65,9 @@ fn amax16(v: &[f32; 16], acc: u32) -> u32 {
 /// # Panics
 /// If `k % 16 != 0` or `x.len()` is not a multiple of `k`.
 pub fn nvfp4_global_amax<T: Element>(x: &[T], k: usize, hadamard: bool) -> f32 {
+    assert!(k % NVFP4_BLOCK == 0, "nvfp4_global_amax: k = {k} is not a multiple of 16");
     assert!(
-        k % NVFP4_BLOCK == 0,
-        "nvfp4_global_amax: k = {k} is not a multiple of 16"
-    );
-    assert!(
-        if k == 0 {
-            x.is_empty()
-        } else {
-            x.len() % k == 0
-        },
+        if k == 0 { x.is_empty() } else { x.len() % k == 0 },
         "nvfp4_global_amax: {} elements do not form rows of k = {k}",
         x.len()
     );
@@ -83,11 +76,9 @@ pub fn nvfp4_global_amax<T: Element>(x: &[T], k: usize, hadamard: bool) -> f32 {
         .par_chunks(chunk)
         .map(|c| {
             if hadamard {
-                c.chunks_exact(NVFP4_BLOCK)
-                    .fold(0, |m, b| amax16(&load16(b, true), m))
+                c.chunks_exact(NVFP4_BLOCK).fold(0, |m, b| amax16(&load16(b, true), m))
             } else {
-                c.iter()
-                    .fold(0, |m, v| abs_bits_max(m, v.to_f32().to_bits()))
+                c.iter().fold(0, |m, v| abs_bits_max(m, v.to_f32().to_bits()))
             }
         })
         .reduce(|| 0, u32::max);
@@ -196,9 +187,7 @@ fn quantize_1d<T: Element>(x: &[T], ctx: &Ctx, data: &mut [u8], scale: &mut [u8]
         .zip(scale.par_chunks_mut(BLOCKS_PER_TASK))
         .enumerate()
         .for_each(|(t, ((xc, dc), sc))| {
-            let blocks = xc
-                .chunks_exact(NVFP4_BLOCK)
-                .zip(dc.chunks_exact_mut(NVFP4_BLOCK / 2));
+            let blocks = xc.chunks_exact(NVFP4_BLOCK).zip(dc.chunks_exact_mut(NVFP4_BLOCK / 2));
             for (b, ((xb, db), s)) in blocks.zip(sc.iter_mut()).enumerate() {
                 let v = load16(xb, ctx.hadamard);
                 let (sb, enc) = ctx.block(amax16(&v, 0));
@@ -234,30 +223,12 @@ fn quantize_2d<T: Element>(x: &[T], k: usize, ctx: &Ctx, data: &mut [u8], scale:
 ///
 /// # Panics
 /// If `k % 16 != 0` or a slice length does not match.
-pub fn nvfp4_dequantize<O: Element>(
-    data: &[u8],
-    scale: &[u8],
-    s_dec: f32,
-    rows: usize,
-    k: usize,
-    out: &mut [O],
-) {
-    check(
-        "nvfp4_dequantize",
-        rows,
-        k,
-        out.len(),
-        data.len(),
-        scale.len(),
-    );
+pub fn nvfp4_dequantize<O: Element>(data: &[u8], scale: &[u8], s_dec: f32, rows: usize, k: usize, out: &mut [O]) {
+    check("nvfp4_dequantize", rows, k, out.len(), data.len(), scale.len());
     let chunk = NVFP4_BLOCK * BLOCKS_PER_TASK;
-    out.par_chunks_mut(chunk)
-        .zip(data.par_chunks(chunk / 2))
-        .zip(scale.par_chunks(BLOCKS_PER_TASK))
-        .for_each(|((oc, dc), sc)| {
-            let blocks = oc
-                .chunks_exact_mut(NVFP4_BLOCK)
-                .zip(dc.chunks_exact(NVFP4_BLOCK / 2));
+    out.par_chunks_mut(chunk).zip(data.par_chunks(chunk / 2)).zip(scale.par_chunks(BLOCKS_PER_TASK)).for_each(
+        |((oc, dc), sc)| {
+            let blocks = oc.chunks_exact_mut(NVFP4_BLOCK).zip(dc.chunks_exact(NVFP4_BLOCK / 2));
             for ((ob, db), &sb) in blocks.zip(sc) {
                 let f = e4m3_to_f32(sb);
                 for (pair, &byte) in ob.chunks_exact_mut(2).zip(db) {
@@ -265,27 +236,15 @@ pub fn nvfp4_dequantize<O: Element>(
                     pair[1] = O::from_f32(e2m1_to_f32(byte >> 4) * f * s_dec);
                 }
             }
-        });
+        },
+    );
 }
 
 fn check(op: &str, rows: usize, k: usize, x_len: usize, data_len: usize, scale_len: usize) {
     let n = rows * k;
-    assert!(
-        k % NVFP4_BLOCK == 0,
-        "{op}: k = {k} is not a multiple of 16"
-    );
-    assert!(
-        x_len == n,
-        "{op}: high-precision tensor has {x_len} elements, {rows}x{k} needs {n}"
-    );
-    assert!(
-        data_len == n / 2,
-        "{op}: data has {data_len} bytes, {rows}x{k} needs {}",
-        n / 2
-    );
+    assert!(k % NVFP4_BLOCK == 0, "{op}: k = {k} is not a multiple of 16");
+    assert!(x_len == n, "{op}: high-precision tensor has {x_len} elements, {rows}x{k} needs {n}");
+    assert!(data_len == n / 2, "{op}: data has {data_len} bytes, {rows}x{k} needs {}", n / 2);
     let ns = n / NVFP4_BLOCK;
-    assert!(
-        scale_len == ns,
-        "{op}: scale has {scale_len} bytes, {rows}x{k} needs {ns}"
-    );
+    assert!(scale_len == ns, "{op}: scale has {scale_len} bytes, {rows}x{k} needs {ns}");
 }

@@ -23,16 +23,8 @@ impl Dims3 {
     /// # Panics
     /// If `dim >= shape.len()` (a precondition the FFI layer checks first).
     pub fn from_shape(shape: &[usize], dim: usize) -> Dims3 {
-        assert!(
-            dim < shape.len(),
-            "Dims3::from_shape: dim {dim} out of range for a {}-d shape {shape:?}",
-            shape.len()
-        );
-        Dims3 {
-            outer: shape[..dim].iter().product(),
-            k: shape[dim],
-            inner: shape[dim + 1..].iter().product(),
-        }
+        assert!(dim < shape.len(), "Dims3::from_shape: dim {dim} out of range for a {}-d shape {shape:?}", shape.len());
+        Dims3 { outer: shape[..dim].iter().product(), k: shape[dim], inner: shape[dim + 1..].iter().product() }
     }
 
     /// Number of elements.
@@ -48,30 +40,9 @@ mod tests {
     #[test]
     fn views_each_dim() {
         let s = [2, 3, 64, 5];
-        assert_eq!(
-            Dims3::from_shape(&s, 0),
-            Dims3 {
-                outer: 1,
-                k: 2,
-                inner: 960
-            }
-        );
-        assert_eq!(
-            Dims3::from_shape(&s, 2),
-            Dims3 {
-                outer: 6,
-                k: 64,
-                inner: 5
-            }
-        );
-        assert_eq!(
-            Dims3::from_shape(&s, 3),
-            Dims3 {
-                outer: 384,
-                k: 5,
-                inner: 1
-            }
-        );
+        assert_eq!(Dims3::from_shape(&s, 0), Dims3 { outer: 1, k: 2, inner: 960 });
+        assert_eq!(Dims3::from_shape(&s, 2), Dims3 { outer: 6, k: 64, inner: 5 });
+        assert_eq!(Dims3::from_shape(&s, 3), Dims3 { outer: 384, k: 5, inner: 1 });
         assert_eq!(Dims3::from_shape(&s, 1).numel(), 1920);
     }
 

@@ -25,10 +25,7 @@ pub fn swizzled_len(rows: usize, cols: usize) -> usize {
 /// Offset of scale (r, c) of a matrix with `cols` scale columns in the swizzled layout.
 #[inline]
 pub fn swizzle_offset(r: usize, c: usize, cols: usize) -> usize {
-    ((r / 128) * cols.div_ceil(4) + c / 4) * TILE_BYTES
-        + (r % 32) * 16
-        + ((r % 128) / 32) * 4
-        + (c % 4)
+    ((r / 128) * cols.div_ceil(4) + c / 4) * TILE_BYTES + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4)
 }
 
 /// Writes the row-major `rows` x `cols` matrix `src` into `dst` in the swizzled layout; padding
@@ -71,16 +68,9 @@ pub fn unswizzle_scales(src: &[u8], rows: usize, cols: usize, dst: &mut [u8]) {
 }
 
 fn check(op: &str, plain: usize, rows: usize, cols: usize, swizzled: usize) {
-    assert!(
-        plain == rows * cols,
-        "{op}: plain scales have {plain} bytes, {rows}x{cols} needs {}",
-        rows * cols
-    );
+    assert!(plain == rows * cols, "{op}: plain scales have {plain} bytes, {rows}x{cols} needs {}", rows * cols);
     let need = swizzled_len(rows, cols);
-    assert!(
-        swizzled == need,
-        "{op}: swizzled scales have {swizzled} bytes, {rows}x{cols} needs {need}"
-    );
+    assert!(swizzled == need, "{op}: swizzled scales have {swizzled} bytes, {rows}x{cols} needs {need}");
 }
 
 #[cfg(test)]

@@ -61,34 +61,23 @@ pub(crate) fn par_tiles<T, S, F>(
         return;
     }
     let tile = ((TILE_ELEMS / unit_rows / group).max(1) * group).min(width);
-    data.par_chunks_mut(unit_len)
-        .zip(scale.par_chunks_mut(width / group))
-        .zip(x.par_chunks(unit_len))
-        .for_each(|((d, s), unit)| {
+    data.par_chunks_mut(unit_len).zip(scale.par_chunks_mut(width / group)).zip(x.par_chunks(unit_len)).for_each(
+        |((d, s), unit)| {
             // Regroup the unit's rows by column tile: safe disjoint borrows of strided data.
-            let mut tiles: Vec<Vec<&mut [u8]>> = (0..width.div_ceil(tile))
-                .map(|_| Vec::with_capacity(unit_rows))
-                .collect();
+            let mut tiles: Vec<Vec<&mut [u8]>> =
+                (0..width.div_ceil(tile)).map(|_| Vec::with_capacity(unit_rows)).collect();
             for row in d.chunks_mut(width) {
                 for (slot, seg) in tiles.iter_mut().zip(row.chunks_mut(tile)) {
                     slot.push(seg);
                 }
             }
-            tiles
-                .into_par_iter()
-                .zip(s.par_chunks_mut(tile / group))
-                .enumerate()
-                .for_each(|(t, (mut rows, st))| {
-                    let w = rows.first().map_or(0, |r| r.len());
-                    let view = Tile {
-                        unit,
-                        width,
-                        c0: t * tile,
-                        w,
-                    };
-                    f(&view, &mut rows, st);
-                });
-        });
+            tiles.into_par_iter().zip(s.par_chunks_mut(tile / group)).enumerate().for_each(|(t, (mut rows, st))| {
+                let w = rows.first().map_or(0, |r| r.len());
+                let view = Tile { unit, width, c0: t * tile, w };
+                f(&view, &mut rows, st);
+            });
+        },
+    );
 }
 
 /// NaN-propagating amax (fp32 bits) of each `group`-wide column group over `rows` rows.
@@ -103,9 +92,7 @@ pub(crate) fn group_amax<T: Element>(tile: &Tile<'_, T>, rows: usize, group: usi
             }
         } else {
             for (a, seg) in amax.iter_mut().zip(xr.chunks_exact(group)) {
-                *a = seg
-                    .iter()
-                    .fold(*a, |m, v| abs_bits_max(m, v.to_f32().to_bits()));
+                *a = seg.iter().fold(*a, |m, v| abs_bits_max(m, v.to_f32().to_bits()));
             }
         }
     }

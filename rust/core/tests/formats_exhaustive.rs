@@ -55,15 +55,7 @@ fn e2m1_grid_and_ties() {
         assert_eq!(f32_to_e2m1(-g), c as u8 | 8);
     }
     // NUMERICS.md NVFP4 step 3 ties.
-    for (x, want) in [
-        (0.25, 0.0),
-        (0.75, 1.0),
-        (1.25, 1.0),
-        (1.75, 2.0),
-        (2.5, 2.0),
-        (3.5, 4.0),
-        (5.0, 4.0),
-    ] {
+    for (x, want) in [(0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0), (5.0, 4.0)] {
         assert_eq!(e2m1_to_f32(f32_to_e2m1(x)), want, "tie {x}");
         assert_eq!(e2m1_to_f32(f32_to_e2m1(-x)), -want, "tie -{x}");
     }
@@ -78,41 +70,19 @@ fn e2m1_grid_and_ties() {
 
 /// Every midpoint between adjacent finite values rounds to the even code, and the fp32
 /// neighbours of the midpoint round to the nearer value.
-fn check_midpoints(
-    name: &str,
-    max_code: u8,
-    decode: fn(u8) -> f32,
-    encode: fn(f32) -> u8,
-    sign: u8,
-) {
+fn check_midpoints(name: &str, max_code: u8, decode: fn(u8) -> f32, encode: fn(f32) -> u8, sign: u8) {
     for c in 0..max_code {
         let (lo, hi) = (decode(c), decode(c + 1));
         let mid = ((f64::from(lo) + f64::from(hi)) / 2.0) as f32;
-        assert_eq!(
-            f64::from(mid),
-            (f64::from(lo) + f64::from(hi)) / 2.0,
-            "{name}: midpoint exact"
-        );
+        assert_eq!(f64::from(mid), (f64::from(lo) + f64::from(hi)) / 2.0, "{name}: midpoint exact");
         let even = if c % 2 == 0 { c } else { c + 1 };
         for (v, s) in [(mid, 0u8), (-mid, sign)] {
-            assert_eq!(
-                encode(v),
-                s | even,
-                "{name}: midpoint {v} of codes {c:#x},{:#x}",
-                c + 1
-            );
+            assert_eq!(encode(v), s | even, "{name}: midpoint {v} of codes {c:#x},{:#x}", c + 1);
         }
-        let (below, above) = (
-            f32::from_bits(mid.to_bits() - 1),
-            f32::from_bits(mid.to_bits() + 1),
-        );
+        let (below, above) = (f32::from_bits(mid.to_bits() - 1), f32::from_bits(mid.to_bits() + 1));
         assert_eq!(encode(below), c, "{name}: just below midpoint {mid}");
         assert_eq!(encode(above), c + 1, "{name}: just above midpoint {mid}");
-        assert_eq!(
-            encode(-above),
-            sign | (c + 1),
-            "{name}: -(just above midpoint {mid})"
-        );
+        assert_eq!(encode(-above), sign | (c + 1), "{name}: -(just above midpoint {mid})");
     }
     // Past the largest value: the tie with the next (virtual) value goes to the largest; all
     // beyond saturates (satfinite).
@@ -137,11 +107,7 @@ fn specials() {
     assert_eq!(f32_to_e4m3(f32::INFINITY), 0x7E);
     assert_eq!(f32_to_e4m3(f32::NEG_INFINITY), 0xFE);
     assert_eq!(f32_to_e4m3(-0.0), 0x80);
-    assert_eq!(
-        f32_to_e4m3(2f32.powi(-10)),
-        0x00,
-        "half the min subnormal ties to 0"
-    );
+    assert_eq!(f32_to_e4m3(2f32.powi(-10)), 0x00, "half the min subnormal ties to 0");
     assert_eq!(f32_to_e4m3(f32::from_bits(1)), 0x00);
     assert_eq!(f32_to_e4m3(-f32::from_bits(1)), 0x80);
     assert_eq!(f32_to_e5m2(f32::NAN), 0x7F);

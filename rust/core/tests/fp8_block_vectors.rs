@@ -18,11 +18,7 @@ fn scale_rules() {
         (f32::from_bits(1), false, f32::MAX), // 448 / 2^-149 = Inf -> FLT_MAX
         (f32::from_bits(1), true, 2f32.powi(127)),
     ] {
-        assert_eq!(
-            fp8_block_scale(amax, pow2),
-            want,
-            "amax {amax:e} pow2 {pow2}"
-        );
+        assert_eq!(fp8_block_scale(amax, pow2), want, "amax {amax:e} pow2 {pow2}");
     }
 }
 
@@ -78,10 +74,7 @@ fn layouts_1x128_and_128x128() {
     assert_eq!(si[row5 + 1], 1.0 / (448.0 / amax_of(0, 0, 1)));
     assert_eq!(si[0], 1.0 / (448.0 / (amax_of(0, 0, 0) / 3.0)));
     fp8_block_dequantize(&data, &si, b, r, c, 1, 128, &mut out);
-    assert!(out
-        .iter()
-        .zip(&x)
-        .all(|(&y, &v)| (y - v).abs() <= v.abs() / 16.0));
+    assert!(out.iter().zip(&x).all(|(&y, &v)| (y - v).abs() <= v.abs() / 16.0));
 }
 
 #[test]
@@ -125,11 +118,7 @@ fn quantizer_matches_scalar_model() {
             }
             for (i, (&q, &v)) in d.iter().zip(&x).enumerate() {
                 let scale = fp8_block_scale(amax[block_of(i)], pow2);
-                assert_eq!(
-                    s[block_of(i)].to_bits(),
-                    (1.0 / scale).to_bits(),
-                    "{br}x{bc} element {i}"
-                );
+                assert_eq!(s[block_of(i)].to_bits(), (1.0 / scale).to_bits(), "{br}x{bc} element {i}");
                 assert_eq!(q, f32_to_e4m3(v * scale), "{br}x{bc} element {i}");
             }
         }

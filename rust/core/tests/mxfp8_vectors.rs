@@ -6,11 +6,7 @@ use half::bf16;
 
 /// Quantizes one block of 32 (fp32 or bf16-rounded input) and returns (scale byte, data).
 fn q32(x: &[f32; 32], mode: ScaleMode, elem: Fp8Elem, as_bf16: bool) -> (u8, Vec<u8>) {
-    let dims = Dims3 {
-        outer: 1,
-        k: 32,
-        inner: 1,
-    };
+    let dims = Dims3 { outer: 1, k: 32, inner: 1 };
     let (mut data, mut scale) = (vec![0u8; 32], vec![0u8; 1]);
     if as_bf16 {
         let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
@@ -25,11 +21,7 @@ fn q32(x: &[f32; 32], mode: ScaleMode, elem: Fp8Elem, as_bf16: bool) -> (u8, Vec
 fn check_uniform(v: f32, bf16_in: bool, rceil: (u8, u8), floor: (u8, u8)) {
     for (mode, (s, e)) in [(ScaleMode::Rceil, rceil), (ScaleMode::Floor, floor)] {
         let (scale, data) = q32(&[v; 32], mode, Fp8Elem::E4M3, bf16_in);
-        assert_eq!(
-            (scale, data[0]),
-            (s, e),
-            "{v:e} (bf16 input: {bf16_in}) {mode:?}"
-        );
+        assert_eq!((scale, data[0]), (s, e), "{v:e} (bf16 input: {bf16_in}) {mode:?}");
         assert!(data.iter().all(|&d| d == e));
     }
 }
@@ -76,11 +68,7 @@ fn signed_zero_and_mixed_blocks() {
         let mut x = [1.0f32; 32];
         x[0] = f32::MAX;
         let (s, d) = q32(&x, mode, Fp8Elem::E4M3, false);
-        let (ws, wd) = if mode == ScaleMode::Rceil {
-            (247, 0x78)
-        } else {
-            (246, 0x7E)
-        };
+        let (ws, wd) = if mode == ScaleMode::Rceil { (247, 0x78) } else { (246, 0x7E) };
         assert_eq!((s, d[0]), (ws, wd));
         assert!(d[1..].iter().all(|&b| b == 0));
     }
@@ -112,17 +100,7 @@ fn non_finite_blocks_are_nan() {
                 assert_eq!(s, 0xFF, "{elem:?} {mode:?} {bad}");
                 assert!(d.iter().all(|&b| b == elem.nan()));
                 let mut out = [0f32; 32];
-                mxfp8_dequantize(
-                    &d,
-                    &[s],
-                    Dims3 {
-                        outer: 1,
-                        k: 32,
-                        inner: 1,
-                    },
-                    elem,
-                    &mut out,
-                );
+                mxfp8_dequantize(&d, &[s], Dims3 { outer: 1, k: 32, inner: 1 }, elem, &mut out);
                 assert!(out.iter().all(|v| v.is_nan()));
             }
             let (s, _) = q32(&[f32::NAN; 32], mode, elem, true);
@@ -153,11 +131,7 @@ fn scale_byte_rules() {
 #[test]
 fn e8m0_extreme_scales_dequantize() {
     // TE test_mxfp8_dequantize_extreme_scales: bytes 0, 127, 254, 255.
-    let dims = Dims3 {
-        outer: 1,
-        k: 32,
-        inner: 1,
-    };
+    let dims = Dims3 { outer: 1, k: 32, inner: 1 };
     let data = [0x38u8; 32]; // 1.0
     for (s, want) in [(0u8, 2f32.powi(-127)), (127, 1.0), (254, 2f32.powi(127))] {
         let mut out = [0f32; 32];
@@ -169,28 +143,12 @@ fn e8m0_extreme_scales_dequantize() {
 #[test]
 fn non_last_dim_layout() {
     // (outer=2, k=32, inner=3): block (o, 0, i) is x[o][0..32][i]; scale layout (2, 1, 3).
-    let dims = Dims3 {
-        outer: 2,
-        k: 32,
-        inner: 3,
-    };
-    let x: Vec<f32> = (0..dims.numel())
-        .map(|i| if i % 3 == 1 { 1.0 } else { 448.0 })
-        .collect();
+    let dims = Dims3 { outer: 2, k: 32, inner: 3 };
+    let x: Vec<f32> = (0..dims.numel()).map(|i| if i % 3 == 1 { 1.0 } else { 448.0 }).collect();
     let (mut data, mut scale) = (vec![0u8; dims.numel()], vec![0u8; 6]);
-    mxfp8_quantize(
-        &x,
-        dims,
-        ScaleMode::Rceil,
-        Fp8Elem::E4M3,
-        &mut data,
-        &mut scale,
-    );
+    mxfp8_quantize(&x, dims, ScaleMode::Rceil, Fp8Elem::E4M3, &mut data, &mut scale);
     assert_eq!(scale, [127, 119, 127, 127, 119, 127]);
-    assert!(data
-        .iter()
-        .enumerate()
-        .all(|(i, &b)| b == if i % 3 == 1 { 0x78 } else { 0x7E }));
+    assert!(data.iter().enumerate().all(|(i, &b)| b == if i % 3 == 1 { 0x78 } else { 0x7E }));
 }
 
 #[test]
@@ -199,10 +157,7 @@ fn parse_modes() {
     assert_eq!("floor".parse::<ScaleMode>(), Ok(ScaleMode::Floor));
     assert_eq!("e5m2".parse::<Fp8Elem>(), Ok(Fp8Elem::E5M2));
     let err = "ceil".parse::<ScaleMode>().unwrap_err().to_string();
-    assert!(
-        err.contains("\"ceil\"") && err.contains("rceil, floor"),
-        "{err}"
-    );
+    assert!(err.contains("\"ceil\"") && err.contains("rceil, floor"), "{err}");
     let err = "e4m3fn".parse::<Fp8Elem>().unwrap_err().to_string();
     assert!(err.contains("e4m3, e5m2"), "{err}");
 }

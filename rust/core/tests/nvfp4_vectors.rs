@@ -2,13 +2,7 @@
 
 use deepwell_core::*;
 
-fn quantize(
-    x: &[f32],
-    rows: usize,
-    k: usize,
-    gamax: f32,
-    opts: Nvfp4Options,
-) -> (Vec<u8>, Vec<u8>, f32) {
+fn quantize(x: &[f32], rows: usize, k: usize, gamax: f32, opts: Nvfp4Options) -> (Vec<u8>, Vec<u8>, f32) {
     let (mut data, mut scale) = (vec![0u8; rows * k / 2], vec![0u8; rows * k / 16]);
     let s_dec = nvfp4_quantize(x, rows, k, gamax, &opts, &mut data, &mut scale);
     (data, scale, s_dec)
@@ -49,11 +43,7 @@ fn encode_scale_specials() {
     for g in [0.0, f32::INFINITY, f32::NAN, -0.0] {
         assert_eq!(nvfp4_encode_scale(g), 1.0, "{g}");
     }
-    assert_eq!(
-        nvfp4_encode_scale(f32::from_bits(1)),
-        f32::MAX,
-        "tiny amax saturates"
-    );
+    assert_eq!(nvfp4_encode_scale(f32::from_bits(1)), f32::MAX, "tiny amax saturates");
     assert_eq!(nvfp4_encode_scale(2688.0), 1.0);
     let (_, _, s_dec) = quantize(&[1.0; 16], 1, 16, f32::NAN, Nvfp4Options::default());
     assert_eq!(s_dec, 1.0);
@@ -63,9 +53,7 @@ fn encode_scale_specials() {
 fn packing_and_rne_grid() {
     // global amax 2688 -> S_enc = 1; block amax 6 -> sb = 1.0 (0x38), enc = 1: the grid maps
     // to itself, ties go to even.
-    let x = [
-        0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0,
-    ];
+    let x = [0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0];
     let (data, scale, s_dec) = quantize(&x, 1, 16, 2688.0, Nvfp4Options::default());
     assert_eq!((scale[0], s_dec), (0x38, 1.0));
     let codes: Vec<u8> = data.iter().flat_map(|&b| [b & 0xF, b >> 4]).collect();
@@ -77,15 +65,8 @@ fn non_finite_blocks() {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         for opts in [
             Nvfp4Options::default(),
-            Nvfp4Options {
-                block_2d: true,
-                ..Default::default()
-            },
-            Nvfp4Options {
-                stochastic_seed: Some(3),
-                hadamard: true,
-                ..Default::default()
-            },
+            Nvfp4Options { block_2d: true, ..Default::default() },
+            Nvfp4Options { stochastic_seed: Some(3), hadamard: true, ..Default::default() },
         ] {
             let mut x = vec![1.0f32; 16 * 32];
             x[17] = bad; // row 0, block 1

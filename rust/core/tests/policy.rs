@@ -16,26 +16,10 @@ const CPU: Arch = Arch::CPU;
 
 /// A mid-model MLP site of a 24-site model, 4096 -> 14336.
 fn mlp() -> LayerInfo {
-    site(
-        "layers.3.mlp.up_proj",
-        "Linear",
-        Role::Mlp,
-        7,
-        24,
-        4096,
-        14336,
-    )
+    site("layers.3.mlp.up_proj", "Linear", Role::Mlp, 7, 24, 4096, 14336)
 }
 
-fn site(
-    name: &str,
-    ty: &str,
-    role: Role,
-    index: usize,
-    count: usize,
-    i: usize,
-    o: usize,
-) -> LayerInfo {
+fn site(name: &str, ty: &str, role: Role, index: usize, count: usize, i: usize, o: usize) -> LayerInfo {
     LayerInfo {
         name: name.to_string(),
         module_type: ty.to_string(),
@@ -48,10 +32,7 @@ fn site(
 }
 
 fn fixed(r: Recipe) -> Policy {
-    Policy {
-        precision: Precision::Fixed(r),
-        ..Policy::default()
-    }
+    Policy { precision: Precision::Fixed(r), ..Policy::default() }
 }
 
 // ---------------------------------------------------------------- recipes, arch, auto
@@ -87,16 +68,8 @@ fn native_recipes_per_arch() {
         assert_eq!(native_recipes(arch), want, "{arch}");
         for r in Recipe::ALL {
             assert_eq!(is_native(r, arch), want.contains(&r), "{r} on {arch}");
-            assert_eq!(
-                is_emulated(r, arch),
-                r != Bf16 && !want.contains(&r),
-                "{r} on {arch}"
-            );
-            assert_eq!(
-                why_not_native(r, arch).is_empty(),
-                !is_emulated(r, arch),
-                "{r} on {arch}"
-            );
+            assert_eq!(is_emulated(r, arch), r != Bf16 && !want.contains(&r), "{r} on {arch}");
+            assert_eq!(why_not_native(r, arch).is_empty(), !is_emulated(r, arch), "{r} on {arch}");
         }
     }
 }
@@ -104,24 +77,12 @@ fn native_recipes_per_arch() {
 #[test]
 fn auto_on_each_arch() {
     for (arch, want, says) in [
-        (
-            B200,
-            Recipe::Mxfp8,
-            "fastest native recipe on sm_100 (datacenter Blackwell)",
-        ),
+        (B200, Recipe::Mxfp8, "fastest native recipe on sm_100 (datacenter Blackwell)"),
         (B300, Recipe::Mxfp8, "sm_103"),
         (RTX5090, Recipe::Mxfp8, "sm_120 (consumer Blackwell)"),
         (SPARK, Recipe::Mxfp8, "sm_121"),
-        (
-            HOPPER,
-            Recipe::Fp8Block,
-            "fp8_block is the fastest native recipe on sm_90 (Hopper)",
-        ),
-        (
-            ADA,
-            Recipe::Bf16,
-            "sm_89 (Ada) has no native block-scaled recipe",
-        ),
+        (HOPPER, Recipe::Fp8Block, "fp8_block is the fastest native recipe on sm_90 (Hopper)"),
+        (ADA, Recipe::Bf16, "sm_89 (Ada) has no native block-scaled recipe"),
         (A100, Recipe::Bf16, "sm_80 (pre-Ada GPU)"),
         (THOR, Recipe::Bf16, "sm_110 (unvalidated GPU)"),
         (CPU, Recipe::Bf16, "cpu (CPU) has no native"),
@@ -132,21 +93,14 @@ fn auto_on_each_arch() {
         assert!(reason.contains(says), "{arch}: {reason}");
         // The same through the policy, on a site no other rule touches.
         let d = decide(&Policy::default(), &mlp(), arch);
-        assert_eq!(
-            (d.recipe, d.emulated, d.rule),
-            (want, false, Rule::Precision),
-            "{arch}"
-        );
+        assert_eq!((d.recipe, d.emulated, d.rule), (want, false, Rule::Precision), "{arch}");
         assert!(d.reason.starts_with(&reason), "{arch}: {}", d.reason);
     }
 }
 
 #[test]
 fn parse_errors_are_core_errors() {
-    assert!(matches!(
-        "e4m3".parse::<Recipe>(),
-        Err(CoreError::UnknownMode { what: "recipe", .. })
-    ));
+    assert!(matches!("e4m3".parse::<Recipe>(), Err(CoreError::UnknownMode { what: "recipe", .. })));
     assert_eq!("wgrad".parse::<Pass>(), Ok(Pass::Wgrad));
     assert!("bwd".parse::<Pass>().is_err());
     assert_eq!("lm_head".parse::<Role>(), Ok(Role::LmHead));
@@ -168,148 +122,64 @@ fn roles_kept_in_bf16() {
         (Role::LmHead, "LM head (logits) stays bf16 by policy"),
     ] {
         for arch in [HOPPER, B200, CPU] {
-            let d = decide(
-                &fixed(Recipe::Mxfp8),
-                &site("x", "Linear", role, 5, 24, 4096, 4096),
-                arch,
-            );
-            assert_eq!(
-                (d.recipe, d.emulated, d.rule),
-                (Recipe::Bf16, false, Rule::Role)
-            );
+            let d = decide(&fixed(Recipe::Mxfp8), &site("x", "Linear", role, 5, 24, 4096, 4096), arch);
+            assert_eq!((d.recipe, d.emulated, d.rule), (Recipe::Bf16, false, Rule::Role));
             assert_eq!(d.reason, says);
         }
     }
     for role in [Role::Attention, Role::Mlp, Role::Experts, Role::Other] {
-        let d = decide(
-            &fixed(Recipe::Mxfp8),
-            &site("x", "Linear", role, 5, 24, 4096, 4096),
-            B200,
-        );
-        assert_eq!(
-            (d.recipe, d.rule),
-            (Recipe::Mxfp8, Rule::Precision),
-            "{role:?}"
-        );
+        let d = decide(&fixed(Recipe::Mxfp8), &site("x", "Linear", role, 5, 24, 4096, 4096), B200);
+        assert_eq!((d.recipe, d.rule), (Recipe::Mxfp8, Rule::Precision), "{role:?}");
     }
 }
 
 #[test]
 fn first_and_last_sites() {
     let p = fixed(Recipe::Fp8Block);
-    let at = |i, n| {
-        decide(
-            &p,
-            &site("x", "Linear", Role::Attention, i, n, 4096, 4096),
-            HOPPER,
-        )
-    };
+    let at = |i, n| decide(&p, &site("x", "Linear", Role::Attention, i, n, 4096, 4096), HOPPER);
     let d = at(0, 24);
     assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::FirstLast));
-    assert_eq!(
-        d.reason,
-        "first GEMM site (1 of 24): bf16 by policy (first_last_bf16)"
-    );
+    assert_eq!(d.reason, "first GEMM site (1 of 24): bf16 by policy (first_last_bf16)");
     let d = at(23, 24);
     assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::FirstLast));
-    assert_eq!(
-        d.reason,
-        "last GEMM site (24 of 24): bf16 by policy (first_last_bf16)"
-    );
+    assert_eq!(d.reason, "last GEMM site (24 of 24): bf16 by policy (first_last_bf16)");
     let d = at(0, 1);
-    assert!(
-        d.reason.starts_with("first and last GEMM site (1 of 1)"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.starts_with("first and last GEMM site (1 of 1)"), "{}", d.reason);
     for i in [1, 12, 22] {
         assert_eq!(at(i, 24).recipe, Recipe::Fp8Block, "site {i}");
     }
     // count 0 = unknown position: no first/last rule.
     assert_eq!(at(0, 0).recipe, Recipe::Fp8Block);
     // Switched off.
-    let off = Policy {
-        first_last_bf16: false,
-        ..p.clone()
-    };
-    let d = decide(
-        &off,
-        &site("x", "Linear", Role::Mlp, 0, 24, 4096, 4096),
-        HOPPER,
-    );
+    let off = Policy { first_last_bf16: false, ..p.clone() };
+    let d = decide(&off, &site("x", "Linear", Role::Mlp, 0, 24, 4096, 4096), HOPPER);
     assert_eq!((d.recipe, d.rule), (Recipe::Fp8Block, Rule::Precision));
     // Role comes before position.
-    let d = decide(
-        &p,
-        &site("lm_head", "Linear", Role::LmHead, 23, 24, 4096, 4096),
-        HOPPER,
-    );
+    let d = decide(&p, &site("lm_head", "Linear", Role::LmHead, 23, 24, 4096, 4096), HOPPER);
     assert_eq!(d.rule, Rule::Role);
 }
 
 #[test]
 fn divisibility_guard() {
-    for (r, block, arch) in [
-        (Recipe::Mxfp8, 32, B200),
-        (Recipe::Nvfp4, 16, B200),
-        (Recipe::Fp8Block, 128, HOPPER),
-    ] {
-        let d = decide(
-            &fixed(r),
-            &site("x", "Linear", Role::Mlp, 3, 9, 100 * 64 + 4, 4096),
-            arch,
-        );
-        assert_eq!(
-            (d.recipe, d.rule),
-            (Recipe::Bf16, Rule::BlockDivisibility),
-            "{r}"
-        );
-        assert_eq!(
-            d.reason,
-            format!("K=6404 not divisible by {block} ({r} block): bf16")
-        );
+    for (r, block, arch) in [(Recipe::Mxfp8, 32, B200), (Recipe::Nvfp4, 16, B200), (Recipe::Fp8Block, 128, HOPPER)] {
+        let d = decide(&fixed(r), &site("x", "Linear", Role::Mlp, 3, 9, 100 * 64 + 4, 4096), arch);
+        assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::BlockDivisibility), "{r}");
+        assert_eq!(d.reason, format!("K=6404 not divisible by {block} ({r} block): bf16"));
         // out_features is dgrad's K.
-        let d = decide(
-            &fixed(r),
-            &site("x", "Linear", Role::Mlp, 3, 9, 4096, 4100),
-            arch,
-        );
-        assert_eq!(
-            (d.recipe, d.rule),
-            (Recipe::Bf16, Rule::BlockDivisibility),
-            "{r}"
-        );
-        assert!(
-            d.reason
-                .starts_with("out_features=4100 (dgrad's K) not divisible"),
-            "{}",
-            d.reason
-        );
+        let d = decide(&fixed(r), &site("x", "Linear", Role::Mlp, 3, 9, 4096, 4100), arch);
+        assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::BlockDivisibility), "{r}");
+        assert!(d.reason.starts_with("out_features=4100 (dgrad's K) not divisible"), "{}", d.reason);
     }
     // The brief's example, with min_features off so only divisibility can fire.
-    let p = Policy {
-        min_features: 0,
-        ..fixed(Recipe::Mxfp8)
-    };
+    let p = Policy { min_features: 0, ..fixed(Recipe::Mxfp8) };
     let d = decide(&p, &site("x", "Linear", Role::Mlp, 3, 9, 100, 64), B200);
     assert_eq!(d.reason, "K=100 not divisible by 32 (mxfp8 block): bf16");
     // 1x16 fits where 1x32 does not.
-    let d = decide(
-        &fixed(Recipe::Nvfp4),
-        &site("x", "Linear", Role::Mlp, 3, 9, 4112, 4096),
-        B200,
-    );
+    let d = decide(&fixed(Recipe::Nvfp4), &site("x", "Linear", Role::Mlp, 3, 9, 4112, 4096), B200);
     assert_eq!(d.recipe, Recipe::Nvfp4);
     // bf16 has no blocks: the guard never fires.
-    let d = decide(
-        &fixed(Recipe::Bf16),
-        &site("x", "Linear", Role::Mlp, 3, 9, 100, 100),
-        B200,
-    );
-    assert_eq!(
-        (d.recipe, d.rule, d.reason.as_str()),
-        (Recipe::Bf16, Rule::Precision, "policy precision bf16")
-    );
+    let d = decide(&fixed(Recipe::Bf16), &site("x", "Linear", Role::Mlp, 3, 9, 100, 100), B200);
+    assert_eq!((d.recipe, d.rule, d.reason.as_str()), (Recipe::Bf16, Rule::Precision, "policy precision bf16"));
 }
 
 #[test]
@@ -317,84 +187,35 @@ fn min_features_guard() {
     let p = fixed(Recipe::Mxfp8);
     let d = decide(&p, &site("x", "Linear", Role::Mlp, 3, 9, 256, 4096), B200);
     assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::MinFeatures));
-    assert_eq!(
-        d.reason,
-        "in_features=256 < min_features=512: too small to gain: bf16"
-    );
+    assert_eq!(d.reason, "in_features=256 < min_features=512: too small to gain: bf16");
     let d = decide(&p, &site("x", "Linear", Role::Mlp, 3, 9, 4096, 480), B200);
-    assert_eq!(
-        d.reason,
-        "out_features=480 < min_features=512: too small to gain: bf16"
-    );
+    assert_eq!(d.reason, "out_features=480 < min_features=512: too small to gain: bf16");
     // Exactly at the minimum is large enough.
-    assert_eq!(
-        decide(&p, &site("x", "Linear", Role::Mlp, 3, 9, 512, 512), B200).recipe,
-        Recipe::Mxfp8
-    );
+    assert_eq!(decide(&p, &site("x", "Linear", Role::Mlp, 3, 9, 512, 512), B200).recipe, Recipe::Mxfp8);
     // 0 disables the guard.
-    let p0 = Policy {
-        min_features: 0,
-        ..p
-    };
-    assert_eq!(
-        decide(&p0, &site("x", "Linear", Role::Mlp, 3, 9, 32, 32), B200).recipe,
-        Recipe::Mxfp8
-    );
+    let p0 = Policy { min_features: 0, ..p };
+    assert_eq!(decide(&p0, &site("x", "Linear", Role::Mlp, 3, 9, 32, 32), B200).recipe, Recipe::Mxfp8);
 }
 
 #[test]
 fn divisibility_is_checked_before_size() {
-    let d = decide(
-        &fixed(Recipe::Mxfp8),
-        &site("x", "Linear", Role::Mlp, 3, 9, 100, 100),
-        B200,
-    );
+    let d = decide(&fixed(Recipe::Mxfp8), &site("x", "Linear", Role::Mlp, 3, 9, 100, 100), B200);
     assert_eq!(d.rule, Rule::BlockDivisibility);
 }
 
 #[test]
 fn emulated_flags_and_reasons() {
     for (r, arch, emulated, says) in [
-        (
-            Recipe::Mxfp8,
-            B200,
-            false,
-            "policy precision mxfp8; native on sm_100",
-        ),
+        (Recipe::Mxfp8, B200, false, "policy precision mxfp8; native on sm_100"),
         (Recipe::Nvfp4, SPARK, false, "native on sm_121"),
         (Recipe::Fp8Block, HOPPER, false, "native on sm_90"),
-        (
-            Recipe::Mxfp8,
-            HOPPER,
-            true,
-            "emulated on this device (sm_90: cuBLASLt VEC32_UE8M0 (MXFP8) needs CC 10.0+)",
-        ),
-        (
-            Recipe::Nvfp4,
-            HOPPER,
-            true,
-            "VEC16_UE4M3 (NVFP4) needs CC 10.0+",
-        ),
-        (
-            Recipe::Fp8Block,
-            B200,
-            true,
-            "blockwise 1x128/128x128 scaling is sm_90 only",
-        ),
+        (Recipe::Mxfp8, HOPPER, true, "emulated on this device (sm_90: cuBLASLt VEC32_UE8M0 (MXFP8) needs CC 10.0+)"),
+        (Recipe::Nvfp4, HOPPER, true, "VEC16_UE4M3 (NVFP4) needs CC 10.0+"),
+        (Recipe::Fp8Block, B200, true, "blockwise 1x128/128x128 scaling is sm_90 only"),
         (Recipe::Fp8Block, ADA, true, "needs CC 9.0"),
         (Recipe::Mxfp8, A100, true, "emulated on this device"),
-        (
-            Recipe::Mxfp8,
-            THOR,
-            true,
-            "sm_110 is not in deepwell's validated table",
-        ),
-        (
-            Recipe::Nvfp4,
-            CPU,
-            true,
-            "the CPU has no low-precision GEMM (reference path)",
-        ),
+        (Recipe::Mxfp8, THOR, true, "sm_110 is not in deepwell's validated table"),
+        (Recipe::Nvfp4, CPU, true, "the CPU has no low-precision GEMM (reference path)"),
         (Recipe::Bf16, CPU, false, "policy precision bf16"),
     ] {
         let d = decide(&fixed(r), &mlp(), arch);
@@ -417,148 +238,58 @@ fn name_override_by_glob() {
     };
     // First matching glob wins, even though the second matches too.
     let d = decide(&p, &mlp(), B200);
-    assert_eq!(
-        (d.recipe, d.rule, d.emulated),
-        (Recipe::Nvfp4, Rule::NameOverride, false)
-    );
-    assert_eq!(
-        d.reason,
-        "name override \"layers.*.mlp.*\" -> nvfp4; native on sm_100"
-    );
-    let attn = site(
-        "layers.3.attn.q_proj",
-        "Linear",
-        Role::Attention,
-        4,
-        24,
-        4096,
-        4096,
-    );
+    assert_eq!((d.recipe, d.rule, d.emulated), (Recipe::Nvfp4, Rule::NameOverride, false));
+    assert_eq!(d.reason, "name override \"layers.*.mlp.*\" -> nvfp4; native on sm_100");
+    let attn = site("layers.3.attn.q_proj", "Linear", Role::Attention, 4, 24, 4096, 4096);
     let d = decide(&p, &attn, B200);
     assert_eq!((d.recipe, d.emulated), (Recipe::Fp8Block, true));
-    assert!(
-        d.reason
-            .starts_with("name override \"layers.3.*\" -> fp8_block; emulated"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.starts_with("name override \"layers.3.*\" -> fp8_block; emulated"), "{}", d.reason);
     // No match: defaults.
-    let other = site(
-        "layers.4.attn.q_proj",
-        "Linear",
-        Role::Attention,
-        5,
-        24,
-        4096,
-        4096,
-    );
+    let other = site("layers.4.attn.q_proj", "Linear", Role::Attention, 5, 24, 4096, 4096);
     assert_eq!(decide(&p, &other, B200).rule, Rule::Precision);
     // `?` and literal names.
-    let p = Policy {
-        name_overrides: vec![("layers.?.attn.q_proj".to_string(), Recipe::Bf16)],
-        ..fixed(Recipe::Mxfp8)
-    };
+    let p = Policy { name_overrides: vec![("layers.?.attn.q_proj".to_string(), Recipe::Bf16)], ..fixed(Recipe::Mxfp8) };
     let d = decide(&p, &attn, B200);
     assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::NameOverride));
     assert_eq!(d.reason, "name override \"layers.?.attn.q_proj\" -> bf16");
-    let wide = site(
-        "layers.13.attn.q_proj",
-        "Linear",
-        Role::Attention,
-        5,
-        24,
-        4096,
-        4096,
-    );
+    let wide = site("layers.13.attn.q_proj", "Linear", Role::Attention, 5, 24, 4096, 4096);
     assert_eq!(decide(&p, &wide, B200).recipe, Recipe::Mxfp8);
 }
 
 #[test]
 fn type_override() {
     let p = Policy {
-        type_overrides: vec![
-            ("Conv1D".to_string(), Recipe::Mxfp8),
-            ("GroupedExperts".to_string(), Recipe::Nvfp4),
-        ],
+        type_overrides: vec![("Conv1D".to_string(), Recipe::Mxfp8), ("GroupedExperts".to_string(), Recipe::Nvfp4)],
         ..fixed(Recipe::Fp8Block)
     };
-    let d = decide(
-        &p,
-        &site("h.3.mlp.c_fc", "Conv1D", Role::Mlp, 7, 24, 768, 3072),
-        HOPPER,
-    );
-    assert_eq!(
-        (d.recipe, d.rule, d.emulated),
-        (Recipe::Mxfp8, Rule::TypeOverride, true)
-    );
-    assert!(
-        d.reason
-            .starts_with("type override \"Conv1D\" -> mxfp8; emulated on this device"),
-        "{}",
-        d.reason
-    );
-    let d = decide(
-        &p,
-        &site(
-            "layers.1.moe.experts",
-            "GroupedExperts",
-            Role::Experts,
-            3,
-            24,
-            2048,
-            1408,
-        ),
-        B200,
-    );
+    let d = decide(&p, &site("h.3.mlp.c_fc", "Conv1D", Role::Mlp, 7, 24, 768, 3072), HOPPER);
+    assert_eq!((d.recipe, d.rule, d.emulated), (Recipe::Mxfp8, Rule::TypeOverride, true));
+    assert!(d.reason.starts_with("type override \"Conv1D\" -> mxfp8; emulated on this device"), "{}", d.reason);
+    let d = decide(&p, &site("layers.1.moe.experts", "GroupedExperts", Role::Experts, 3, 24, 2048, 1408), B200);
     assert_eq!((d.recipe, d.rule), (Recipe::Nvfp4, Rule::TypeOverride));
     // Exact, case-sensitive type names.
-    let d = decide(
-        &p,
-        &site("x", "conv1d", Role::Mlp, 7, 24, 768, 3072),
-        HOPPER,
-    );
+    let d = decide(&p, &site("x", "conv1d", Role::Mlp, 7, 24, 768, 3072), HOPPER);
     assert_eq!((d.recipe, d.rule), (Recipe::Fp8Block, Rule::Precision));
 }
 
 #[test]
 fn precedence() {
     let p = Policy {
-        name_overrides: vec![
-            ("lm_head".to_string(), Recipe::Mxfp8),
-            ("layers.0.*".to_string(), Recipe::Mxfp8),
-        ],
+        name_overrides: vec![("lm_head".to_string(), Recipe::Mxfp8), ("layers.0.*".to_string(), Recipe::Mxfp8)],
         type_overrides: vec![("Linear".to_string(), Recipe::Nvfp4)],
         ..fixed(Recipe::Fp8Block)
     };
     // Name beats type.
     let head = site("lm_head", "Linear", Role::LmHead, 23, 24, 4096, 128_256);
     let d = decide(&p, &head, B200);
-    assert_eq!(
-        (d.recipe, d.rule),
-        (Recipe::Mxfp8, Rule::NameOverride),
-        "{}",
-        d.reason
-    );
+    assert_eq!((d.recipe, d.rule), (Recipe::Mxfp8, Rule::NameOverride), "{}", d.reason);
     // A name override beats the first-site rule.
-    let first = site(
-        "layers.0.attn.q_proj",
-        "Linear",
-        Role::Attention,
-        0,
-        24,
-        4096,
-        4096,
-    );
+    let first = site("layers.0.attn.q_proj", "Linear", Role::Attention, 0, 24, 4096, 4096);
     assert_eq!(decide(&p, &first, B200).rule, Rule::NameOverride);
     // The type override beats roles, position and min_features.
     let router = site("layers.1.moe.gate", "Linear", Role::Router, 0, 24, 4096, 64);
     let d = decide(&p, &router, B200);
-    assert_eq!(
-        (d.recipe, d.rule),
-        (Recipe::Nvfp4, Rule::TypeOverride),
-        "{}",
-        d.reason
-    );
+    assert_eq!((d.recipe, d.rule), (Recipe::Nvfp4, Rule::TypeOverride), "{}", d.reason);
     // Roles beat first/last, and first/last beats the guards.
     let p2 = fixed(Recipe::Mxfp8);
     let norm = site("norm", "RMSNorm", Role::Norm, 0, 24, 100, 100);
@@ -574,32 +305,17 @@ fn override_respects_block_divisibility() {
         type_overrides: vec![("Odd".to_string(), Recipe::Mxfp8)],
         ..Policy::default()
     };
-    let d = decide(
-        &p,
-        &site("layers.2.odd", "Linear", Role::Mlp, 5, 24, 4160, 4096),
-        HOPPER,
-    );
-    assert_eq!(
-        (d.recipe, d.emulated, d.rule),
-        (Recipe::Bf16, false, Rule::BlockDivisibility)
-    );
+    let d = decide(&p, &site("layers.2.odd", "Linear", Role::Mlp, 5, 24, 4160, 4096), HOPPER);
+    assert_eq!((d.recipe, d.emulated, d.rule), (Recipe::Bf16, false, Rule::BlockDivisibility));
     assert_eq!(
         d.reason,
         "name override \"*.odd\" -> fp8_block, but K=4160 not divisible by 128 (fp8_block block): bf16"
     );
     let d = decide(&p, &site("x", "Odd", Role::Mlp, 5, 24, 4096, 1000), B200);
     assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::BlockDivisibility));
-    assert!(
-        d.reason
-            .starts_with("type override \"Odd\" -> mxfp8, but out_features=1000"),
-        "{}",
-        d.reason
-    );
+    assert!(d.reason.starts_with("type override \"Odd\" -> mxfp8, but out_features=1000"), "{}", d.reason);
     // An override to bf16 always applies.
-    let p = Policy {
-        name_overrides: vec![("*".to_string(), Recipe::Bf16)],
-        ..Policy::default()
-    };
+    let p = Policy { name_overrides: vec![("*".to_string(), Recipe::Bf16)], ..Policy::default() };
     let d = decide(&p, &site("x", "Linear", Role::Mlp, 5, 24, 100, 100), HOPPER);
     assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::NameOverride));
 }
@@ -612,41 +328,18 @@ fn aligned(pass: Pass) -> GemmShape {
 
 #[test]
 fn shapes_per_pass() {
-    assert_eq!(
-        GemmShape::linear(Pass::Fprop, 8, 3, 5),
-        GemmShape { m: 8, n: 5, k: 3 }
-    );
-    assert_eq!(
-        GemmShape::linear(Pass::Dgrad, 8, 3, 5),
-        GemmShape { m: 8, n: 3, k: 5 }
-    );
-    assert_eq!(
-        GemmShape::linear(Pass::Wgrad, 8, 3, 5),
-        GemmShape { m: 5, n: 3, k: 8 }
-    );
+    assert_eq!(GemmShape::linear(Pass::Fprop, 8, 3, 5), GemmShape { m: 8, n: 5, k: 3 });
+    assert_eq!(GemmShape::linear(Pass::Dgrad, 8, 3, 5), GemmShape { m: 8, n: 3, k: 5 });
+    assert_eq!(GemmShape::linear(Pass::Wgrad, 8, 3, 5), GemmShape { m: 5, n: 3, k: 8 });
 }
 
 #[test]
 fn every_table_cell() {
     use GemmBackend::*;
     use ScalingType::*;
-    let blk = |b| ScaledMmBlockwise {
-        a: BlockWise1x128,
-        b,
-    };
+    let blk = |b| ScaledMmBlockwise { a: BlockWise1x128, b };
     let emu = |recipe| Emulated { recipe };
-    let gpus = [
-        HOPPER,
-        B200,
-        B300,
-        RTX5090,
-        SPARK,
-        ADA,
-        A100,
-        Arch::sm(7, 5),
-        THOR,
-        Arch::sm(13, 0),
-    ];
+    let gpus = [HOPPER, B200, B300, RTX5090, SPARK, ADA, A100, Arch::sm(7, 5), THOR, Arch::sm(13, 0)];
     for arch in gpus.into_iter().chain([CPU]) {
         let fam = arch.family();
         let blackwell = matches!(fam, ArchFamily::Blackwell | ArchFamily::BlackwellConsumer);
@@ -655,25 +348,15 @@ fn every_table_cell() {
                 let want = match recipe {
                     Recipe::Bf16 if arch == CPU => CpuMatmul,
                     Recipe::Bf16 => CublasBf16,
-                    Recipe::Fp8Block if fam == ArchFamily::Hopper && pass == Pass::Wgrad => {
-                        blk(BlockWise1x128)
-                    }
+                    Recipe::Fp8Block if fam == ArchFamily::Hopper && pass == Pass::Wgrad => blk(BlockWise1x128),
                     Recipe::Fp8Block if fam == ArchFamily::Hopper => blk(BlockWise128x128),
-                    Recipe::Mxfp8 if blackwell => ScaledMmMx {
-                        block: BlockWise1x32,
-                    },
-                    Recipe::Nvfp4 if blackwell => ScaledMmMx {
-                        block: BlockWise1x16,
-                    },
+                    Recipe::Mxfp8 if blackwell => ScaledMmMx { block: BlockWise1x32 },
+                    Recipe::Nvfp4 if blackwell => ScaledMmMx { block: BlockWise1x16 },
                     r => emu(r),
                 };
                 let c = gemm_backend(recipe, arch, pass, aligned(pass));
                 assert_eq!(c.backend, want, "{recipe} {pass} on {arch}");
-                assert_eq!(
-                    c.emulated,
-                    matches!(want, Emulated { .. }),
-                    "{recipe} {pass} on {arch}"
-                );
+                assert_eq!(c.emulated, matches!(want, Emulated { .. }), "{recipe} {pass} on {arch}");
                 assert_eq!(c.emulated, is_emulated(recipe, arch));
                 let tag = if c.emulated {
                     "emulated"
@@ -697,38 +380,15 @@ fn describe_lines() {
     assert_eq!(CublasBf16.describe(), "bf16 torch.matmul (cuBLAS)");
     assert_eq!(CpuMatmul.describe(), "torch.matmul on CPU");
     assert_eq!(
-        ScaledMmBlockwise {
-            a: BlockWise1x128,
-            b: BlockWise128x128
-        }
-        .describe(),
+        ScaledMmBlockwise { a: BlockWise1x128, b: BlockWise128x128 }.describe(),
         "cuBLASLt FP8 blockwise 1x128 x 128x128 (aten::_scaled_mm_v2, fp32 scales)"
     );
-    assert!(ScaledMmMx {
-        block: BlockWise1x32
-    }
-    .describe()
-    .starts_with("cuBLASLt MXFP8 block-scaled 1x32"));
-    assert!(ScaledMmMx {
-        block: BlockWise1x16
-    }
-    .describe()
-    .starts_with("cuBLASLt NVFP4 block-scaled 1x16"));
-    assert!(Emulated {
-        recipe: Recipe::Mxfp8
-    }
-    .describe()
-    .starts_with("mxfp8 emulated"));
+    assert!(ScaledMmMx { block: BlockWise1x32 }.describe().starts_with("cuBLASLt MXFP8 block-scaled 1x32"));
+    assert!(ScaledMmMx { block: BlockWise1x16 }.describe().starts_with("cuBLASLt NVFP4 block-scaled 1x16"));
+    assert!(Emulated { recipe: Recipe::Mxfp8 }.describe().starts_with("mxfp8 emulated"));
     // torch.nn.functional.ScalingType's integers.
-    let codes: Vec<i64> = [
-        BlockWise1x16,
-        BlockWise1x32,
-        BlockWise1x128,
-        BlockWise128x128,
-    ]
-    .iter()
-    .map(|s| s.torch_code())
-    .collect();
+    let codes: Vec<i64> =
+        [BlockWise1x16, BlockWise1x32, BlockWise1x128, BlockWise128x128].iter().map(|s| s.torch_code()).collect();
     assert_eq!(codes, [2, 3, 4, 5]);
 }
 
@@ -738,28 +398,11 @@ fn k_not_divisible_runs_unquantized() {
     let s = GemmShape::linear(Pass::Wgrad, 1000, 4096, 4096);
     let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Wgrad, s);
     assert_eq!((c.backend, c.emulated), (GemmBackend::CublasBf16, false));
-    assert_eq!(
-        c.reason,
-        "fp8_block wgrad: K=1000 not divisible by 128: unquantized bf16 GEMM"
-    );
-    let c = gemm_backend(
-        Recipe::Mxfp8,
-        CPU,
-        Pass::Wgrad,
-        GemmShape::linear(Pass::Wgrad, 48, 64, 64),
-    );
+    assert_eq!(c.reason, "fp8_block wgrad: K=1000 not divisible by 128: unquantized bf16 GEMM");
+    let c = gemm_backend(Recipe::Mxfp8, CPU, Pass::Wgrad, GemmShape::linear(Pass::Wgrad, 48, 64, 64));
     assert_eq!((c.backend, c.emulated), (GemmBackend::CpuMatmul, false));
     // Emulated recipes need whole blocks too.
-    let c = gemm_backend(
-        Recipe::Mxfp8,
-        HOPPER,
-        Pass::Fprop,
-        GemmShape {
-            m: 64,
-            n: 64,
-            k: 48,
-        },
-    );
+    let c = gemm_backend(Recipe::Mxfp8, HOPPER, Pass::Fprop, GemmShape { m: 64, n: 64, k: 48 });
     assert_eq!(c.backend, GemmBackend::CublasBf16);
 }
 
@@ -768,47 +411,11 @@ fn kernel_shape_rules_fall_back_to_emulation() {
     let emu = |r| GemmBackend::Emulated { recipe: r };
     for (r, arch, shape, says) in [
         // sm_90 blockwise: M % 4 (M-major 1x128 scales), N % 16 (_scaled_mm_v2).
-        (
-            Recipe::Fp8Block,
-            HOPPER,
-            GemmShape {
-                m: 8190,
-                n: 4096,
-                k: 4096,
-            },
-            "M=8190 not a multiple of 4",
-        ),
-        (
-            Recipe::Fp8Block,
-            HOPPER,
-            GemmShape {
-                m: 8192,
-                n: 4100,
-                k: 4096,
-            },
-            "N=4100 not a multiple of 16",
-        ),
-        (
-            Recipe::Mxfp8,
-            B200,
-            GemmShape {
-                m: 8192,
-                n: 1000,
-                k: 4096,
-            },
-            "N=1000 not a multiple of 16",
-        ),
+        (Recipe::Fp8Block, HOPPER, GemmShape { m: 8190, n: 4096, k: 4096 }, "M=8190 not a multiple of 4"),
+        (Recipe::Fp8Block, HOPPER, GemmShape { m: 8192, n: 4100, k: 4096 }, "N=4100 not a multiple of 16"),
+        (Recipe::Mxfp8, B200, GemmShape { m: 8192, n: 1000, k: 4096 }, "N=1000 not a multiple of 16"),
         // NVFP4 packs two codes per byte: K % 32 for _scaled_mm_v2's 16-byte check.
-        (
-            Recipe::Nvfp4,
-            B200,
-            GemmShape {
-                m: 8192,
-                n: 4096,
-                k: 4112,
-            },
-            "K=4112 not a multiple of 32",
-        ),
+        (Recipe::Nvfp4, B200, GemmShape { m: 8192, n: 4096, k: 4112 }, "K=4112 not a multiple of 32"),
     ] {
         let c = gemm_backend(r, arch, Pass::Fprop, shape);
         assert_eq!((c.backend, c.emulated), (emu(r), true), "{r} {shape:?}");
@@ -816,41 +423,17 @@ fn kernel_shape_rules_fall_back_to_emulation() {
         assert!(c.reason.contains("emulated on"), "{}", c.reason);
     }
     // Any M works for the MX modes (scales are padded to 128 rows).
-    let c = gemm_backend(
-        Recipe::Mxfp8,
-        B200,
-        Pass::Fprop,
-        GemmShape {
-            m: 7,
-            n: 4096,
-            k: 4096,
-        },
-    );
+    let c = gemm_backend(Recipe::Mxfp8, B200, Pass::Fprop, GemmShape { m: 7, n: 4096, k: 4096 });
     assert!(!c.emulated);
     // M % 4 holds at the boundary.
-    let c = gemm_backend(
-        Recipe::Fp8Block,
-        HOPPER,
-        Pass::Wgrad,
-        GemmShape {
-            m: 4,
-            n: 16,
-            k: 128,
-        },
-    );
+    let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Wgrad, GemmShape { m: 4, n: 16, k: 128 });
     assert!(!c.emulated);
 }
 
 // ---------------------------------------------------------------- guardrails
 
 fn stats(saturated: u64, numel: u64) -> LayerStats {
-    LayerStats {
-        saturated,
-        numel,
-        amax_input: 3.5,
-        amax_output: 10.0,
-        ..LayerStats::default()
-    }
+    LayerStats { saturated, numel, amax_input: 3.5, amax_output: 10.0, ..LayerStats::default() }
 }
 
 #[test]
@@ -863,15 +446,10 @@ fn guardrail_saturation_threshold() {
     assert_eq!(check(&stats(1, 1_000), &cfg), None);
     // Just above: falls back, naming the counts.
     let f = check(&stats(1_001, 1_000_000), &cfg).expect("above the threshold");
-    assert_eq!(
-        f.reason,
-        "guardrail: 1001 of 1000000 elements saturated (0.1001% > 0.1000%): bf16 fallback"
-    );
+    assert_eq!(f.reason, "guardrail: 1001 of 1000000 elements saturated (0.1001% > 0.1000%): bf16 fallback");
     assert!(check(&stats(2, 1_000), &cfg).is_some());
     // A custom threshold, and nothing counted.
-    let strict = GuardrailConfig {
-        saturation_threshold: 0.0,
-    };
+    let strict = GuardrailConfig { saturation_threshold: 0.0 };
     assert!(check(&stats(1, u64::MAX), &strict).is_some());
     assert_eq!(check(&stats(0, 0), &strict), None);
 }
@@ -879,47 +457,19 @@ fn guardrail_saturation_threshold() {
 #[test]
 fn guardrail_non_finite() {
     let cfg = GuardrailConfig::default();
-    let s = LayerStats {
-        input_nonfinite: 3,
-        ..stats(0, 4096)
-    };
-    assert_eq!(
-        check(&s, &cfg).unwrap().reason,
-        "guardrail: 3 non-finite input values: bf16 fallback"
-    );
-    let s = LayerStats {
-        output_nonfinite: 1,
-        ..stats(0, 4096)
-    };
-    assert_eq!(
-        check(&s, &cfg).unwrap().reason,
-        "guardrail: 1 non-finite output values: bf16 fallback"
-    );
+    let s = LayerStats { input_nonfinite: 3, ..stats(0, 4096) };
+    assert_eq!(check(&s, &cfg).unwrap().reason, "guardrail: 3 non-finite input values: bf16 fallback");
+    let s = LayerStats { output_nonfinite: 1, ..stats(0, 4096) };
+    assert_eq!(check(&s, &cfg).unwrap().reason, "guardrail: 1 non-finite output values: bf16 fallback");
     // Everything that trips is named.
-    let s = LayerStats {
-        input_nonfinite: 2,
-        output_nonfinite: 5,
-        amax_output: f32::NAN,
-        ..stats(10, 4096)
-    };
+    let s = LayerStats { input_nonfinite: 2, output_nonfinite: 5, amax_output: f32::NAN, ..stats(10, 4096) };
     let r = check(&s, &cfg).unwrap().reason;
-    for part in [
-        "2 non-finite input",
-        "5 non-finite output",
-        "output amax NaN",
-        "10 of 4096 elements saturated",
-    ] {
+    for part in ["2 non-finite input", "5 non-finite output", "output amax NaN", "10 of 4096 elements saturated"] {
         assert!(r.contains(part), "{r}");
     }
     // A non-finite amax alone trips it.
-    let s = LayerStats {
-        amax_input: f32::INFINITY,
-        ..stats(0, 4096)
-    };
-    assert_eq!(
-        check(&s, &cfg).unwrap().reason,
-        "guardrail: input amax inf: bf16 fallback"
-    );
+    let s = LayerStats { amax_input: f32::INFINITY, ..stats(0, 4096) };
+    assert_eq!(check(&s, &cfg).unwrap().reason, "guardrail: input amax inf: bf16 fallback");
 }
 
 // ---------------------------------------------------------------- every reason names its rule
@@ -937,11 +487,7 @@ fn every_reason_names_its_rule() {
     };
     let policies = [
         Policy::default(),
-        Policy {
-            precision: Precision::Auto,
-            min_features: 0,
-            ..Policy::default()
-        },
+        Policy { precision: Precision::Auto, min_features: 0, ..Policy::default() },
         fixed(Recipe::Mxfp8),
         fixed(Recipe::Nvfp4),
         fixed(Recipe::Fp8Block),
@@ -953,21 +499,13 @@ fn every_reason_names_its_rule() {
         },
     ];
     let mut seen = std::collections::HashSet::new();
-    let dims = [
-        (4096, 4096),
-        (100, 4096),
-        (4096, 100),
-        (256, 4096),
-        (4160, 4096),
-    ];
+    let dims = [(4096, 4096), (100, 4096), (4096, 100), (256, 4096), (4160, 4096)];
     for policy in &policies {
         for arch in [HOPPER, B200, RTX5090, ADA, THOR, CPU] {
             for role in Role::ALL {
                 for (index, count) in [(0, 24), (5, 24), (23, 24)] {
                     for (i, o) in dims {
-                        for (name, ty) in
-                            [("layers.1.attn.q_proj", "Linear"), ("h.1.mlp", "Conv1D")]
-                        {
+                        for (name, ty) in [("layers.1.attn.q_proj", "Linear"), ("h.1.mlp", "Conv1D")] {
                             let layer = site(name, ty, role, index, count, i, o);
                             let d = decide(policy, &layer, arch);
                             assert!(!d.reason.is_empty());
@@ -987,31 +525,13 @@ fn every_reason_names_its_rule() {
     for arch in [HOPPER, B200, ADA, CPU] {
         for recipe in Recipe::ALL {
             for pass in Pass::ALL {
-                for shape in [
-                    aligned(pass),
-                    GemmShape { m: 6, n: 40, k: 96 },
-                    GemmShape {
-                        m: 8,
-                        n: 16,
-                        k: 100,
-                    },
-                ] {
+                for shape in [aligned(pass), GemmShape { m: 6, n: 40, k: 96 }, GemmShape { m: 8, n: 16, k: 100 }] {
                     let c = gemm_backend(recipe, arch, pass, shape);
-                    assert!(
-                        c.reason.contains(recipe.as_str()) && c.reason.contains(pass.as_str()),
-                        "{}",
-                        c.reason
-                    );
+                    assert!(c.reason.contains(recipe.as_str()) && c.reason.contains(pass.as_str()), "{}", c.reason);
                 }
             }
         }
     }
-    let f = check(
-        &LayerStats {
-            output_nonfinite: 1,
-            ..stats(0, 1)
-        },
-        &GuardrailConfig::default(),
-    );
+    let f = check(&LayerStats { output_nonfinite: 1, ..stats(0, 1) }, &GuardrailConfig::default());
     assert!(f.unwrap().reason.starts_with("guardrail: "));
 }

@@ -8,9 +8,7 @@ use deepwell_core::*;
 use proptest::prelude::*;
 
 fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
-    (0..rows * cols)
-        .map(|t| x[(t % rows) * cols + t / rows])
-        .collect()
+    (0..rows * cols).map(|t| x[(t % rows) * cols + t / rows]).collect()
 }
 
 proptest! {

@@ -24,16 +24,8 @@ fn bound_params(elem: Fp8Elem) -> (f64, f64, f64) {
     }
 }
 
-fn check_round_trip(
-    x: &[f32],
-    mode: ScaleMode,
-    elem: Fp8Elem,
-) -> std::result::Result<(), TestCaseError> {
-    let dims = Dims3 {
-        outer: 1,
-        k: x.len(),
-        inner: 1,
-    };
+fn check_round_trip(x: &[f32], mode: ScaleMode, elem: Fp8Elem) -> std::result::Result<(), TestCaseError> {
+    let dims = Dims3 { outer: 1, k: x.len(), inner: 1 };
     let (mut data, mut scale) = (vec![0u8; x.len()], vec![0u8; x.len() / 32]);
     mxfp8_quantize(x, dims, mode, elem, &mut data, &mut scale);
     let mut out = vec![0f32; x.len()];
@@ -46,18 +38,9 @@ fn check_round_trip(
         let s = f64::from(e8m0_to_f32(sbyte));
         let max = f64::from(elem.max());
         if mode == ScaleMode::Rceil {
-            prop_assert!(
-                f64::from(amax) / s <= max,
-                "rceil saturates: amax {:e} s {:e}",
-                amax,
-                s
-            );
+            prop_assert!(f64::from(amax) / s <= max, "rceil saturates: amax {:e} s {:e}", amax, s);
             if sbyte >= 2 {
-                prop_assert!(
-                    f64::from(amax) / s > max / 2.0,
-                    "rceil not tight: amax {:e}",
-                    amax
-                );
+                prop_assert!(f64::from(amax) / s > max / 2.0, "rceil not tight: amax {:e}", amax);
             }
         }
         for (i, &v) in xb.iter().enumerate() {
@@ -66,21 +49,8 @@ fn check_round_trip(
                 prop_assert_eq!(y, max * s * v.signum());
             } else {
                 let tol = (rel * v.abs()).max(sub * s) + 2f64.powi(-149);
-                prop_assert!(
-                    (y - v).abs() <= tol,
-                    "block {} elem {}: {:e} -> {:e} (s {:e})",
-                    b,
-                    i,
-                    v,
-                    y,
-                    s
-                );
-                prop_assert_eq!(
-                    y.is_sign_negative(),
-                    v.is_sign_negative(),
-                    "sign of {:e}",
-                    v
-                );
+                prop_assert!((y - v).abs() <= tol, "block {} elem {}: {:e} -> {:e} (s {:e})", b, i, v, y, s);
+                prop_assert_eq!(y.is_sign_negative(), v.is_sign_negative(), "sign of {:e}", v);
             }
         }
     }
@@ -88,10 +58,7 @@ fn check_round_trip(
 }
 
 fn mode_elem() -> impl Strategy<Value = (ScaleMode, Fp8Elem)> {
-    (
-        prop_oneof![Just(ScaleMode::Rceil), Just(ScaleMode::Floor)],
-        prop_oneof![Just(Fp8Elem::E4M3), Just(Fp8Elem::E5M2)],
-    )
+    (prop_oneof![Just(ScaleMode::Rceil), Just(ScaleMode::Floor)], prop_oneof![Just(Fp8Elem::E4M3), Just(Fp8Elem::E5M2)])
 }
 
 proptest! {
@@ -140,11 +107,7 @@ fn scalar_model(x: &[f32], dims: Dims3, mode: ScaleMode, elem: Fp8Elem) -> (Vec<
                 let e = mxfp8_scale_byte(amax, mode, elem);
                 s[(o * kb + b) * dims.inner + i] = e;
                 for j in 0..32 {
-                    d[at(j)] = if e == 0xFF {
-                        elem.nan()
-                    } else {
-                        elem.encode(x[at(j)] * exp2i(127 - i32::from(e)))
-                    };
+                    d[at(j)] = if e == 0xFF { elem.nan() } else { elem.encode(x[at(j)] * exp2i(127 - i32::from(e))) };
                 }
             }
         }
@@ -157,27 +120,13 @@ fn tiled_paths_match_scalar_model() {
     // Shapes that split into several tiles (inner > 1024; flat > 32K elements) and ragged tails.
     let mut state = 1u64;
     for dims in [
-        Dims3 {
-            outer: 1,
-            k: 64,
-            inner: 2500,
-        },
-        Dims3 {
-            outer: 3,
-            k: 96,
-            inner: 7,
-        },
-        Dims3 {
-            outer: 700,
-            k: 96,
-            inner: 1,
-        },
+        Dims3 { outer: 1, k: 64, inner: 2500 },
+        Dims3 { outer: 3, k: 96, inner: 7 },
+        Dims3 { outer: 700, k: 96, inner: 1 },
     ] {
         let x: Vec<f32> = (0..dims.numel())
             .map(|_| {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
                 let r = (state >> 33) as u32;
                 if r % 997 == 0 {
                     f32::NAN
@@ -186,10 +135,7 @@ fn tiled_paths_match_scalar_model() {
                 }
             })
             .collect();
-        for (mode, elem) in [
-            (ScaleMode::Rceil, Fp8Elem::E4M3),
-            (ScaleMode::Floor, Fp8Elem::E5M2),
-        ] {
+        for (mode, elem) in [(ScaleMode::Rceil, Fp8Elem::E4M3), (ScaleMode::Floor, Fp8Elem::E5M2)] {
             let (mut d, mut s) = (vec![0u8; x.len()], vec![0u8; x.len() / 32]);
             mxfp8_quantize(&x, dims, mode, elem, &mut d, &mut s);
             let (wd, ws) = scalar_model(&x, dims, mode, elem);

@@ -22,11 +22,7 @@ fn half_gap(a: f64) -> f64 {
 fn dense_h() -> [[f64; 16]; 16] {
     std::array::from_fn(|i| {
         std::array::from_fn(|j| {
-            let h = if (i & j).count_ones() % 2 == 0 {
-                1.0
-            } else {
-                -1.0
-            };
+            let h = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
             0.25 * f64::from(HADAMARD_SIGNS[i]) * h
         })
     })
@@ -136,13 +132,7 @@ proptest! {
 }
 
 /// Per-block scalar model of NUMERICS.md NVFP4 steps 1-5 (no threads, no tables).
-fn nvfp4_model(
-    x: &[f32],
-    rows: usize,
-    k: usize,
-    gamax: f32,
-    opts: Nvfp4Options,
-) -> (Vec<u8>, Vec<u8>) {
+fn nvfp4_model(x: &[f32], rows: usize, k: usize, gamax: f32, opts: Nvfp4Options) -> (Vec<u8>, Vec<u8>) {
     let s_enc = nvfp4_encode_scale(gamax);
     let s_dec = 1.0 / s_enc;
     let mut xt = x.to_vec();
@@ -156,14 +146,8 @@ fn nvfp4_model(
     let (mut codes, mut scale) = (vec![0u8; rows * k], vec![0u8; rows * k / 16]);
     for r in 0..rows {
         for cb in 0..k / 16 {
-            let tile_rows = if opts.block_2d {
-                r / 16 * 16..r / 16 * 16 + 16
-            } else {
-                r..r + 1
-            };
-            let amax = tile_rows
-                .flat_map(|tr| xt[tr * k + cb * 16..][..16].iter().copied())
-                .fold(0f32, abs_max);
+            let tile_rows = if opts.block_2d { r / 16 * 16..r / 16 * 16 + 16 } else { r..r + 1 };
+            let amax = tile_rows.flat_map(|tr| xt[tr * k + cb * 16..][..16].iter().copied()).fold(0f32, abs_max);
             let (sb, enc) = if amax.is_finite() {
                 let sb = f32_to_e4m3(amax * (s_enc * (1.0 / 6.0)));
                 (sb, (1.0 / (e4m3_to_f32(sb) * s_dec)).min(f32::MAX))
@@ -181,10 +165,7 @@ fn nvfp4_model(
             }
         }
     }
-    (
-        codes.chunks_exact(2).map(|p| p[0] | (p[1] << 4)).collect(),
-        scale,
-    )
+    (codes.chunks_exact(2).map(|p| p[0] | (p[1] << 4)).collect(), scale)
 }
 
 #[test]
@@ -194,9 +175,7 @@ fn quantizer_matches_scalar_model() {
     for (rows, k) in [(16, 16), (48, 80), (32, 784)] {
         let x: Vec<f32> = (0..rows * k)
             .map(|_| {
-                st = st
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
+                st = st.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
                 let r = (st >> 33) as u32;
                 if r % 1999 == 0 {
                     f32::INFINITY
@@ -208,11 +187,7 @@ fn quantizer_matches_scalar_model() {
         for block_2d in [false, true] {
             for stochastic_seed in [None, Some(99)] {
                 for hadamard in [false, true] {
-                    let opts = Nvfp4Options {
-                        block_2d,
-                        stochastic_seed,
-                        hadamard,
-                    };
+                    let opts = Nvfp4Options { block_2d, stochastic_seed, hadamard };
                     let gamax = nvfp4_global_amax(&x, k, hadamard);
                     for g in [gamax, 3.0] {
                         let (mut d, mut s) = (vec![0u8; rows * k / 2], vec![0u8; rows * k / 16]);

@@ -130,7 +130,14 @@ mod tests {
         assert_eq!(k.len(), 64);
         assert_ne!(k, key(&spec, "sm_100a", "13.0"));
         assert_ne!(k, key(&spec, "sm_90a", "13.2"));
-        assert_ne!(k, key(&KernelSpec::new(Header::Mxfp8, "deepwell::mxfp8_quantize_rows<deepwell::F32, 0, 0>"), "sm_90a", "13.0"));
+        assert_ne!(
+            k,
+            key(
+                &KernelSpec::new(Header::Mxfp8, "deepwell::mxfp8_quantize_rows<deepwell::F32, 0, 0>"),
+                "sm_90a",
+                "13.0"
+            )
+        );
     }
 
     #[test]

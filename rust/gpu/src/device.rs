@@ -105,7 +105,8 @@ impl Device {
         let ctx = driver("cuDevicePrimaryCtxRetain", unsafe { result::primary_ctx::retain(dev) })?;
         let attr = |a| driver("cuDeviceGetAttribute", unsafe { result::device::get_attribute(dev, a) });
         use sys::CUdevice_attribute::*;
-        let (major, minor) = (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
+        let (major, minor) =
+            (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
         let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32;
         let arch = nvrtc_arch(major, minor).map_err(GpuError::Unsupported)?;
@@ -140,7 +141,10 @@ impl Device {
     fn load(&self, spec: &KernelSpec) -> Result<Function> {
         let cfg = config().ok_or_else(|| GpuError::Unsupported("deepwell's GPU runtime is not configured".into()))?;
         let path = cfg.nvrtc_path.as_deref().ok_or_else(|| {
-            GpuError::Unsupported("NVRTC was not found (torch's nvidia/cu13/lib/libnvrtc.so.13); deepwell cannot build its kernels".into())
+            GpuError::Unsupported(
+                "NVRTC was not found (torch's nvidia/cu13/lib/libnvrtc.so.13); deepwell cannot build its kernels"
+                    .into(),
+            )
         })?;
         let nvrtc = nvrtc::load(path)?;
         let disk = cfg.cache_dir.as_ref().map(DiskCache::new);
@@ -158,7 +162,13 @@ impl Device {
         };
         if cfg.print_compile {
             let ms = start.elapsed().as_secs_f64() * 1e3;
-            eprintln!("deepwell: {} for {} ({how}, {ms:.0} ms, {} bytes, key {})", spec.name, self.arch, cubin.len(), &key[..12]);
+            eprintln!(
+                "deepwell: {} for {} ({how}, {ms:.0} ms, {} bytes, key {})",
+                spec.name,
+                self.arch,
+                cubin.len(),
+                &key[..12]
+            );
         }
         self.make_current()?;
         // SAFETY: `cubin` is a complete cubin image for this device's arch; the module is never
@@ -186,7 +196,15 @@ impl Device {
     /// # Safety
     /// `params` must match the kernel's parameter list, and every pointer in it must be valid
     /// device memory of the sizes the kernel accesses for the given sizes.
-    pub unsafe fn launch(&self, spec: &KernelSpec, grid: u32, block: u32, smem: u32, stream: *mut c_void, params: Params) -> Result<()> {
+    pub unsafe fn launch(
+        &self,
+        spec: &KernelSpec,
+        grid: u32,
+        block: u32,
+        smem: u32,
+        stream: *mut c_void,
+        params: Params,
+    ) -> Result<()> {
         let f = self.function(spec)?;
         self.make_current()?;
         let mut values = params.values;
@@ -205,7 +223,9 @@ impl Device {
     pub unsafe fn memset_zero(&self, ptr: *mut c_void, bytes: usize, stream: *mut c_void) -> Result<()> {
         self.make_current()?;
         // SAFETY: guaranteed by the caller.
-        driver("cuMemsetD8Async", unsafe { result::memset_d8_async(ptr as sys::CUdeviceptr, 0, bytes, stream as sys::CUstream) })
+        driver("cuMemsetD8Async", unsafe {
+            result::memset_d8_async(ptr as sys::CUdeviceptr, 0, bytes, stream as sys::CUstream)
+        })
     }
 }
 

@@ -15,8 +15,14 @@ type Prog = *mut c_void;
 struct Api {
     nvrtcVersion: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
     nvrtcGetErrorString: unsafe extern "C" fn(c_int) -> *const c_char,
-    nvrtcCreateProgram:
-        unsafe extern "C" fn(*mut Prog, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int,
+    nvrtcCreateProgram: unsafe extern "C" fn(
+        *mut Prog,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int,
     nvrtcAddNameExpression: unsafe extern "C" fn(Prog, *const c_char) -> c_int,
     nvrtcCompileProgram: unsafe extern "C" fn(Prog, c_int, *const *const c_char) -> c_int,
     nvrtcGetProgramLogSize: unsafe extern "C" fn(Prog, *mut usize) -> c_int,
@@ -145,13 +151,24 @@ impl Nvrtc {
         result
     }
 
-    fn compile_program(&self, prog: Prog, spec: &KernelSpec, expr: &CStr, arch: &str, opts: &[*const c_char]) -> Result<(Vec<u8>, String)> {
+    fn compile_program(
+        &self,
+        prog: Prog,
+        spec: &KernelSpec,
+        expr: &CStr,
+        arch: &str,
+        opts: &[*const c_char],
+    ) -> Result<(Vec<u8>, String)> {
         // SAFETY: prog is live; expr and opts point to live C strings.
         unsafe {
             self.check("nvrtcAddNameExpression", (self.api.nvrtcAddNameExpression)(prog, expr.as_ptr()))?;
             let code = (self.api.nvrtcCompileProgram)(prog, opts.len() as c_int, opts.as_ptr());
             if code != 0 {
-                return Err(GpuError::Compile { kernel: spec.name.clone(), arch: arch.to_owned(), log: self.log(prog) });
+                return Err(GpuError::Compile {
+                    kernel: spec.name.clone(),
+                    arch: arch.to_owned(),
+                    log: self.log(prog),
+                });
             }
             let mut size = 0usize;
             self.check("nvrtcGetCUBINSize", (self.api.nvrtcGetCUBINSize)(prog, &mut size))?;

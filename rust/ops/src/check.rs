@@ -14,7 +14,12 @@ pub fn shape_str(sizes: &[i64]) -> String {
 /// Non-empty and at least `min_dim`-dimensional (0-d tensors have no dim to block along).
 pub fn non_empty(op: Op, arg: &'static str, t: &Tensor, min_dim: usize) -> Result<()> {
     if t.dim() < min_dim {
-        return Err(Error::arg(op, arg, format!("have at least {min_dim} dimension(s)"), format!("a {}-d tensor", t.dim())));
+        return Err(Error::arg(
+            op,
+            arg,
+            format!("have at least {min_dim} dimension(s)"),
+            format!("a {}-d tensor", t.dim()),
+        ));
     }
     if t.numel() == 0 {
         return Err(Error::arg(op, arg, "be non-empty", format!("shape {}", shape_str(t.sizes()))));

@@ -68,7 +68,12 @@ pub fn contiguous(op: Op, t: Tensor) -> Result<Tensor> {
     let mut stack: [StableIValue; 2] = [t.into_raw() as StableIValue, format as StableIValue];
     // SAFETY: the stack holds the op's two arguments encoded for ABI 2.10 and has room for its one return.
     let code = unsafe {
-        (api().torch_call_dispatcher)(c"aten::contiguous".as_ptr(), c"".as_ptr(), stack.as_mut_ptr(), EXTENSION_BUILD_VERSION)
+        (api().torch_call_dispatcher)(
+            c"aten::contiguous".as_ptr(),
+            c"".as_ptr(),
+            stack.as_mut_ptr(),
+            EXTENSION_BUILD_VERSION,
+        )
     };
     if code != 0 {
         return Err(Error::Torch { op, call: "torch_call_dispatcher(aten::contiguous)" });

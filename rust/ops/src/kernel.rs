@@ -20,6 +20,7 @@ use crate::tensor::Tensor;
 pub type Body = fn(&mut Args) -> Result<Vec<Tensor>>;
 
 /// One registration: the op, the dispatch key ("CPU", "CUDA") and the boxed entry point.
+#[derive(Clone, Copy)]
 pub struct Kernel {
     pub spec: &'static OpSpec,
     pub dispatch_key: &'static str,
@@ -38,6 +39,26 @@ macro_rules! boxed_kernel {
     }};
 }
 pub(crate) use boxed_kernel;
+
+/// The CPU and the CUDA registration of an op whose kernels are `cpu::$f` and `cuda::$f` (the
+/// layout of every op family: `mod.rs` checks, `cpu.rs` reference, `cuda.rs` kernels).
+macro_rules! cpu_and_cuda {
+    ($spec:path, $f:ident) => {
+        [
+            $crate::kernel::Kernel {
+                spec: &$spec,
+                dispatch_key: "CPU",
+                boxed: $crate::kernel::boxed_kernel!($spec, cpu::$f),
+            },
+            $crate::kernel::Kernel {
+                spec: &$spec,
+                dispatch_key: "CUDA",
+                boxed: $crate::kernel::boxed_kernel!($spec, cuda::$f),
+            },
+        ]
+    };
+}
+pub(crate) use cpu_and_cuda;
 
 fn panic_message(payload: Box<dyn Any + Send>) -> String {
     payload
@@ -96,7 +117,13 @@ pub fn raise(e: &Error) -> ! {
     // `C-unwind` frame (dropping `msg`) into libtorch's dispatcher. No Rust frame between here and
     // libtorch holds a lock or is inside catch_unwind.
     unsafe {
-        (api().aoti_torch_check)(false, c"deepwell".as_ptr(), c"rust/ops/src/kernel.rs".as_ptr(), line!(), msg.as_ptr());
+        (api().aoti_torch_check)(
+            false,
+            c"deepwell".as_ptr(),
+            c"rust/ops/src/kernel.rs".as_ptr(),
+            line!(),
+            msg.as_ptr(),
+        );
     }
     // aoti_torch_check(false, ..) always throws; if a future libtorch returned instead, continuing
     // would hand torch an output stack we never filled.

@@ -62,7 +62,8 @@ pub unsafe extern "C" fn deepwell_register(
     print_compile: i32,
 ) -> i32 {
     // SAFETY: guaranteed by the caller.
-    let (cpu, cuda, nvrtc, cache) = unsafe { (opt_str(libtorch_cpu), opt_str(libtorch_cuda), opt_str(nvrtc), opt_str(cache_dir)) };
+    let (cpu, cuda, nvrtc, cache) =
+        unsafe { (opt_str(libtorch_cpu), opt_str(libtorch_cuda), opt_str(nvrtc), opt_str(cache_dir)) };
     status(move || {
         let cpu = cpu.ok_or_else(|| Error::Load("deepwell_register: libtorch_cpu path is NULL".into()))?;
         let gpu = deepwell_gpu::Config { nvrtc_path: nvrtc, cache_dir: cache, print_compile: print_compile != 0 };
@@ -88,7 +89,13 @@ fn register(libtorch_cpu: &str, libtorch_cuda: Option<&str>, gpu: deepwell_gpu::
         // SAFETY: valid C strings; `lib` receives a heap torch::Library that we never free (freeing
         // it would deregister the kernels).
         let code = unsafe {
-            (api.aoti_torch_library_init_impl)(c"deepwell".as_ptr(), key_c.as_ptr(), c"rust/ops/src/register.rs".as_ptr(), line!(), &mut lib)
+            (api.aoti_torch_library_init_impl)(
+                c"deepwell".as_ptr(),
+                key_c.as_ptr(),
+                c"rust/ops/src/register.rs".as_ptr(),
+                line!(),
+                &mut lib,
+            )
         };
         if code != 0 {
             return Err(Error::Load(format!("aoti_torch_library_init_impl(deepwell, {key}) failed")));

@@ -126,9 +126,7 @@ impl Args {
                 let value = unsafe {
                     match kind {
                         Kind::Tensor => Value::Tensor(Tensor::from_raw(v as _)),
-                        Kind::OptTensor => {
-                            Value::OptTensor(take_box(v).and_then(|h| Tensor::from_raw(h as _)))
-                        }
+                        Kind::OptTensor => Value::OptTensor(take_box(v).and_then(|h| Tensor::from_raw(h as _))),
                         Kind::Int => Value::Int(v as i64),
                         Kind::Float => Value::Float(f64::from_bits(v)),
                         Kind::Bool => Value::Bool(v & 0xff != 0),
@@ -147,11 +145,10 @@ impl Args {
     }
 
     fn take(&mut self, name: &'static str) -> Result<Value> {
-        self.values
-            .iter_mut()
-            .find(|(n, _)| *n == name)
-            .and_then(|(_, v)| v.take())
-            .ok_or_else(|| Error::Panic { op: self.op, msg: format!("argument '{name}' not in the spec or taken twice") })
+        self.values.iter_mut().find(|(n, _)| *n == name).and_then(|(_, v)| v.take()).ok_or_else(|| Error::Panic {
+            op: self.op,
+            msg: format!("argument '{name}' not in the spec or taken twice"),
+        })
     }
 
     fn wrong_kind(&self, name: &'static str) -> Error {
@@ -213,4 +210,3 @@ impl Args {
 pub fn c_message(s: &str) -> std::ffi::CString {
     std::ffi::CString::new(s.replace('\0', " ")).unwrap_or_default()
 }
-

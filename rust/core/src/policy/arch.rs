@@ -109,15 +109,9 @@ impl FromStr for Arch {
     /// `cpu`, `sm_90` / `sm_100` / `sm_90a` (the last digit is the minor; an `a`/`f` feature
     /// suffix is ignored), or `9.0` / `10.3`.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || CoreError::UnknownMode {
-            what: "architecture",
-            got: s.to_string(),
-            choices: ARCH_CHOICES,
-        };
+        let bad = || CoreError::UnknownMode { what: "architecture", got: s.to_string(), choices: ARCH_CHOICES };
         let num = |t: &str| -> Option<u32> {
-            (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| t.parse().ok())
-                .flatten()
+            (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())).then(|| t.parse().ok()).flatten()
         };
         if s == "cpu" {
             return Ok(Arch::CPU);
@@ -147,9 +141,7 @@ pub fn native_recipes(arch: Arch) -> &'static [Recipe] {
     match arch.family() {
         ArchFamily::Cpu => &[],
         ArchFamily::Hopper => &[Recipe::Fp8Block, Recipe::Bf16],
-        ArchFamily::Blackwell | ArchFamily::BlackwellConsumer => {
-            &[Recipe::Mxfp8, Recipe::Nvfp4, Recipe::Bf16]
-        }
+        ArchFamily::Blackwell | ArchFamily::BlackwellConsumer => &[Recipe::Mxfp8, Recipe::Nvfp4, Recipe::Bf16],
         ArchFamily::Ada | ArchFamily::Older | ArchFamily::Unvalidated => &[Recipe::Bf16],
     }
 }
@@ -174,20 +166,10 @@ pub fn is_emulated(recipe: Recipe, arch: Arch) -> bool {
 pub fn auto_recipe(arch: Arch) -> (Recipe, String) {
     let family = arch.family();
     match native_recipes(arch).first() {
-        Some(&r) if r.is_low_precision() => (
-            r,
-            format!(
-                "auto: {r} is the fastest native recipe on {arch} ({})",
-                family.name()
-            ),
-        ),
-        _ => (
-            Recipe::Bf16,
-            format!(
-                "auto: bf16, {arch} ({}) has no native block-scaled recipe",
-                family.name()
-            ),
-        ),
+        Some(&r) if r.is_low_precision() => {
+            (r, format!("auto: {r} is the fastest native recipe on {arch} ({})", family.name()))
+        }
+        _ => (Recipe::Bf16, format!("auto: bf16, {arch} ({}) has no native block-scaled recipe", family.name())),
     }
 }
 
@@ -232,9 +214,7 @@ mod tests {
             assert_eq!(s.parse::<Arch>(), Ok(a), "{s}");
             assert_eq!(a.to_string(), shown);
         }
-        for bad in [
-            "", "sm_", "sm_9", "gpu", "9.", ".0", "sm_x0", "9.0.1", "sm_+90",
-        ] {
+        for bad in ["", "sm_", "sm_9", "gpu", "9.", ".0", "sm_x0", "9.0.1", "sm_+90"] {
             let e = bad.parse::<Arch>().unwrap_err();
             assert!(e.to_string().contains("unknown architecture"), "{bad}: {e}");
         }

@@ -88,43 +88,27 @@ pub struct LayerDecision {
 }
 
 fn bf16(rule: Rule, reason: String) -> LayerDecision {
-    LayerDecision {
-        recipe: Recipe::Bf16,
-        emulated: false,
-        reason,
-        rule,
-    }
+    LayerDecision { recipe: Recipe::Bf16, emulated: false, reason, rule }
 }
 
 /// `recipe` on `arch`, saying native or emulated (rule 8, and overrides that pass rule 6).
 fn with_recipe(recipe: Recipe, arch: Arch, rule: Rule, why: String) -> LayerDecision {
     let emulated = is_emulated(recipe, arch);
     let reason = if emulated {
-        format!(
-            "{why}; emulated on this device ({})",
-            why_not_native(recipe, arch)
-        )
+        format!("{why}; emulated on this device ({})", why_not_native(recipe, arch))
     } else if recipe.is_low_precision() {
         format!("{why}; native on {arch}")
     } else {
         why
     };
-    LayerDecision {
-        recipe,
-        emulated,
-        reason,
-        rule,
-    }
+    LayerDecision { recipe, emulated, reason, rule }
 }
 
 /// Rule 6 for `recipe` on `layer`: the reason it fails, if it does.
 fn indivisible(recipe: Recipe, layer: &LayerInfo) -> Option<String> {
     let block = recipe.block_k()?;
     if layer.in_features % block != 0 {
-        return Some(format!(
-            "K={} not divisible by {block} ({recipe} block): bf16",
-            layer.in_features
-        ));
+        return Some(format!("K={} not divisible by {block} ({recipe} block): bf16", layer.in_features));
     }
     if layer.out_features % block != 0 {
         return Some(format!(
@@ -136,13 +120,7 @@ fn indivisible(recipe: Recipe, layer: &LayerInfo) -> Option<String> {
 }
 
 /// An override's decision: rule 6 still applies.
-fn overridden(
-    recipe: Recipe,
-    layer: &LayerInfo,
-    arch: Arch,
-    rule: Rule,
-    why: String,
-) -> LayerDecision {
+fn overridden(recipe: Recipe, layer: &LayerInfo, arch: Arch, rule: Rule, why: String) -> LayerDecision {
     match indivisible(recipe, layer) {
         Some(fail) => bf16(Rule::BlockDivisibility, format!("{why}, but {fail}")),
         None => with_recipe(recipe, arch, rule, why),
@@ -151,19 +129,11 @@ fn overridden(
 
 /// Decides one site's recipe (rules in the module docs).
 pub fn decide(policy: &Policy, layer: &LayerInfo, arch: Arch) -> LayerDecision {
-    if let Some((glob, r)) = policy
-        .name_overrides
-        .iter()
-        .find(|(g, _)| glob_match(g, &layer.name))
-    {
+    if let Some((glob, r)) = policy.name_overrides.iter().find(|(g, _)| glob_match(g, &layer.name)) {
         let why = format!("name override {glob:?} -> {r}");
         return overridden(*r, layer, arch, Rule::NameOverride, why);
     }
-    if let Some((ty, r)) = policy
-        .type_overrides
-        .iter()
-        .find(|(t, _)| *t == layer.module_type)
-    {
+    if let Some((ty, r)) = policy.type_overrides.iter().find(|(t, _)| *t == layer.module_type) {
         let why = format!("type override {ty:?} -> {r}");
         return overridden(*r, layer, arch, Rule::TypeOverride, why);
     }
@@ -198,17 +168,10 @@ pub fn decide(policy: &Policy, layer: &LayerInfo, arch: Arch) -> LayerDecision {
     }
     let smallest = layer.in_features.min(layer.out_features);
     if smallest < policy.min_features {
-        let dim = if layer.in_features <= layer.out_features {
-            "in"
-        } else {
-            "out"
-        };
+        let dim = if layer.in_features <= layer.out_features { "in" } else { "out" };
         return bf16(
             Rule::MinFeatures,
-            format!(
-                "{dim}_features={smallest} < min_features={}: too small to gain: bf16",
-                policy.min_features
-            ),
+            format!("{dim}_features={smallest} < min_features={}: too small to gain: bf16", policy.min_features),
         );
     }
     with_recipe(recipe, arch, Rule::Precision, why)

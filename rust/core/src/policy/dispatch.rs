@@ -38,21 +38,12 @@ impl GemmBackend {
         match *self {
             GemmBackend::CublasBf16 => "bf16 torch.matmul (cuBLAS)".to_string(),
             GemmBackend::CpuMatmul => "torch.matmul on CPU".to_string(),
-            GemmBackend::ScaledMmBlockwise { a, b } => format!(
-                "cuBLASLt FP8 blockwise {} x {} (aten::_scaled_mm_v2, fp32 scales)",
-                a.block(),
-                b.block()
-            ),
+            GemmBackend::ScaledMmBlockwise { a, b } => {
+                format!("cuBLASLt FP8 blockwise {} x {} (aten::_scaled_mm_v2, fp32 scales)", a.block(), b.block())
+            }
             GemmBackend::ScaledMmMx { block } => {
-                let what = if block == ScalingType::BlockWise1x16 {
-                    "NVFP4"
-                } else {
-                    "MXFP8"
-                };
-                format!(
-                    "cuBLASLt {what} block-scaled {} (aten::_scaled_mm_v2, swizzled scales)",
-                    block.block()
-                )
+                let what = if block == ScalingType::BlockWise1x16 { "NVFP4" } else { "MXFP8" };
+                format!("cuBLASLt {what} block-scaled {} (aten::_scaled_mm_v2, swizzled scales)", block.block())
             }
             GemmBackend::Emulated { recipe } => {
                 format!("{recipe} emulated: quantize, dequantize, bf16 GEMM (fp32 on CPU)")
@@ -86,10 +77,7 @@ fn kernel_misfit(recipe: Recipe, s: GemmShape) -> Option<String> {
     // dtype, i.e. K and N multiples of 16 elements (fp4 packs two per byte: K % 32).
     let k_align = if recipe == Recipe::Nvfp4 { 32 } else { 16 };
     if s.k % k_align != 0 {
-        return Some(format!(
-            "K={} not a multiple of {k_align} (_scaled_mm_v2)",
-            s.k
-        ));
+        return Some(format!("K={} not a multiple of {k_align} (_scaled_mm_v2)", s.k));
     }
     if s.n % 16 != 0 {
         return Some(format!("N={} not a multiple of 16 (_scaled_mm_v2)", s.n));
@@ -97,10 +85,7 @@ fn kernel_misfit(recipe: Recipe, s: GemmShape) -> Option<String> {
     // Blockwise on sm_90: the 1x128 scale of A is M-major with leading dimension M, which
     // cuBLASLt wants 16-byte aligned: M a multiple of 4 (hopper_perf.md §3, §4).
     if recipe == Recipe::Fp8Block && s.m % 4 != 0 {
-        return Some(format!(
-            "M={} not a multiple of 4 (cuBLASLt VEC128 scales)",
-            s.m
-        ));
+        return Some(format!("M={} not a multiple of 4 (cuBLASLt VEC128 scales)", s.m));
     }
     None
 }
@@ -141,10 +126,7 @@ pub fn gemm_backend(recipe: Recipe, arch: Arch, pass: Pass, shape: GemmShape) ->
         return GemmChoice {
             backend: plain_matmul(arch),
             emulated: false,
-            reason: format!(
-                "{recipe} {pass}: K={} not divisible by {block}: unquantized bf16 GEMM",
-                shape.k
-            ),
+            reason: format!("{recipe} {pass}: K={} not divisible by {block}: unquantized bf16 GEMM", shape.k),
         };
     }
     let emulated = |why: String| GemmChoice {
@@ -159,26 +141,16 @@ pub fn gemm_backend(recipe: Recipe, arch: Arch, pass: Pass, shape: GemmShape) ->
         return emulated(why);
     }
     let backend = match (recipe, arch.family(), pass) {
-        (Recipe::Fp8Block, ArchFamily::Hopper, Pass::Wgrad) => GemmBackend::ScaledMmBlockwise {
-            a: ScalingType::BlockWise1x128,
-            b: ScalingType::BlockWise1x128,
-        },
-        (Recipe::Fp8Block, ArchFamily::Hopper, _) => GemmBackend::ScaledMmBlockwise {
-            a: ScalingType::BlockWise1x128,
-            b: ScalingType::BlockWise128x128,
-        },
-        (Recipe::Mxfp8, _, _) => GemmBackend::ScaledMmMx {
-            block: ScalingType::BlockWise1x32,
-        },
-        (Recipe::Nvfp4, _, _) => GemmBackend::ScaledMmMx {
-            block: ScalingType::BlockWise1x16,
-        },
+        (Recipe::Fp8Block, ArchFamily::Hopper, Pass::Wgrad) => {
+            GemmBackend::ScaledMmBlockwise { a: ScalingType::BlockWise1x128, b: ScalingType::BlockWise1x128 }
+        }
+        (Recipe::Fp8Block, ArchFamily::Hopper, _) => {
+            GemmBackend::ScaledMmBlockwise { a: ScalingType::BlockWise1x128, b: ScalingType::BlockWise128x128 }
+        }
+        (Recipe::Mxfp8, _, _) => GemmBackend::ScaledMmMx { block: ScalingType::BlockWise1x32 },
+        (Recipe::Nvfp4, _, _) => GemmBackend::ScaledMmMx { block: ScalingType::BlockWise1x16 },
         // is_native() holds, so no other cell is reachable; emulation is the safe answer.
         _ => return emulated("no native kernel in the table".to_string()),
     };
-    GemmChoice {
-        backend,
-        emulated: false,
-        reason: format!("{recipe} {pass} native on {arch}: {}", backend.describe()),
-    }
+    GemmChoice { backend, emulated: false, reason: format!("{recipe} {pass} native on {arch}: {}", backend.describe()) }
 }

@@ -50,14 +50,11 @@ impl FromStr for Pass {
     type Err = CoreError;
 
     fn from_str(s: &str) -> Result<Self> {
-        Pass::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| CoreError::UnknownMode {
-                what: "GEMM pass",
-                got: s.to_string(),
-                choices: "fprop, dgrad, wgrad",
-            })
+        Pass::ALL.into_iter().find(|p| p.as_str() == s).ok_or_else(|| CoreError::UnknownMode {
+            what: "GEMM pass",
+            got: s.to_string(),
+            choices: "fprop, dgrad, wgrad",
+        })
     }
 }
 

@@ -20,9 +20,7 @@ pub struct GuardrailConfig {
 
 impl Default for GuardrailConfig {
     fn default() -> Self {
-        GuardrailConfig {
-            saturation_threshold: 1e-3,
-        }
+        GuardrailConfig { saturation_threshold: 1e-3 }
     }
 }
 
@@ -68,10 +66,7 @@ pub fn check(stats: &LayerStats, cfg: &GuardrailConfig) -> Option<Fallback> {
         why.push(format!("{} non-finite input values", stats.input_nonfinite));
     }
     if stats.output_nonfinite > 0 {
-        why.push(format!(
-            "{} non-finite output values",
-            stats.output_nonfinite
-        ));
+        why.push(format!("{} non-finite output values", stats.output_nonfinite));
     }
     if !stats.amax_input.is_finite() {
         why.push(format!("input amax {}", stats.amax_input));
@@ -92,7 +87,5 @@ pub fn check(stats: &LayerStats, cfg: &GuardrailConfig) -> Option<Fallback> {
     if why.is_empty() {
         return None;
     }
-    Some(Fallback {
-        reason: format!("guardrail: {}: bf16 fallback", why.join(", ")),
-    })
+    Some(Fallback { reason: format!("guardrail: {}: bf16 fallback", why.join(", ")) })
 }

@@ -68,14 +68,11 @@ impl FromStr for Role {
     type Err = CoreError;
 
     fn from_str(s: &str) -> Result<Self> {
-        Role::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| CoreError::UnknownMode {
-                what: "layer role",
-                got: s.to_string(),
-                choices: "embedding, attention, mlp, experts, router, norm, lm_head, other",
-            })
+        Role::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| CoreError::UnknownMode {
+            what: "layer role",
+            got: s.to_string(),
+            choices: "embedding, attention, mlp, experts, router, norm, lm_head, other",
+        })
     }
 }
 

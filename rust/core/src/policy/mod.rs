@@ -26,9 +26,7 @@ pub mod guardrail;
 pub mod layer;
 pub mod recipe;
 
-pub use arch::{
-    auto_recipe, is_emulated, is_native, native_recipes, why_not_native, Arch, ArchFamily,
-};
+pub use arch::{auto_recipe, is_emulated, is_native, native_recipes, why_not_native, Arch, ArchFamily};
 pub use decide::{decide, LayerDecision, Policy, Rule};
 pub use dispatch::{gemm_backend, GemmBackend, GemmChoice};
 pub use gemm::{GemmShape, Pass, ScalingType};

@@ -72,14 +72,11 @@ impl FromStr for Recipe {
 
     /// Accepts exactly the spellings of [`Recipe::as_str`] (lower case).
     fn from_str(s: &str) -> Result<Self> {
-        Recipe::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| CoreError::UnknownMode {
-                what: "recipe",
-                got: s.to_string(),
-                choices: RECIPE_CHOICES,
-            })
+        Recipe::ALL.into_iter().find(|r| r.as_str() == s).ok_or_else(|| CoreError::UnknownMode {
+            what: "recipe",
+            got: s.to_string(),
+            choices: RECIPE_CHOICES,
+        })
     }
 }
 
@@ -111,13 +108,11 @@ impl FromStr for Precision {
         if s == "auto" {
             return Ok(Precision::Auto);
         }
-        s.parse::<Recipe>()
-            .map(Precision::Fixed)
-            .map_err(|_| CoreError::UnknownMode {
-                what: "precision",
-                got: s.to_string(),
-                choices: "auto, mxfp8, nvfp4, fp8_block, bf16",
-            })
+        s.parse::<Recipe>().map(Precision::Fixed).map_err(|_| CoreError::UnknownMode {
+            what: "precision",
+            got: s.to_string(),
+            choices: "auto, mxfp8, nvfp4, fp8_block, bf16",
+        })
     }
 }
 

@@ -20,10 +20,7 @@ pub fn ref_cast(x: f32, decode: fn(u8) -> f32, max_code: u8, sign: u8, nan: u8) 
     }
     let mut best = 0u8;
     for c in 1..=max_code {
-        let (dc, db) = (
-            (f64::from(decode(c)) - a).abs(),
-            (f64::from(decode(best)) - a).abs(),
-        );
+        let (dc, db) = ((f64::from(decode(c)) - a).abs(), (f64::from(decode(best)) - a).abs());
         if dc < db || (dc == db && c % 2 == 0) {
             best = c;
         }

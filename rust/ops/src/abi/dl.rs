@@ -59,10 +59,7 @@ impl Library {
     /// The address of `name`, or an error naming the symbol and the library.
     pub fn required(&self, name: &str) -> Result<*mut c_void> {
         self.optional(name).ok_or_else(|| {
-            Error::Load(format!(
-                "symbol {name} not found in {}: deepwell needs torch >= 2.10",
-                self.path
-            ))
+            Error::Load(format!("symbol {name} not found in {}: deepwell needs torch >= 2.10", self.path))
         })
     }
 }

@@ -115,7 +115,9 @@ pub fn init_cuda(libtorch_cuda: &str) -> Result<&'static CudaApi> {
     }
     let lib = Library::already_loaded(libtorch_cuda)?;
     // SAFETY: the declared signature of aoti_torch_get_current_cuda_stream in shim.h.
-    let api = CudaApi { aoti_torch_get_current_cuda_stream: unsafe { cast(lib.required("aoti_torch_get_current_cuda_stream")?) } };
+    let api = CudaApi {
+        aoti_torch_get_current_cuda_stream: unsafe { cast(lib.required("aoti_torch_get_current_cuda_stream")?) },
+    };
     Ok(CUDA_API.get_or_init(|| api))
 }
 

@@ -84,7 +84,8 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
         .ptr(ptr(&cs));
     // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
     unsafe {
-        dev.launch(&rowcol_spec(q.dtype), cuda::grid(dev, tiles, 1), THREADS, 0, stream, p).map_err(cuda::gpu_err(op))?;
+        dev.launch(&rowcol_spec(q.dtype), cuda::grid(dev, tiles, 1), THREADS, 0, stream, p)
+            .map_err(cuda::gpu_err(op))?;
     }
     Ok(vec![rd, rs, cd, cs])
 }
@@ -107,8 +108,15 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let numel = (g.batch * g.rows * g.cols) as u64;
     // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
     unsafe {
-        dev.launch(&dequantize_spec(q.out_dtype, g.br, g.bc), cuda::grid(dev, numel, u64::from(THREADS) * 8), THREADS, 0, stream, p)
-            .map_err(cuda::gpu_err(op))?;
+        dev.launch(
+            &dequantize_spec(q.out_dtype, g.br, g.bc),
+            cuda::grid(dev, numel, u64::from(THREADS) * 8),
+            THREADS,
+            0,
+            stream,
+            p,
+        )
+        .map_err(cuda::gpu_err(op))?;
     }
     Ok(vec![out])
 }

@@ -12,7 +12,7 @@ mod cuda;
 use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{cpu_and_cuda, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -38,14 +38,12 @@ pub static DEQUANTIZE: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    vec![
-        Kernel { spec: &QUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE, cpu::quantize) },
-        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cpu::quantize_rowcol) },
-        Kernel { spec: &DEQUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(DEQUANTIZE, cpu::dequantize) },
-        Kernel { spec: &QUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE, cuda::quantize) },
-        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cuda::quantize_rowcol) },
-        Kernel { spec: &DEQUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(DEQUANTIZE, cuda::dequantize) },
+    [
+        cpu_and_cuda!(QUANTIZE, quantize),
+        cpu_and_cuda!(QUANTIZE_ROWCOL, quantize_rowcol),
+        cpu_and_cuda!(DEQUANTIZE, dequantize),
     ]
+    .concat()
 }
 
 pub use cuda::specs as cuda_specs;
@@ -66,7 +64,12 @@ struct Geometry {
 
 fn geometry(op: Op, arg: &'static str, t: &Tensor, br: i64, bc: i64) -> Result<Geometry> {
     if !BLOCKS.contains(&(br, bc)) {
-        return Err(Error::arg(op, "block_rows, block_cols", "be (1, 128), (128, 1) or (128, 128)", format!("({br}, {bc})")));
+        return Err(Error::arg(
+            op,
+            "block_rows, block_cols",
+            "be (1, 128), (128, 1) or (128, 128)",
+            format!("({br}, {bc})"),
+        ));
     }
     check::non_empty(op, arg, t, 2)?;
     let n = t.dim();
@@ -78,7 +81,14 @@ fn geometry(op: Op, arg: &'static str, t: &Tensor, br: i64, bc: i64) -> Result<G
     let mut scale_shape = sizes.to_vec();
     scale_shape[n - 2] /= br;
     scale_shape[n - 1] /= bc;
-    Ok(Geometry { batch: batch as usize, rows: rows as usize, cols: cols as usize, br: br as usize, bc: bc as usize, scale_shape })
+    Ok(Geometry {
+        batch: batch as usize,
+        rows: rows as usize,
+        cols: cols as usize,
+        br: br as usize,
+        bc: bc as usize,
+        scale_shape,
+    })
 }
 
 struct Quantize {

@@ -78,11 +78,25 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     unsafe {
         let launch = if inner == 1 {
             let p = Params::new().ptr(ptr(&x)).ptr(ptr(&data)).ptr(ptr(&scale)).i64(n_blocks as i64);
-            dev.launch(&rows_spec(q.dtype, q.mode, q.elem), cuda::grid(dev, n_blocks, u64::from(THREADS) / 4), THREADS, 0, stream, p)
+            dev.launch(
+                &rows_spec(q.dtype, q.mode, q.elem),
+                cuda::grid(dev, n_blocks, u64::from(THREADS) / 4),
+                THREADS,
+                0,
+                stream,
+                p,
+            )
         } else {
             let p = Params::new().ptr(ptr(&x)).ptr(ptr(&data)).ptr(ptr(&scale)).i64(outer).i64(k).i64(inner);
             let columns = (outer * (k / MX_BLOCK as i64) * inner) as u64;
-            dev.launch(&cols_spec(q.dtype, q.mode, q.elem), cuda::grid(dev, columns, u64::from(THREADS) * 4), THREADS, 0, stream, p)
+            dev.launch(
+                &cols_spec(q.dtype, q.mode, q.elem),
+                cuda::grid(dev, columns, u64::from(THREADS) * 4),
+                THREADS,
+                0,
+                stream,
+                p,
+            )
         };
         launch.map_err(cuda::gpu_err(op))?;
     }
@@ -102,11 +116,25 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
     let cd = Tensor::empty(op, &shapes[2], elem, q.device)?;
     let cs = Tensor::empty(op, &shapes[3], DType::E8M0, q.device)?;
     let tiles = ((q.m / MX_BLOCK) * (q.k / MX_BLOCK)) as u64;
-    let p = Params::new().ptr(ptr(&x)).i64(q.m as i64).i64(q.k as i64).ptr(ptr(&rd)).ptr(ptr(&rs)).ptr(ptr(&cd)).ptr(ptr(&cs));
+    let p = Params::new()
+        .ptr(ptr(&x))
+        .i64(q.m as i64)
+        .i64(q.k as i64)
+        .ptr(ptr(&rd))
+        .ptr(ptr(&rs))
+        .ptr(ptr(&cd))
+        .ptr(ptr(&cs));
     // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
     unsafe {
-        dev.launch(&rowcol_spec(q.dtype, q.mode, q.elem, q.col_transposed), cuda::grid(dev, tiles, 1), THREADS, 0, stream, p)
-            .map_err(cuda::gpu_err(op))?;
+        dev.launch(
+            &rowcol_spec(q.dtype, q.mode, q.elem, q.col_transposed),
+            cuda::grid(dev, tiles, 1),
+            THREADS,
+            0,
+            stream,
+            p,
+        )
+        .map_err(cuda::gpu_err(op))?;
     }
     if !q.swizzle {
         return Ok(vec![rd, rs, cd, cs]);
@@ -129,8 +157,15 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let numel = q.dims.numel() as u64;
     // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
     unsafe {
-        dev.launch(&dequantize_spec(q.out_dtype, q.elem), cuda::grid(dev, numel, u64::from(THREADS) * 8), THREADS, 0, stream, p)
-            .map_err(cuda::gpu_err(op))?;
+        dev.launch(
+            &dequantize_spec(q.out_dtype, q.elem),
+            cuda::grid(dev, numel, u64::from(THREADS) * 8),
+            THREADS,
+            0,
+            stream,
+            p,
+        )
+        .map_err(cuda::gpu_err(op))?;
     }
     Ok(vec![out])
 }

@@ -12,7 +12,7 @@ use deepwell_core::shape::Dims3;
 use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Result};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{cpu_and_cuda, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -41,14 +41,12 @@ pub static DEQUANTIZE: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    vec![
-        Kernel { spec: &QUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE, cpu::quantize) },
-        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cpu::quantize_rowcol) },
-        Kernel { spec: &DEQUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(DEQUANTIZE, cpu::dequantize) },
-        Kernel { spec: &QUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE, cuda::quantize) },
-        Kernel { spec: &QUANTIZE_ROWCOL, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE_ROWCOL, cuda::quantize_rowcol) },
-        Kernel { spec: &DEQUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(DEQUANTIZE, cuda::dequantize) },
+    [
+        cpu_and_cuda!(QUANTIZE, quantize),
+        cpu_and_cuda!(QUANTIZE_ROWCOL, quantize_rowcol),
+        cpu_and_cuda!(DEQUANTIZE, dequantize),
     ]
+    .concat()
 }
 
 pub use cuda::specs as cuda_specs;

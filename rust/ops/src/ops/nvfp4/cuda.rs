@@ -58,8 +58,15 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
             // SAFETY: `bits` is a fresh 4-byte CUDA tensor; x is contiguous with `numel` elements.
             unsafe {
                 dev.memset_zero(bits.data_ptr(), 4, stream).map_err(cuda::gpu_err(op))?;
-                dev.launch(&amax_spec(q.dtype, q.hadamard), cuda::grid(dev, numel as u64, u64::from(THREADS) * 16), THREADS, 0, stream, p)
-                    .map_err(cuda::gpu_err(op))?;
+                dev.launch(
+                    &amax_spec(q.dtype, q.hadamard),
+                    cuda::grid(dev, numel as u64, u64::from(THREADS) * 16),
+                    THREADS,
+                    0,
+                    stream,
+                    p,
+                )
+                .map_err(cuda::gpu_err(op))?;
             }
             bits
         }
@@ -80,7 +87,8 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let spec = quantize_spec(q.dtype, q.block_2d, q.seed.is_some(), q.hadamard);
     // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
     unsafe {
-        dev.launch(&spec, cuda::grid(dev, blocks, u64::from(THREADS)), THREADS, 0, stream, p).map_err(cuda::gpu_err(op))?;
+        dev.launch(&spec, cuda::grid(dev, blocks, u64::from(THREADS)), THREADS, 0, stream, p)
+            .map_err(cuda::gpu_err(op))?;
     }
     Ok(vec![data, scale, global_scale])
 }
@@ -103,8 +111,15 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let numel = (q.rows * q.k) as u64;
     // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
     unsafe {
-        dev.launch(&dequantize_spec(q.out_dtype), cuda::grid(dev, numel, u64::from(THREADS) * 16), THREADS, 0, stream, p)
-            .map_err(cuda::gpu_err(op))?;
+        dev.launch(
+            &dequantize_spec(q.out_dtype),
+            cuda::grid(dev, numel, u64::from(THREADS) * 16),
+            THREADS,
+            0,
+            stream,
+            p,
+        )
+        .map_err(cuda::gpu_err(op))?;
     }
     Ok(vec![out])
 }

@@ -10,7 +10,7 @@ use deepwell_core::nvfp4::NVFP4_BLOCK;
 use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{cpu_and_cuda, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -39,12 +39,7 @@ pub static DEQUANTIZE: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    vec![
-        Kernel { spec: &QUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(QUANTIZE, cpu::quantize) },
-        Kernel { spec: &DEQUANTIZE, dispatch_key: "CPU", boxed: boxed_kernel!(DEQUANTIZE, cpu::dequantize) },
-        Kernel { spec: &QUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(QUANTIZE, cuda::quantize) },
-        Kernel { spec: &DEQUANTIZE, dispatch_key: "CUDA", boxed: boxed_kernel!(DEQUANTIZE, cuda::dequantize) },
-    ]
+    [cpu_and_cuda!(QUANTIZE, quantize), cpu_and_cuda!(DEQUANTIZE, dequantize)].concat()
 }
 
 pub use cuda::specs as cuda_specs;

@@ -56,8 +56,15 @@ pub fn unswizzle(a: &mut Args) -> Result<Vec<Tensor>> {
     let p = Params::new().ptr(ptr(&src)).ptr(ptr(&out)).i64(c.rows as i64).i64(c.cols as i64);
     // SAFETY: src has swizzled_len bytes and out rows*cols bytes, both contiguous on `dev`.
     unsafe {
-        dev.launch(&unswizzle_spec(), cuda::grid(dev, (c.rows * c.cols) as u64, u64::from(THREADS)), THREADS, 0, stream, p)
-            .map_err(cuda::gpu_err(op))?;
+        dev.launch(
+            &unswizzle_spec(),
+            cuda::grid(dev, (c.rows * c.cols) as u64, u64::from(THREADS)),
+            THREADS,
+            0,
+            stream,
+            p,
+        )
+        .map_err(cuda::gpu_err(op))?;
     }
     Ok(vec![out])
 }

@@ -12,7 +12,7 @@ use deepwell_core::swizzle::swizzled_len;
 use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Result};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{cpu_and_cuda, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -25,12 +25,7 @@ pub static UNSWIZZLE: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    vec![
-        Kernel { spec: &SWIZZLE, dispatch_key: "CPU", boxed: boxed_kernel!(SWIZZLE, cpu::swizzle) },
-        Kernel { spec: &UNSWIZZLE, dispatch_key: "CPU", boxed: boxed_kernel!(UNSWIZZLE, cpu::unswizzle) },
-        Kernel { spec: &SWIZZLE, dispatch_key: "CUDA", boxed: boxed_kernel!(SWIZZLE, cuda::swizzle) },
-        Kernel { spec: &UNSWIZZLE, dispatch_key: "CUDA", boxed: boxed_kernel!(UNSWIZZLE, cuda::unswizzle) },
-    ]
+    [cpu_and_cuda!(SWIZZLE, swizzle), cpu_and_cuda!(UNSWIZZLE, unswizzle)].concat()
 }
 
 pub use cuda::{specs as cuda_specs, swizzle_on_device};
