@@ -1,4 +1,5 @@
-//! deepwell-core: deepwell's number formats and CPU reference quantizers: no torch, no CUDA.
+//! deepwell-core: deepwell's number formats, CPU reference quantizers and precision policy: no torch,
+//! no CUDA.
 //!
 //! Every function is bit-exact to `shared/NUMERICS.md`, the contract the CUDA kernels meet too;
 //! each module's docs restate the rules it implements. All arithmetic is fp32 on the exactly
@@ -14,6 +15,7 @@
 //! | [`hadamard`], [`rng`] | NVFP4's random Hadamard transform and stochastic rounding |
 //! | [`swizzle`] | Blackwell's 128x4 scale-tile layout and its inverse |
 //! | [`shape`] | the (outer, k, inner) view that quantizes along any dim without a transpose |
+//! | [`policy`] | per-layer precision decisions and the GEMM dispatch table (recipe x arch x pass) |
 //!
 //! Special values (project decisions, detailed in each module): amax is NaN-propagating (NaN
 //! wins over Inf); an MXFP8 block holding NaN/Inf gets scale 0xFF and NaN elements; an NVFP4
