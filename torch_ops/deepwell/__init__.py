@@ -18,11 +18,16 @@ from .ops import (
     unswizzle_scales,
 )
 
+from .policy import LayerDecision, LayerInfo, PrecisionPolicy
+
 _native.load()
 
 __version__ = _native.version()
 
 __all__ = [
+    "LayerDecision",
+    "LayerInfo",
+    "PrecisionPolicy",
     "fp8_block_dequantize",
     "fp8_block_quantize",
     "fp8_block_quantize_rowcol",

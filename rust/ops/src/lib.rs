@@ -9,7 +9,7 @@
 //! - `host`      CPU views of tensor memory for the reference kernels;
 //! - `cuda`      torch's stream, contiguous inputs and launch contexts for the CUDA kernels;
 //! - `ops/`      one module per op family, each with its specs and kernels;
-//! - `register`  the exported C entry points.
+//! - `register`  the exported C entry points; `policy` the precision policy's JSON entry point.
 //!
 //! The maths lives in `deepwell-core`; this crate only validates, allocates and routes.
 
@@ -21,6 +21,7 @@ pub mod error;
 pub mod host;
 pub mod kernel;
 pub mod ops;
+pub mod policy;
 pub mod register;
 pub mod stack;
 pub mod tensor;

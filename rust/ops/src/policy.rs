@@ -1,0 +1,115 @@
+//! `deepwell_policy_decide`: the precision policy of deepwell-core behind a JSON-in, JSON-out C
+//! entry point, for `torch_ops/deepwell/policy.py` (and the compile backend's planner later).
+//!
+//! Request: `{"policy": {"precision": "auto", "first_last_bf16": true, "min_features": 512,
+//! "name_overrides": [["glob", "recipe"], ...], "type_overrides": [["Linear", "bf16"], ...]},
+//! "arch": "sm_90" | "cpu", "layers": [{"name", "module_type", "role", "index", "count",
+//! "in_features", "out_features"}, ...]}`.
+//! Response: `{"decisions": [{"recipe", "emulated", "reason", "rule"}, ...]}` or `{"error": "..."}`.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CStr, CString};
+use std::panic::catch_unwind;
+
+use deepwell_core::policy::{decide, Arch, LayerInfo, Policy, Recipe, Role};
+use serde_json::{json, Value};
+
+fn field<'a>(v: &'a Value, key: &str) -> Result<&'a Value, String> {
+    v.get(key).ok_or_else(|| format!("missing field '{key}'"))
+}
+
+fn text(v: &Value, key: &str) -> Result<String, String> {
+    field(v, key)?.as_str().map(str::to_owned).ok_or_else(|| format!("field '{key}' must be a string"))
+}
+
+fn count(v: &Value, key: &str) -> Result<usize, String> {
+    field(v, key)?.as_u64().map(|n| n as usize).ok_or_else(|| format!("field '{key}' must be a non-negative integer"))
+}
+
+fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| format!("{what}: {e}"))
+}
+
+fn overrides(v: &Value, key: &str) -> Result<Vec<(String, Recipe)>, String> {
+    let Some(list) = v.get(key) else { return Ok(Vec::new()) };
+    let items = list.as_array().ok_or_else(|| format!("'{key}' must be a list of [pattern, recipe] pairs"))?;
+    items
+        .iter()
+        .map(|pair| match pair.as_array().map(Vec::as_slice) {
+            Some([Value::String(p), Value::String(r)]) => Ok((p.clone(), parse(r, key)?)),
+            _ => Err(format!("'{key}' entries must be [pattern, recipe] pairs of strings, got {pair}")),
+        })
+        .collect()
+}
+
+fn policy(v: &Value) -> Result<Policy, String> {
+    let d = Policy::default();
+    Ok(Policy {
+        precision: v.get("precision").and_then(Value::as_str).map_or(Ok(d.precision), |s| parse(s, "precision"))?,
+        first_last_bf16: v.get("first_last_bf16").and_then(Value::as_bool).unwrap_or(d.first_last_bf16),
+        min_features: v.get("min_features").and_then(Value::as_u64).map_or(d.min_features, |n| n as usize),
+        name_overrides: overrides(v, "name_overrides")?,
+        type_overrides: overrides(v, "type_overrides")?,
+    })
+}
+
+fn layer(v: &Value) -> Result<LayerInfo, String> {
+    Ok(LayerInfo {
+        name: text(v, "name")?,
+        module_type: text(v, "module_type")?,
+        role: parse::<Role>(&text(v, "role")?, "role")?,
+        index: count(v, "index")?,
+        count: count(v, "count")?,
+        in_features: count(v, "in_features")?,
+        out_features: count(v, "out_features")?,
+    })
+}
+
+fn respond(request: &str) -> Result<Value, String> {
+    let req: Value = serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
+    let policy = policy(req.get("policy").unwrap_or(&Value::Null))?;
+    let arch: Arch = parse(&text(&req, "arch")?, "arch")?;
+    let layers = field(&req, "layers")?.as_array().ok_or("'layers' must be a list")?;
+    let decisions: Vec<Value> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let info = layer(l).map_err(|e| format!("layers[{i}]: {e}"))?;
+            let d = decide(&policy, &info, arch);
+            Ok(json!({"recipe": d.recipe.to_string(), "emulated": d.emulated, "reason": d.reason, "rule": format!("{:?}", d.rule)}))
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(json!({ "decisions": decisions }))
+}
+
+thread_local! {
+    static RESPONSE: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Decides every layer of the request (see the module docs). Returns a JSON string owned by this
+/// thread, valid until the thread's next call. Never unwinds: bad requests answer `{"error"}`.
+///
+/// # Safety
+/// `request` must be NULL or a NUL-terminated UTF-8 string.
+#[no_mangle]
+pub unsafe extern "C" fn deepwell_policy_decide(request: *const c_char) -> *const c_char {
+    let answer = if request.is_null() {
+        json!({"error": "request is NULL"})
+    } else {
+        // SAFETY: guaranteed by the caller.
+        let text = unsafe { CStr::from_ptr(request) }.to_string_lossy().into_owned();
+        match catch_unwind(|| respond(&text)) {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => json!({ "error": e }),
+            Err(_) => json!({"error": "internal panic (a bug in deepwell)"}),
+        }
+    };
+    let c = crate::stack::c_message(&answer.to_string());
+    RESPONSE.with(|slot| {
+        *slot.borrow_mut() = c;
+        slot.borrow().as_ptr()
+    })
+}

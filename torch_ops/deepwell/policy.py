@@ -1,0 +1,87 @@
+"""The precision policy: which recipe each GEMM site runs, and why. The decisions are made in Rust
+(rust/core/src/policy, reached through `deepwell_policy_decide`); this module is its typed front.
+
+Defaults (DESIGN.md "Precision policy"): embeddings, norms, router gates and the LM head stay bf16;
+so do the first and last GEMM sites, shapes whose in/out features the recipe's block does not
+divide, and GEMMs with fewer than `min_features` in or out features. Everything else runs the
+policy's precision ("auto" = the fastest native recipe of the device: fp8_block on Hopper, mxfp8 on
+Blackwell, bf16 elsewhere). Overrides by module-name glob or module type come first. A recipe with
+no native GEMM on the device is marked emulated (exact numerics, dequantize + high-precision GEMM).
+
+    >>> policy = deepwell.PrecisionPolicy(precision="mxfp8", name_overrides={"*.attn.*": "bf16"})
+    >>> policy.decide([deepwell.LayerInfo("layers.0.mlp.up", "Linear", "mlp", 1, 4, 4096, 14336)], "sm_90")
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import _native
+
+ROLES = ("embedding", "attention", "mlp", "experts", "router", "norm", "lm_head", "other")
+
+
+@dataclass
+class LayerInfo:
+    """One GEMM site: qualified module name, module type, role, position among the model's GEMM
+    sites (index of count) and the weight's features."""
+
+    name: str
+    module_type: str
+    role: str
+    index: int
+    count: int
+    in_features: int
+    out_features: int
+
+
+@dataclass
+class LayerDecision:
+    recipe: str
+    emulated: bool
+    reason: str
+    rule: str
+
+
+@dataclass
+class PrecisionPolicy:
+    precision: str = "auto"
+    first_last_bf16: bool = True
+    min_features: int = 512
+    #: glob -> recipe, first match wins (`*` matches across dots, `?` one character).
+    name_overrides: dict[str, str] = field(default_factory=dict)
+    #: module type name -> recipe.
+    type_overrides: dict[str, str] = field(default_factory=dict)
+
+    def decide(self, layers: list[LayerInfo], arch: str | None = None) -> list[LayerDecision]:
+        """The decision for each site on `arch` ("sm_90", "sm_100", "cpu"; default: this machine)."""
+        request = {
+            "policy": {
+                "precision": self.precision,
+                "first_last_bf16": self.first_last_bf16,
+                "min_features": self.min_features,
+                "name_overrides": [list(kv) for kv in self.name_overrides.items()],
+                "type_overrides": [list(kv) for kv in self.type_overrides.items()],
+            },
+            "arch": arch or current_arch(),
+            "layers": [asdict(layer) for layer in layers],
+        }
+        lib = _native.load()
+        lib.deepwell_policy_decide.argtypes = [ctypes.c_char_p]
+        lib.deepwell_policy_decide.restype = ctypes.c_char_p
+        answer = json.loads(lib.deepwell_policy_decide(json.dumps(request).encode()).decode())
+        if "error" in answer:
+            raise ValueError(f"deepwell.PrecisionPolicy: {answer['error']}")
+        return [LayerDecision(**d) for d in answer["decisions"]]
+
+
+def current_arch() -> str:
+    """This machine's arch as the policy names it: "sm_90" for an H100, "cpu" without a GPU."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
