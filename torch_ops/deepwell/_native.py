@@ -54,7 +54,8 @@ def _open(path: str) -> ctypes.CDLL:
     lib.deepwell_register.restype = ctypes.c_int
     lib.deepwell_compile_all.argtypes = [ctypes.c_char_p] * 2
     lib.deepwell_compile_all.restype = ctypes.c_int
-    for name in ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table"):
+    lib.deepwell_policy_decide.argtypes = [ctypes.c_char_p]
+    for name in ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table", "deepwell_policy_decide"):
         getattr(lib, name).restype = ctypes.c_char_p
     return lib
 

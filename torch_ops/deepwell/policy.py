@@ -14,7 +14,6 @@ no native GEMM on the device is marked emulated (exact numerics, dequantize + hi
 
 from __future__ import annotations
 
-import ctypes
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -70,10 +69,7 @@ class PrecisionPolicy:
             "arch": arch or current_arch(),
             "layers": [asdict(layer) for layer in layers],
         }
-        lib = _native.load()
-        lib.deepwell_policy_decide.argtypes = [ctypes.c_char_p]
-        lib.deepwell_policy_decide.restype = ctypes.c_char_p
-        answer = json.loads(lib.deepwell_policy_decide(json.dumps(request).encode()).decode())
+        answer = json.loads(_native.load().deepwell_policy_decide(json.dumps(request).encode()).decode())
         if "error" in answer:
             raise ValueError(f"deepwell.PrecisionPolicy: {answer['error']}")
         return [LayerDecision(**d) for d in answer["decisions"]]
