@@ -235,4 +235,30 @@ __device__ __forceinline__ void transpose_4x16(const uint32_t* tile, int rg, int
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Vector stores of dequantized results (mxfp8.cuh, fp8_block.cuh dequantize kernels).
+
+// Two results as one word of Out (RNE like Out::store; element order = memory order).
+template <class Out> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<BF16>(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // RNE, as BF16::store
+    return r;
+}
+template <> __device__ __forceinline__ uint32_t pack2<F16>(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // RNE, as F16::store
+    return r;
+}
+
+// 16 bytes of Out (16 / sizeof(Out) results) to out + e * sizeof(Out), 16-byte aligned.
+template <class Out> __device__ __forceinline__ void store_piece(void* out, int64_t e, const float* y) {
+    if constexpr (Bytes<Out>::N == 4)
+        *reinterpret_cast<uint4*>(static_cast<float*>(out) + e) =
+            make_uint4(__float_as_uint(y[0]), __float_as_uint(y[1]), __float_as_uint(y[2]), __float_as_uint(y[3]));
+    else
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + e) =
+            make_uint4(pack2<Out>(y[0], y[1]), pack2<Out>(y[2], y[3]), pack2<Out>(y[4], y[5]), pack2<Out>(y[6], y[7]));
+}
+
 }  // namespace deepwell

@@ -462,28 +462,6 @@ template <int Elem> __device__ __forceinline__ void decode2(uint32_t two, float&
     }
 }
 
-// Two results as one word of Out (RNE like Out::store; element order = memory order).
-template <class Out> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<BF16>(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-template <> __device__ __forceinline__ uint32_t pack2<F16>(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// 16 bytes of Out (P results) to out + e * sizeof(Out), 16-byte aligned.
-template <class Out> __device__ __forceinline__ void store_piece(void* out, int64_t e, const float* y) {
-    if constexpr (Bytes<Out>::N == 4)
-        *reinterpret_cast<uint4*>(static_cast<float*>(out) + e) =
-            make_uint4(__float_as_uint(y[0]), __float_as_uint(y[1]), __float_as_uint(y[2]), __float_as_uint(y[3]));
-    else
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + e) =
-            make_uint4(pack2<Out>(y[0], y[1]), pack2<Out>(y[2], y[3]), pack2<Out>(y[4], y[5]), pack2<Out>(y[6], y[7]));
-}
 
 // Quotient for non-negative operands; 32-bit division when both fit (the usual case).
 __device__ __forceinline__ int64_t div_nn(int64_t a, int64_t b) {
