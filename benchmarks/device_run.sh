@@ -5,6 +5,7 @@
 #   compile   python -m deepwell.kernels --compile-all for the device's arch
 #   tests     the whole pytest suite (GPU tests included)
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
+#   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
 # Logs and JSON go to $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,11 @@ for step in $steps; do
             quick=; [ "$step" = quantize-quick ] && quick=--quick
             python3 benchmarks/bench_quantize.py $quick 2>&1 | tee "$OUT/bench_quantize.log" || status=1
             cp benchmarks/results/bench_quantize-*.json "$OUT/" 2>/dev/null
+            ;;
+        linear | linear-quick)
+            quick=; [ "$step" = linear-quick ] && quick=--quick
+            python3 benchmarks/bench_linear.py $quick 2>&1 | tee "$OUT/bench_linear.log" || status=1
+            cp benchmarks/results/bench_linear-*.json "$OUT/" 2>/dev/null
             ;;
         *)
             echo "unknown step $step" >&2

@@ -23,6 +23,11 @@ def _fb(x, *block):
     return torch.ops.deepwell.fp8_block_quantize(x, *block)
 
 
+def _p(*shape, dtype=torch.bfloat16, seed=0):
+    """A leaf tensor that requires grad (opcheck then checks the autograd formula too)."""
+    return _x(*shape, dtype=dtype, seed=seed).requires_grad_()
+
+
 def cases() -> dict[str, list[tuple[tuple, dict]]]:
     """op name -> [(args, kwargs), ...]."""
     mx = _mx(_x(4, 64))
@@ -56,5 +61,21 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         "fp8_block_quantize_rowcol": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float16),), {"pow2": False})],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
         "swizzle_scales": [((scale,), {})],
+        "scaled_linear": [
+            ((_p(2, 3, 64), _p(32, 64, seed=1), _p(32, seed=2), "mxfp8"), {}),
+            ((_p(4, 128, dtype=torch.float32), _p(128, 128, seed=1, dtype=torch.float32), None, "fp8_block"), {}),
+            ((_p(32, 32), _p(16, 32, seed=1), _p(16, seed=2), "nvfp4"), {"seed": 7}),
+            ((_p(5, 48, dtype=torch.float16), _p(24, 48, seed=1, dtype=torch.float16), None, "bf16"), {}),
+            ((_x(3, 64), _x(32, 64, seed=1), None, "mxfp8"), {}),
+        ],
+        "mxfp8_linear": [
+            ((_p(2, 3, 64), _p(32, 64, seed=1)), {}),
+            ((_p(64, 64, dtype=torch.float32), _p(32, 64, seed=1, dtype=torch.float32), _p(32, seed=2)), {}),
+        ],
+        "scaled_linear_backward": [
+            ((_x(2, 32, 32), _x(2, 32, 64, seed=1), _x(32, 64, seed=2), "mxfp8", None, True, True), {}),
+            ((_x(32, 16), _x(32, 32, seed=1), _x(16, 32, seed=2), "nvfp4", 3, True, False), {}),
+            ((_x(128, 128), _x(128, 128, seed=1), _x(128, 128, seed=2), "fp8_block", None, False, True), {}),
+        ],
         "unswizzle_scales": [((torch.ops.deepwell.swizzle_scales(scale), 130, 6), {})],
     }

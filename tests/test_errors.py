@@ -16,6 +16,9 @@ MX = ops.mxfp8_quantize(X)
 NV = ops.nvfp4_quantize(X)
 FB = ops.fp8_block_quantize(torch.randn(4, 128))
 SC = torch.zeros(5, 3, dtype=torch.uint8)
+W = torch.randn(32, 96)
+W64 = torch.randn(32, 64)
+X48, W48 = torch.randn(4, 48), torch.randn(32, 48)
 
 # (id, call, substrings the message must contain)
 BAD = [
@@ -47,6 +50,18 @@ BAD = [
     ("sw-dtype", lambda: ops.swizzle_scales(torch.zeros(3, 3)), ["'scale'", "float8_e8m0fnu", "float32"]),
     ("unsw-len", lambda: ops.unswizzle_scales(SC.flatten(), 5, 3), ["deepwell.unswizzle_scales", "'swizzled'", "[512]", "[15]"]),
     ("unsw-rows", lambda: ops.unswizzle_scales(SC.flatten(), 0, 3), ["'rows, cols'", "positive"]),
+    ("lin-k", lambda: ops.scaled_linear(X, W, None, "mxfp8"), ["deepwell.scaled_linear", "x has 64 features", "in_features 96", "[32, 96]"]),
+    ("lin-recipe", lambda: ops.scaled_linear(X, W64, None, "fp4"), ["'recipe'", "'mxfp8', 'nvfp4', 'fp8_block', 'bf16'", '"fp4"']),
+    ("lin-k-block", lambda: ops.scaled_linear(X48, W48, None, "mxfp8"), ["'weight'", "divisible by 32", "in_features", "[32, 48]"]),
+    ("lin-n-block", lambda: ops.scaled_linear(X, W64[:24], None, "mxfp8"), ["'weight'", "out_features for dgrad", "[24, 64]"]),
+    ("lin-fp8-block", lambda: ops.scaled_linear(X, W64, None, "fp8_block"), ["'weight'", "divisible by 128", "[32, 64]"]),
+    ("lin-dtype", lambda: ops.scaled_linear(X.int(), W64, None, "bf16"), ["'x'", "torch.float32", "int32"]),
+    ("lin-w-dtype", lambda: ops.scaled_linear(X, W64.double(), None, "bf16"), ["'weight'", "torch.float64"]),
+    ("lin-w-dim", lambda: ops.scaled_linear(X, W64[0], None, "bf16"), ["'weight'", "2-d (out_features, in_features)", "1-d"]),
+    ("lin-bias", lambda: ops.scaled_linear(X, W64, torch.ones(31), "bf16"), ["'bias'", "[32]", "[31]"]),
+    ("lin-empty", lambda: ops.scaled_linear(torch.empty(0, 64), W64, None, "bf16"), ["'x'", "non-empty"]),
+    ("mxlin-k", lambda: ops.mxfp8_linear(X, W), ["deepwell.mxfp8_linear", "x has 64 features"]),
+    ("lin-bwd-grad", lambda: ops.scaled_linear_backward(X, X, W64, "bf16", None, True, True), ["deepwell.scaled_linear_backward", "'grad_out'", "[4, 32]", "[4, 64]"]),
 ]
 
 

@@ -38,7 +38,7 @@ def test_every_op_has_cases_a_fake_and_a_cpu_kernel():
 def test_rust_specs_match_python_schemas():
     for k in _native.kernel_table():
         schema = getattr(torch.ops.deepwell, k["op"]).default._schema
-        spelling = {"Optional[Tensor]": "Tensor?", "Optional[ScalarType]": "ScalarType?"}
+        spelling = {"Optional[Tensor]": "Tensor?", "Optional[ScalarType]": "ScalarType?", "Optional[int]": "int?"}
         got = [[a.name, spelling.get(str(a.real_type), str(a.real_type))] for a in schema.arguments]
         want = [[n, t] for n, t in k["args"]]
         assert got == want, f"{k['op']}: schema {got} vs Rust spec {want}"

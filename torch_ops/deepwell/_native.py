@@ -55,7 +55,12 @@ def _open(path: str) -> ctypes.CDLL:
     lib.deepwell_compile_all.argtypes = [ctypes.c_char_p] * 2
     lib.deepwell_compile_all.restype = ctypes.c_int
     lib.deepwell_policy_decide.argtypes = [ctypes.c_char_p]
-    for name in ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table", "deepwell_policy_decide"):
+    lib.deepwell_guardrail_check.argtypes = [ctypes.c_char_p]
+    lib.deepwell_weight_cache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    lib.deepwell_manual_seed.argtypes = [ctypes.c_uint64]
+    lib.deepwell_manual_seed.restype = None
+    returns_text = ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table")
+    for name in (*returns_text, "deepwell_policy_decide", "deepwell_guardrail_check"):
         getattr(lib, name).restype = ctypes.c_char_p
     return lib
 
@@ -103,3 +108,23 @@ def kernel_table() -> list[dict]:
 
     text = load().deepwell_kernel_table().decode()
     return [json.loads(line) for line in text.splitlines() if line]
+
+
+def weight_cache_info() -> dict[str, int]:
+    """The linear layers' weight cache: live entries, hits and misses since the process started."""
+    out = (ctypes.c_uint64 * 3)()
+    if load().deepwell_weight_cache_stats(out) != 0:
+        raise RuntimeError("deepwell: reading the weight cache statistics failed")
+    return {"entries": out[0], "hits": out[1], "misses": out[2]}
+
+
+def clear_weight_cache() -> None:
+    """Drops every cached weight operand (and the references to the weights they hold). Needed after
+    writes that bypass the version counter, such as `weight.data.copy_(...)`."""
+    if load().deepwell_weight_cache_clear() != 0:
+        raise RuntimeError("deepwell: clearing the weight cache failed")
+
+
+def manual_seed(seed: int) -> None:
+    """Restarts the sequence of seeds that stochastic rounding (NVFP4 gradients) draws from."""
+    load().deepwell_manual_seed(seed & (2**64 - 1))

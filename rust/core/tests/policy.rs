@@ -413,6 +413,8 @@ fn kernel_shape_rules_fall_back_to_emulation() {
         // sm_90 blockwise: M % 4 (M-major 1x128 scales), N % 16 (_scaled_mm_v2).
         (Recipe::Fp8Block, HOPPER, GemmShape { m: 8190, n: 4096, k: 4096 }, "M=8190 not a multiple of 4"),
         (Recipe::Fp8Block, HOPPER, GemmShape { m: 8192, n: 4100, k: 4096 }, "N=4100 not a multiple of 16"),
+        // ... and the 128x128 weight scales' leading dim K/128 16-byte aligned (measured on the H100).
+        (Recipe::Fp8Block, HOPPER, GemmShape { m: 8192, n: 4096, k: 384 }, "K=384 not a multiple of 512"),
         (Recipe::Mxfp8, B200, GemmShape { m: 8192, n: 1000, k: 4096 }, "N=1000 not a multiple of 16"),
         // NVFP4 packs two codes per byte: K % 32 for _scaled_mm_v2's 16-byte check.
         (Recipe::Nvfp4, B200, GemmShape { m: 8192, n: 4096, k: 4112 }, "K=4112 not a multiple of 32"),
@@ -425,8 +427,10 @@ fn kernel_shape_rules_fall_back_to_emulation() {
     // Any M works for the MX modes (scales are padded to 128 rows).
     let c = gemm_backend(Recipe::Mxfp8, B200, Pass::Fprop, GemmShape { m: 7, n: 4096, k: 4096 });
     assert!(!c.emulated);
-    // M % 4 holds at the boundary.
+    // M % 4 holds at the boundary; wgrad's 1x128 x 1x128 has no K % 512 rule.
     let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Wgrad, GemmShape { m: 4, n: 16, k: 128 });
+    assert!(!c.emulated);
+    let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Dgrad, GemmShape { m: 4, n: 16, k: 512 });
     assert!(!c.emulated);
 }
 

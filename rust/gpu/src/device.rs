@@ -44,6 +44,7 @@ pub struct Device {
     ordinal: i32,
     ctx: sys::CUcontext,
     arch: String,
+    capability: (u32, u32),
     sms: u32,
     max_threads_per_sm: u32,
     name: String,
@@ -111,7 +112,9 @@ impl Device {
         let max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32;
         let arch = nvrtc_arch(major, minor).map_err(GpuError::Unsupported)?;
         let name = driver("cuDeviceGetName", result::device::get_name(dev))?;
-        Ok(Device { ordinal, ctx, arch, sms, max_threads_per_sm, name, functions: RwLock::new(HashMap::new()) })
+        let capability = (major as u32, minor as u32);
+        let functions = RwLock::new(HashMap::new());
+        Ok(Device { ordinal, ctx, arch, capability, sms, max_threads_per_sm, name, functions })
     }
 
     pub fn ordinal(&self) -> i32 {
@@ -119,6 +122,10 @@ impl Device {
     }
     pub fn arch(&self) -> &str {
         &self.arch
+    }
+    /// The compute capability `(major, minor)`.
+    pub fn capability(&self) -> (u32, u32) {
+        self.capability
     }
     pub fn sms(&self) -> u32 {
         self.sms

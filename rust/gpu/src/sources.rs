@@ -10,10 +10,12 @@ pub enum Header {
     Fp8Block,
     Nvfp4,
     Swizzle,
+    Linear,
 }
 
 impl Header {
-    pub const ALL: [Header; 5] = [Header::Common, Header::Mxfp8, Header::Fp8Block, Header::Nvfp4, Header::Swizzle];
+    pub const ALL: [Header; 6] =
+        [Header::Common, Header::Mxfp8, Header::Fp8Block, Header::Nvfp4, Header::Swizzle, Header::Linear];
 
     pub fn file_name(self) -> &'static str {
         match self {
@@ -22,6 +24,7 @@ impl Header {
             Header::Fp8Block => "fp8_block.cuh",
             Header::Nvfp4 => "nvfp4.cuh",
             Header::Swizzle => "swizzle.cuh",
+            Header::Linear => "linear.cuh",
         }
     }
 
@@ -32,6 +35,7 @@ impl Header {
             Header::Fp8Block => include_str!("../../../cuda/fp8_block.cuh"),
             Header::Nvfp4 => include_str!("../../../cuda/nvfp4.cuh"),
             Header::Swizzle => include_str!("../../../cuda/swizzle.cuh"),
+            Header::Linear => include_str!("../../../cuda/linear.cuh"),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use deepwell_gpu::{arch::grid_blocks, Device, GpuError};
 
-use crate::abi::{api, cuda_api, StableIValue, EXTENSION_BUILD_VERSION};
+use crate::abi::cuda_api;
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};
 use crate::tensor::Tensor;
@@ -58,28 +58,7 @@ pub fn grid(dev: &Device, work: u64, per_block: u64) -> u32 {
 
 /// `t` itself when contiguous, else `aten::contiguous(t)` (a copy made by torch, on t's stream).
 pub fn contiguous(op: Op, t: Tensor) -> Result<Tensor> {
-    if t.is_contiguous() {
-        return Ok(t);
-    }
-    // SAFETY: constant getter.
-    let format = unsafe { (api().aoti_torch_memory_format_contiguous_format)() };
-    // aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a).
-    // The dispatcher consumes the handle we pass (even on failure) and returns a new owning one.
-    let mut stack: [StableIValue; 2] = [t.into_raw() as StableIValue, format as StableIValue];
-    // SAFETY: the stack holds the op's two arguments encoded for ABI 2.10 and has room for its one return.
-    let code = unsafe {
-        (api().torch_call_dispatcher)(
-            c"aten::contiguous".as_ptr(),
-            c"".as_ptr(),
-            stack.as_mut_ptr(),
-            EXTENSION_BUILD_VERSION,
-        )
-    };
-    if code != 0 {
-        return Err(Error::Torch { op, call: "torch_call_dispatcher(aten::contiguous)" });
-    }
-    // SAFETY: on success stack[0] is a new owning tensor handle.
-    unsafe { Tensor::from_raw(stack[0] as _) }.ok_or(Error::Torch { op, call: "aten::contiguous" })
+    crate::aten::contiguous(op, t)
 }
 
 /// The template tag of a float element type (cuda/common.cuh).

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use crate::abi::Api;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     F16,
@@ -19,6 +19,8 @@ pub enum DType {
     E4M3,
     E5M2,
     E8M0,
+    /// float4_e2m1fn_x2: two E2M1 codes per byte (the dtype `_scaled_mm_v2` wants for NVFP4 data).
+    F4x2,
     // Dtypes no kernel accepts, named so error messages can say what was given.
     I8,
     I16,
@@ -28,11 +30,12 @@ pub enum DType {
     Other(i32),
 }
 
-/// c10::ScalarType::Float8_e8m0fnu, for torch 2.10 which has no getter for it.
+/// c10::ScalarType::Float8_e8m0fnu and Float4_e2m1fn_x2, for torch 2.10 which has no getters.
 const E8M0_C10_CODE: i32 = 44;
+const F4X2_C10_CODE: i32 = 45;
 
 struct Codes {
-    table: [(DType, i32); 13],
+    table: [(DType, i32); 14],
 }
 
 static CODES: OnceLock<Codes> = OnceLock::new();
@@ -49,6 +52,7 @@ pub fn init(api: &Api) {
             (DType::E4M3, (api.aoti_torch_dtype_float8_e4m3fn)()),
             (DType::E5M2, (api.aoti_torch_dtype_float8_e5m2)()),
             (DType::E8M0, api.torch_dtype_float8_e8m0fnu.map_or(E8M0_C10_CODE, |f| f())),
+            (DType::F4x2, api.torch_dtype_float4_e2m1fn_x2.map_or(F4X2_C10_CODE, |f| f())),
             (DType::I8, (api.aoti_torch_dtype_int8)()),
             (DType::I16, (api.aoti_torch_dtype_int16)()),
             (DType::I32, (api.aoti_torch_dtype_int32)()),
@@ -87,6 +91,7 @@ impl fmt::Display for DType {
             DType::E4M3 => "torch.float8_e4m3fn",
             DType::E5M2 => "torch.float8_e5m2",
             DType::E8M0 => "torch.float8_e8m0fnu",
+            DType::F4x2 => "torch.float4_e2m1fn_x2",
             DType::I8 => "torch.int8",
             DType::I16 => "torch.int16",
             DType::I32 => "torch.int32",
@@ -100,7 +105,7 @@ impl fmt::Display for DType {
 
 /// Where a tensor lives. Only CPU kernels exist so far; CUDA tensors are recognised so the error
 /// can say what is missing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Device {
     Cpu,
     Cuda(i32),

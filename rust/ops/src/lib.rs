@@ -5,6 +5,7 @@
 //! - `abi/`      the shim function table, resolved at load time from the libtorch torch loaded;
 //! - `tensor`    owning tensor handles; `stack` decodes boxed arguments; `kernel` is the
 //!   trampoline and the one raising function (the audited FFI seam);
+//! - `aten`      calling ATen ops (GEMMs, casts, copies) through the dispatcher;
 //! - `check`     argument validation with messages naming op, argument, expectation and value;
 //! - `host`      CPU views of tensor memory for the reference kernels;
 //! - `cuda`      torch's stream, contiguous inputs and launch contexts for the CUDA kernels;
@@ -14,6 +15,7 @@
 //! The maths lives in `deepwell-core`; this crate only validates, allocates and routes.
 
 pub mod abi;
+pub mod aten;
 pub mod check;
 pub mod cuda;
 pub mod dtype;

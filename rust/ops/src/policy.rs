@@ -6,12 +6,17 @@
 //! "arch": "sm_90" | "cpu", "layers": [{"name", "module_type", "role", "index", "count",
 //! "in_features", "out_features"}, ...]}`.
 //! Response: `{"decisions": [{"recipe", "emulated", "reason", "rule"}, ...]}` or `{"error": "..."}`.
+//!
+//! `deepwell_guardrail_check`: the run-time guardrail (deepwell_core::policy::guardrail) for
+//! `torch_ops/deepwell/guardrails.py`. Request: `{"stats": {"input_nonfinite", "output_nonfinite",
+//! "saturated", "numel", "amax_input", "amax_output"}, "saturation_threshold": 1e-3}` (amaxes may be
+//! the strings "nan", "inf", "-inf"). Response: `{"fallback": null | "reason"}` or `{"error": "..."}`.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::catch_unwind;
 
-use deepwell_core::policy::{decide, Arch, LayerInfo, Policy, Recipe, Role};
+use deepwell_core::policy::{check, decide, Arch, GuardrailConfig, LayerInfo, LayerStats, Policy, Recipe, Role};
 use serde_json::{json, Value};
 
 fn field<'a>(v: &'a Value, key: &str) -> Result<&'a Value, String> {
@@ -85,23 +90,47 @@ fn respond(request: &str) -> Result<Value, String> {
     Ok(json!({ "decisions": decisions }))
 }
 
+/// A float field, also accepting the strings JSON cannot carry as numbers ("nan", "inf", "-inf").
+fn float(v: &Value, key: &str) -> Result<f64, String> {
+    match field(v, key)? {
+        Value::String(s) => s.parse::<f64>().map_err(|_| format!("field '{key}' must be a number, got {s:?}")),
+        n => n.as_f64().ok_or_else(|| format!("field '{key}' must be a number")),
+    }
+}
+
+fn guardrail(request: &str) -> Result<Value, String> {
+    let req: Value = serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
+    let s = field(&req, "stats")?;
+    let stats = LayerStats {
+        input_nonfinite: count(s, "input_nonfinite")? as u64,
+        output_nonfinite: count(s, "output_nonfinite")? as u64,
+        saturated: count(s, "saturated")? as u64,
+        numel: count(s, "numel")? as u64,
+        amax_input: float(s, "amax_input")? as f32,
+        amax_output: float(s, "amax_output")? as f32,
+    };
+    let d = GuardrailConfig::default();
+    let cfg = GuardrailConfig {
+        saturation_threshold: req.get("saturation_threshold").and_then(Value::as_f64).unwrap_or(d.saturation_threshold),
+    };
+    Ok(json!({ "fallback": check(&stats, &cfg).map(|f| f.reason) }))
+}
+
 thread_local! {
     static RESPONSE: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// Decides every layer of the request (see the module docs). Returns a JSON string owned by this
-/// thread, valid until the thread's next call. Never unwinds: bad requests answer `{"error"}`.
+/// Answers `handler(request)` as a JSON string owned by this thread (valid until its next call).
 ///
 /// # Safety
 /// `request` must be NULL or a NUL-terminated UTF-8 string.
-#[no_mangle]
-pub unsafe extern "C" fn deepwell_policy_decide(request: *const c_char) -> *const c_char {
+unsafe fn answer(request: *const c_char, handler: fn(&str) -> Result<Value, String>) -> *const c_char {
     let answer = if request.is_null() {
         json!({"error": "request is NULL"})
     } else {
         // SAFETY: guaranteed by the caller.
         let text = unsafe { CStr::from_ptr(request) }.to_string_lossy().into_owned();
-        match catch_unwind(|| respond(&text)) {
+        match catch_unwind(|| handler(&text)) {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => json!({ "error": e }),
             Err(_) => json!({"error": "internal panic (a bug in deepwell)"}),
@@ -112,4 +141,25 @@ pub unsafe extern "C" fn deepwell_policy_decide(request: *const c_char) -> *cons
         *slot.borrow_mut() = c;
         slot.borrow().as_ptr()
     })
+}
+
+/// Checks one layer's statistics against the guardrails (see the module docs).
+///
+/// # Safety
+/// `request` must be NULL or a NUL-terminated UTF-8 string.
+#[no_mangle]
+pub unsafe extern "C" fn deepwell_guardrail_check(request: *const c_char) -> *const c_char {
+    // SAFETY: forwarded from the caller.
+    unsafe { answer(request, guardrail) }
+}
+
+/// Decides every layer of the request (see the module docs). Returns a JSON string owned by this
+/// thread, valid until the thread's next call. Never unwinds: bad requests answer `{"error"}`.
+///
+/// # Safety
+/// `request` must be NULL or a NUL-terminated UTF-8 string.
+#[no_mangle]
+pub unsafe extern "C" fn deepwell_policy_decide(request: *const c_char) -> *const c_char {
+    // SAFETY: forwarded from the caller.
+    unsafe { answer(request, respond) }
 }

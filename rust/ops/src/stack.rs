@@ -20,6 +20,7 @@ pub enum Kind {
     Bool,
     Str,
     OptScalarType,
+    OptInt,
 }
 
 impl Kind {
@@ -33,6 +34,7 @@ impl Kind {
             Kind::Bool => "bool",
             Kind::Str => "str",
             Kind::OptScalarType => "ScalarType?",
+            Kind::OptInt => "int?",
         }
     }
 }
@@ -52,6 +54,7 @@ enum Value {
     Bool(bool),
     Str(String),
     OptScalarType(Option<i32>),
+    OptInt(Option<i64>),
 }
 
 /// The decoded arguments of one call; kernels take them by name.
@@ -132,12 +135,48 @@ impl Args {
                         Kind::Bool => Value::Bool(v & 0xff != 0),
                         Kind::Str => Value::Str(take_string(v as _)),
                         Kind::OptScalarType => Value::OptScalarType(take_box(v).map(|c| c as i32)),
+                        Kind::OptInt => Value::OptInt(take_box(v).map(|c| c as i64)),
                     }
                 };
                 (name, Some(value))
             })
             .collect();
         Args { op, values }
+    }
+
+    /// Arguments built in Rust rather than decoded: how one op runs another op's kernel body
+    /// directly (the linear layers call the quantizers so, under their own name in messages).
+    pub fn internal(op: Op) -> Args {
+        Args { op, values: Vec::new() }
+    }
+
+    fn with(mut self, name: &'static str, v: Value) -> Args {
+        self.values.push((name, Some(v)));
+        self
+    }
+
+    pub fn with_tensor(self, name: &'static str, t: Tensor) -> Args {
+        self.with(name, Value::Tensor(Some(t)))
+    }
+
+    pub fn with_opt_tensor(self, name: &'static str, t: Option<Tensor>) -> Args {
+        self.with(name, Value::OptTensor(t))
+    }
+
+    pub fn with_int(self, name: &'static str, v: i64) -> Args {
+        self.with(name, Value::Int(v))
+    }
+
+    pub fn with_bool(self, name: &'static str, v: bool) -> Args {
+        self.with(name, Value::Bool(v))
+    }
+
+    pub fn with_str(self, name: &'static str, v: &str) -> Args {
+        self.with(name, Value::Str(v.to_owned()))
+    }
+
+    pub fn with_opt_scalar_type(self, name: &'static str, v: Option<i32>) -> Args {
+        self.with(name, Value::OptScalarType(v))
     }
 
     pub fn op(&self) -> Op {
@@ -194,6 +233,13 @@ impl Args {
     pub fn str(&mut self, name: &'static str) -> Result<String> {
         match self.take(name)? {
             Value::Str(v) => Ok(v),
+            _ => Err(self.wrong_kind(name)),
+        }
+    }
+
+    pub fn opt_int(&mut self, name: &'static str) -> Result<Option<i64>> {
+        match self.take(name)? {
+            Value::OptInt(v) => Ok(v),
             _ => Err(self.wrong_kind(name)),
         }
     }

@@ -77,6 +77,50 @@ impl Tensor {
         unsafe { Tensor::from_raw(out) }.ok_or(Error::Torch { op, call: "aoti_torch_empty_strided" })
     }
 
+    /// A second owning handle to the same tensor (shares storage, metadata and version counter).
+    pub fn share(&self, op: Op) -> Result<Tensor> {
+        let mut out: AtenTensorHandle = std::ptr::null_mut();
+        // SAFETY: valid handle; `out` receives a new owning reference.
+        let code = unsafe { (api().aoti_torch_new_tensor_handle)(self.raw(), &mut out) };
+        check(op, "aoti_torch_new_tensor_handle", code)?;
+        // SAFETY: success returns a new owning handle.
+        unsafe { Tensor::from_raw(out) }.ok_or(Error::Torch { op, call: "aoti_torch_new_tensor_handle" })
+    }
+
+    /// A view of the same storage with other sizes and strides (no copy; the caller keeps it within
+    /// the storage). The storage offset is kept.
+    pub fn view(&self, op: Op, sizes: &[i64], strides: &[i64]) -> Result<Tensor> {
+        debug_assert_eq!(sizes.len(), strides.len());
+        let mut out: AtenTensorHandle = std::ptr::null_mut();
+        // SAFETY: sizes/strides have `sizes.len()` elements; the last argument is the increment
+        // added to the current storage offset (torch::inductor::_reinterpret_tensor).
+        let code = unsafe {
+            (api().aoti_torch__reinterpret_tensor)(
+                self.raw(),
+                sizes.len() as i64,
+                sizes.as_ptr(),
+                strides.as_ptr(),
+                0,
+                &mut out,
+            )
+        };
+        check(op, "aoti_torch__reinterpret_tensor", code)?;
+        // SAFETY: success returns a new owning handle.
+        unsafe { Tensor::from_raw(out) }.ok_or(Error::Torch { op, call: "aoti_torch__reinterpret_tensor" })
+    }
+
+    /// The transpose of a 2-D tensor, as a view.
+    pub fn t(&self, op: Op) -> Result<Tensor> {
+        let (s, st) = (self.sizes(), self.strides());
+        self.view(op, &[s[1], s[0]], &[st[1], st[0]])
+    }
+
+    /// A contiguous tensor seen with other sizes (same numel), as a view.
+    pub fn reshape_contiguous(&self, op: Op, sizes: &[i64]) -> Result<Tensor> {
+        debug_assert!(self.is_contiguous());
+        self.view(op, sizes, &contiguous_strides(sizes))
+    }
+
     pub fn dim(&self) -> usize {
         let mut d = 0i64;
         // SAFETY: valid handle, valid out pointer; cannot fail for a defined tensor.

@@ -2,6 +2,7 @@
 and typed wrapper. Importing this package defines the schemas; `deepwell._native.load()` then
 registers the Rust kernels behind them."""
 
+from .linear import mxfp8_linear, scaled_linear
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize, fp8_block_quantize_rowcol
 from .mxfp8 import mxfp8_dequantize, mxfp8_quantize, mxfp8_quantize_rowcol
 from .nvfp4 import nvfp4_dequantize, nvfp4_quantize
@@ -12,10 +13,12 @@ __all__ = [
     "fp8_block_quantize",
     "fp8_block_quantize_rowcol",
     "mxfp8_dequantize",
+    "mxfp8_linear",
     "mxfp8_quantize",
     "mxfp8_quantize_rowcol",
     "nvfp4_dequantize",
     "nvfp4_quantize",
+    "scaled_linear",
     "swizzle_scales",
     "unswizzle_scales",
 ]

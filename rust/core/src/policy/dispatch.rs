@@ -72,7 +72,7 @@ fn plain_matmul(arch: Arch) -> GemmBackend {
 }
 
 /// The first shape rule of the native kernel that `s` breaks, if any.
-fn kernel_misfit(recipe: Recipe, s: GemmShape) -> Option<String> {
+fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
     // aten::_scaled_mm_v2 checks mat_a.size(1) % 16 and both mat_b dims % 16 on its storage
     // dtype, i.e. K and N multiples of 16 elements (fp4 packs two per byte: K % 32).
     let k_align = if recipe == Recipe::Nvfp4 { 32 } else { 16 };
@@ -86,6 +86,12 @@ fn kernel_misfit(recipe: Recipe, s: GemmShape) -> Option<String> {
     // cuBLASLt wants 16-byte aligned: M a multiple of 4 (hopper_perf.md §3, §4).
     if recipe == Recipe::Fp8Block && s.m % 4 != 0 {
         return Some(format!("M={} not a multiple of 4 (cuBLASLt VEC128 scales)", s.m));
+    }
+    // The weight's 128x128 scales (fprop, dgrad) have leading dimension K/128, which
+    // _scaled_mm_v2 also wants 16-byte aligned: K a multiple of 512 (measured on the H100 with
+    // torch 2.11: K=256 is refused with "scale_b must have shape 4 x 2").
+    if recipe == Recipe::Fp8Block && pass != Pass::Wgrad && s.k % 512 != 0 {
+        return Some(format!("K={} not a multiple of 512 (cuBLASLt BLK128x128 scales)", s.k));
     }
     None
 }
@@ -108,7 +114,8 @@ fn kernel_misfit(recipe: Recipe, s: GemmShape) -> Option<String> {
 /// 2. A native cell whose kernel rejects the shape becomes `Emulated` (exact, same numerics):
 ///    `_scaled_mm_v2` needs K and N multiples of 16 (nvfp4: K % 32, two codes per byte), and the
 ///    sm_90 blockwise mode needs M % 4 (its 1x128 scales are M-major, 16-byte aligned;
-///    shared/reference/hopper_perf.md §3, §4).
+///    shared/reference/hopper_perf.md §3, §4) and, for fprop and dgrad, K % 512 (the 128x128
+///    weight scales' leading dimension K/128, also 16-byte aligned).
 ///
 /// Why these cells: cuBLASLt allows VEC128 x BLK128x128 and VEC128 x VEC128 but never
 /// BLK128x128 x BLK128x128, and wgrad's operands (dy, x) are both 1x128 (hopper_perf.md §4);
@@ -137,7 +144,7 @@ pub fn gemm_backend(recipe: Recipe, arch: Arch, pass: Pass, shape: GemmShape) ->
     if !is_native(recipe, arch) {
         return emulated(why_not_native(recipe, arch));
     }
-    if let Some(why) = kernel_misfit(recipe, shape) {
+    if let Some(why) = kernel_misfit(recipe, pass, shape) {
         return emulated(why);
     }
     let backend = match (recipe, arch.family(), pass) {

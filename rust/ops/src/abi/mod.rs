@@ -15,6 +15,7 @@ use dl::{cast, Library};
 pub type AtenTensorHandle = *mut c_void;
 pub type TorchLibraryHandle = *mut c_void;
 pub type StringHandle = *mut c_void;
+pub type StableListHandle = *mut c_void;
 pub type StableIValue = u64;
 /// 0 = success, 1 = failure (the message went to stderr: torch < 2.13 cannot return it).
 pub type AotiError = i32;
@@ -40,6 +41,9 @@ macro_rules! abi_table {
             /// `operator delete(void*)` from libstdc++: frees the boxes of `T?` arguments on torch
             /// < 2.13, where libtorch allocates them with `new StableIValue`.
             pub operator_delete: Option<unsafe extern "C" fn(*mut c_void)>,
+            /// `operator new(size_t)` from libstdc++: allocates the boxes of `T?` arguments deepwell
+            /// passes to `torch_call_dispatcher` on torch < 2.13 (libtorch frees them with delete).
+            pub operator_new: Option<unsafe extern "C" fn(usize) -> *mut c_void>,
         }
 
         impl Api {
@@ -50,6 +54,7 @@ macro_rules! abi_table {
                         $( $name: cast(lib.required(stringify!($name))?), )*
                         $( $oname: lib.optional(stringify!($oname)).map(|p| cast(p)), )*
                         operator_delete: libstdcxx.and_then(|l| l.optional("_ZdlPv")).map(|p| cast(p)),
+                        operator_new: libstdcxx.and_then(|l| l.optional("_Znwm")).map(|p| cast(p)),
                     })
                 }
             }
@@ -76,6 +81,11 @@ abi_table! {
         torch_string_c_str: fn(StringHandle, *mut *const c_char) -> AotiError;
         torch_delete_string: fn(StringHandle) -> AotiError;
         torch_call_dispatcher: fn(*const c_char, *const c_char, *mut StableIValue, u64) -> AotiError;
+        torch_new_list_reserve_size: fn(usize, *mut StableListHandle) -> AotiError;
+        torch_list_push_back: fn(StableListHandle, StableIValue) -> AotiError;
+        torch_delete_list: fn(StableListHandle) -> AotiError;
+        aoti_torch_new_tensor_handle: fn(AtenTensorHandle, *mut AtenTensorHandle) -> AotiError;
+        aoti_torch__reinterpret_tensor: fn(AtenTensorHandle, i64, *const i64, *const i64, i64, *mut AtenTensorHandle) -> AotiError;
         aoti_torch_memory_format_contiguous_format: fn() -> i32;
         aoti_torch_device_type_cpu: fn() -> i32;
         aoti_torch_device_type_cuda: fn() -> i32;
@@ -95,8 +105,10 @@ abi_table! {
     optional {
         // 2.11+
         torch_dtype_float8_e8m0fnu: fn() -> i32;
+        torch_dtype_float4_e2m1fn_x2: fn() -> i32;
         // 2.13+
         torch_delete_stable_ivalue: fn(*mut StableIValue) -> AotiError;
+        torch_new_stable_ivalue: fn(*mut *mut StableIValue) -> AotiError;
     }
 }
 
@@ -145,6 +157,9 @@ pub fn init(libtorch_cpu: &str) -> Result<&'static Api> {
     }
     if api.torch_delete_stable_ivalue.is_none() && api.operator_delete.is_none() {
         return Err(Error::Load("cannot free optional-argument boxes: libstdc++ not found".into()));
+    }
+    if api.torch_new_stable_ivalue.is_none() && api.operator_new.is_none() {
+        return Err(Error::Load("cannot allocate optional-argument boxes: libstdc++ not found".into()));
     }
     Ok(API.get_or_init(|| api))
 }

@@ -3,6 +3,7 @@
 //! Each family has `mod.rs` (specs and argument checks), `cpu.rs` (the reference) and `cuda.rs`.
 
 pub mod fp8_block;
+pub mod linear;
 pub mod mxfp8;
 pub mod nvfp4;
 pub mod swizzle;
@@ -17,6 +18,7 @@ pub fn all_kernels() -> Vec<Kernel> {
     k.extend(nvfp4::kernels());
     k.extend(fp8_block::kernels());
     k.extend(swizzle::kernels());
+    k.extend(linear::kernels());
     k
 }
 
@@ -27,5 +29,6 @@ pub fn all_cuda_specs() -> Vec<KernelSpec> {
     v.extend(nvfp4::cuda_specs());
     v.extend(fp8_block::cuda_specs());
     v.extend(swizzle::cuda_specs());
+    v.extend(linear::cuda_specs());
     v
 }

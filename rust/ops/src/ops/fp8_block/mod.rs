@@ -6,8 +6,8 @@
 //! Block shapes: 1x128 (activations and gradients along K), 128x1 (the same along M, for wgrad) and
 //! 128x128 (weights). The tensor is viewed as (batch, rows, cols) with rows/cols its last two dims.
 
-mod cpu;
-mod cuda;
+pub(crate) mod cpu;
+pub(crate) mod cuda;
 
 use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};

@@ -3,8 +3,8 @@
 //! reference (`cpu.rs`, maths in rust/core/src/mxfp8.rs) and the CUDA kernels (`cuda.rs`,
 //! cuda/mxfp8.cuh), so both backends accept and reject exactly the same inputs.
 
-mod cpu;
-mod cuda;
+pub(crate) mod cpu;
+pub(crate) mod cuda;
 
 use deepwell_core::mxfp8::{Fp8Elem, ScaleMode, MX_BLOCK};
 use deepwell_core::shape::Dims3;

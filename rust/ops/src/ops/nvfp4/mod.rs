@@ -2,8 +2,8 @@
 //! torch_ops/deepwell/ops/nvfp4.py. Checks here, shared by the CPU reference (`cpu.rs`, maths in
 //! rust/core/src/nvfp4.rs) and CUDA (`cuda.rs`, cuda/nvfp4.cuh).
 
-mod cpu;
-mod cuda;
+pub(crate) mod cpu;
+pub(crate) mod cuda;
 
 use deepwell_core::nvfp4::NVFP4_BLOCK;
 

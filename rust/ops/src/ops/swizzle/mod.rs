@@ -4,8 +4,8 @@
 //! The swizzled tensor is 1-D (round_up(rows,128) * round_up(cols,4) bytes, padding 0): its bytes are
 //! in the order cuBLASLt and `F.scaled_mm(..., swizzle=SWIZZLE_32_4_4)` read them.
 
-mod cpu;
-mod cuda;
+pub(crate) mod cpu;
+pub(crate) mod cuda;
 
 use deepwell_core::swizzle::swizzled_len;
 

@@ -1,0 +1,131 @@
+"""One linear layer's forward + backward (quantization included) per recipe vs bf16
+`torch.nn.functional.linear` (cuBLAS), in one process, on the GPU.
+
+For each (M, K, N): bf16 inputs x (M, K), W (N, K), dy (M, N); times of
+- `step`: forward + backward (dx and dW), the weight re-quantized every step (a training step
+  without gradient accumulation: the weight cache is cleared before each call);
+- `step_cached`: the same with the weight's quantized operands cached (micro-batches of one step);
+- `fwd`: the forward alone (cached weight);
+and TFLOP/s = 3 * 2MNK / step (2MNK for fwd), the speedup over bf16, and the forward output's
+relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block, `gemms` is the three
+cuBLASLt blockwise GEMMs alone on pre-quantized operands: step - gemms is what quantization and
+glue cost (the gap to explain; see the README's performance notes).
+
+    python benchmarks/bench_linear.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import deepwell
+from _common import environment, header, time_ms, write_json
+
+ops = torch.ops.deepwell
+SHAPES = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096)]
+RECIPES = ["fp8_block", "mxfp8", "nvfp4", "bf16"]
+NATIVE_ON_SM90 = {"fp8_block", "bf16"}
+
+
+def bf16_step(x, w, dy):
+    y = F.linear(x, w)
+    return torch.autograd.grad(y, (x, w), dy)
+
+
+def deepwell_fwd(x, w, recipe):
+    if recipe == "mxfp8":
+        return ops.mxfp8_linear(x, w, None)
+    return ops.scaled_linear(x, w, None, recipe, None)
+
+
+def deepwell_step(x, w, dy, recipe, cached: bool):
+    if not cached:
+        deepwell.clear_weight_cache()
+    y = deepwell_fwd(x, w, recipe)
+    return torch.autograd.grad(y, (x, w), dy)
+
+
+def blockwise_gemms(x, w, dy):
+    """The three fp8_block GEMMs alone (sm_90 layouts, ANCHORS.md), operands quantized beforehand."""
+    ST = F.ScalingType
+    mm = F.scaled_mm
+
+    def m_major(s):
+        return s.t().contiguous().t()
+
+    xr, xs, xc, xcs = ops.fp8_block_quantize_rowcol(x)
+    dr, ds, dc, dcs = ops.fp8_block_quantize_rowcol(dy)
+    wq, ws = ops.fp8_block_quantize(w, 128, 128)
+    wt, wts = wq.t().contiguous(), ws.t().contiguous()
+    xs, xcs, ds, dcs = map(m_major, (xs, xcs, ds, dcs))
+
+    def run():
+        mm(xr, wq.t(), xs, ST.BlockWise1x128, ws.t(), ST.BlockWise128x128, output_dtype=torch.bfloat16)
+        mm(dr, wt.t(), ds, ST.BlockWise1x128, wts.t(), ST.BlockWise128x128, output_dtype=torch.bfloat16)
+        mm(dc, xc.t(), dcs, ST.BlockWise1x128, xcs, ST.BlockWise1x128, output_dtype=torch.bfloat16)
+
+    return run
+
+
+def rel_err(y, y64) -> float:
+    return ((y.double() - y64).norm() / y64.norm()).item()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="first shape only")
+    args = p.parse_args()
+    env = environment()
+    header("bench_linear: forward + backward of one linear layer, bf16 inputs", env)
+    rows = []
+    print(f"{'M x K x N':>20} {'recipe':>10} {'step ms':>8} {'cached':>8} {'fwd ms':>7} {'TFLOP/s':>8} "
+          f"{'vs bf16':>8} {'fwd vs bf16':>11} {'rel err':>9}  note")
+    for m, k, n in SHAPES[:1] if args.quick else SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16().requires_grad_()
+        w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).bfloat16().requires_grad_()
+        dy = torch.randn(m, n, device="cuda", generator=g).bfloat16()
+        y64 = x.detach().double() @ w.detach().double().t()
+        flops = 2 * m * n * k
+        base_step = time_ms(lambda: bf16_step(x, w, dy))
+        base_fwd = time_ms(lambda: F.linear(x, w))
+        base_err = rel_err(F.linear(x, w), y64)
+        shape = f"{m} x {k} x {n}"
+        print(f"{shape:>20} {'torch bf16':>10} {base_step:8.3f} {'':>8} {base_fwd:7.3f} {3 * flops / base_step / 1e9:8.0f} "
+              f"{1.0:8.2f} {1.0:11.2f} {base_err:9.2e}  F.linear (cuBLAS)")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "torch_bf16", "step_ms": base_step, "fwd_ms": base_fwd,
+                     "tflops": 3 * flops / base_step / 1e9, "rel_err": base_err})
+        for recipe in RECIPES:
+            step = time_ms(lambda: deepwell_step(x, w, dy, recipe, cached=False))
+            cached = time_ms(lambda: deepwell_step(x, w, dy, recipe, cached=True))
+            fwd = time_ms(lambda: deepwell_fwd(x, w, recipe))
+            with torch.no_grad():
+                err = rel_err(deepwell_fwd(x, w, recipe), y64)
+            native = env["sm"] != "9.0" or recipe in NATIVE_ON_SM90
+            note = "native" if native else "emulated (exact quantization, bf16 GEMM)"
+            row = {"m": m, "k": k, "n": n, "recipe": recipe, "step_ms": step, "step_cached_ms": cached, "fwd_ms": fwd,
+                   "tflops": 3 * flops / step / 1e9, "speedup": base_step / step, "speedup_cached": base_step / cached,
+                   "fwd_speedup": base_fwd / fwd, "rel_err": err, "rel_err_minus_bf16": err - base_err,
+                   "emulated": not native}
+            if recipe == "fp8_block" and env["sm"] == "9.0":
+                gemms = time_ms(blockwise_gemms(x.detach(), w.detach(), dy))
+                row["gemms_only_ms"] = gemms
+                note += f"; 3 GEMMs alone {gemms:.3f} ms ({base_step / gemms:.2f}x bf16)"
+            print(f"{shape:>20} {recipe:>10} {step:8.3f} {cached:8.3f} {fwd:7.3f} {row['tflops']:8.0f} "
+                  f"{row['speedup']:8.2f} {row['fwd_speedup']:11.2f} {err:9.2e}  {note}")
+            rows.append(row)
+        # The backward op alone (dgrad + wgrad, cached weight), for the breakdown.
+        bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))
+        print(f"{shape:>20} {'fp8_block':>10} backward op alone: {bwd:.3f} ms")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "backward_op_ms": bwd})
+        del x, w, dy, y64
+        torch.cuda.empty_cache()
+    deepwell.clear_weight_cache()
+    print("wrote", write_json("bench_linear", env, rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+//! One GEMM of a linear layer, `out = A @ B^T (+ bias)`, on the backend its operands were prepared
+//! for (`operand.rs`; the choice is deepwell_core::policy::gemm_backend).
+
+use deepwell_core::policy::ScalingType;
+
+use super::epilogue;
+use super::operand::Operand;
+use crate::aten::{self, Scales};
+use crate::dtype::{DType, Device};
+use crate::error::{Error, Op, Result};
+use crate::tensor::Tensor;
+
+/// torch's `SwizzleType`: NO_SWIZZLE = 0, SWIZZLE_32_4_4 = 1.
+const NO_SWIZZLE: i64 = 0;
+const SWIZZLE_32_4_4: i64 = 1;
+/// torch's `ScalingType.TensorWise` (NVFP4's per-tensor scale).
+const TENSOR_WISE: i64 = 0;
+
+/// `A @ B^T (+ bias)` rounded to `out`; both operands of one form.
+pub fn run(op: Op, a: Operand, b: Operand, bias: Option<Tensor>, out: DType) -> Result<Tensor> {
+    match (a, b) {
+        (Operand::Dense(a), Operand::Dense(b)) => dense(op, a, b, None, bias, out),
+        (Operand::DenseScaled { values: a, global: ga }, Operand::DenseScaled { values: b, global: gb }) => {
+            dense(op, a, b, Some((ga, gb)), bias, out)
+        }
+        (
+            Operand::Blockwise { data: a, scale: sa, scaling: ta },
+            Operand::Blockwise { data: b, scale: sb, scaling: tb },
+        ) => {
+            let sa = Scales { tensors: vec![sa], recipes: vec![ta.torch_code()], swizzles: vec![NO_SWIZZLE] };
+            let sb = Scales { tensors: vec![sb], recipes: vec![tb.torch_code()], swizzles: vec![NO_SWIZZLE] };
+            scaled(op, a, b, sa, sb, bias, out)
+        }
+        (
+            Operand::Mx { data: a, scale: sa, global: ga, scaling: ta },
+            Operand::Mx { data: b, scale: sb, global: gb, scaling: tb },
+        ) => scaled(op, a, b, mx_scales(sa, ga, ta), mx_scales(sb, gb, tb), bias, out),
+        _ => Err(Error::Panic { op, msg: "GEMM operands of different forms".into() }),
+    }
+}
+
+/// A plain GEMM on dense operands: cuBLAS bf16 with fp32 accumulation (bias fused when the output
+/// is bf16), or fp32 on the CPU; NVFP4's alpha and any other output dtype go through the epilogue.
+fn dense(
+    op: Op,
+    a: Tensor,
+    b: Tensor,
+    alpha: Option<(Tensor, Tensor)>,
+    bias: Option<Tensor>,
+    out: DType,
+) -> Result<Tensor> {
+    let on_cpu = a.device() == Device::Cpu;
+    if !on_cpu && alpha.is_none() && out == DType::BF16 {
+        let bias = bias.map(|t| aten::to_dtype(op, t, DType::BF16)).transpose()?;
+        return aten::linear(op, a, b, bias);
+    }
+    let bt = b.t(op)?;
+    let y = if on_cpu { aten::mm(op, a, bt)? } else { aten::mm_dtype(op, a, bt, DType::F32)? };
+    epilogue::apply(op, y, alpha, bias, out)
+}
+
+/// `aten::_scaled_mm_v2`: a row-major, b as the column-major transpose of B. cuBLASLt adds a bf16
+/// bias into a bf16 output itself; other outputs come out fp32 and go through the epilogue.
+fn scaled(op: Op, a: Tensor, b: Tensor, sa: Scales, sb: Scales, bias: Option<Tensor>, out: DType) -> Result<Tensor> {
+    let bt = b.t(op)?;
+    if out == DType::BF16 {
+        let bias = bias.map(|t| aten::to_dtype(op, t, DType::BF16)).transpose()?;
+        return aten::scaled_mm_v2(op, a, bt, sa, sb, bias, DType::BF16);
+    }
+    let y = aten::scaled_mm_v2(op, a, bt, sa, sb, None, DType::F32)?;
+    epilogue::apply(op, y, None, bias, out)
+}
+
+/// MX block scales, swizzled; NVFP4 adds its per-tensor decode scale as a second, tensor-wise scale.
+fn mx_scales(scale: Tensor, global: Option<Tensor>, scaling: ScalingType) -> Scales {
+    match global {
+        Some(g) => Scales {
+            tensors: vec![scale, g],
+            recipes: vec![scaling.torch_code(), TENSOR_WISE],
+            swizzles: vec![SWIZZLE_32_4_4, NO_SWIZZLE],
+        },
+        None => Scales { tensors: vec![scale], recipes: vec![scaling.torch_code()], swizzles: vec![SWIZZLE_32_4_4] },
+    }
+}

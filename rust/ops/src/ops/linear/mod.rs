@@ -1,0 +1,287 @@
+//! `deepwell.scaled_linear` and `deepwell.scaled_linear_backward`: a linear layer `y = x W^T + b`
+//! whose three GEMMs run in a recipe's precision. Schemas, fake kernels and the autograd formula:
+//! torch_ops/deepwell/ops/linear.py. The kernel (which GEMM runs each pass on which device) is
+//! chosen by deepwell_core::policy::gemm_backend, the table documented there and in the README.
+//!
+//! | file | what |
+//! |---|---|
+//! | `quantize.rs` | how each recipe quantizes each operand of each pass |
+//! | `operand.rs` | a GEMM operand in the form its backend reads |
+//! | `gemm.rs` | one GEMM: `_scaled_mm_v2`, cuBLAS bf16, or fp32 on the CPU |
+//! | `epilogue.rs` | NVFP4's alpha, the bias and the output cast after an fp32 GEMM |
+//! | `weight_cache.rs` | the weight's operands, cached until the weight changes |
+//! | `kernels.rs` | the quantizer kernels, called directly |
+//!
+//! Every pass is `out = A @ B^T` with A (rows, K) and B (cols, K) quantized along the shared K:
+//!
+//! | pass | A | B | K |
+//! |---|---|---|---|
+//! | fprop | x (M, in) | W (out, in) | in |
+//! | dgrad | dy (M, out) | W^T (in, out) | out |
+//! | wgrad | dy^T (out, M) | x^T (in, M) | M (tokens) |
+
+mod epilogue;
+mod gemm;
+mod kernels;
+mod operand;
+mod quantize;
+pub mod weight_cache;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe};
+use deepwell_gpu::KernelSpec;
+
+use crate::aten;
+use crate::check;
+use crate::dtype::{DType, Device};
+use crate::error::{Error, Op, Result};
+use crate::kernel::{boxed_kernel, Kernel};
+use crate::stack::{Args, Kind, OpSpec};
+use crate::tensor::Tensor;
+use operand::Form;
+use quantize::Role;
+use weight_cache::{Want, WeightOperands};
+
+pub static FORWARD: OpSpec = OpSpec {
+    name: "scaled_linear",
+    args: &[
+        ("x", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("bias", Kind::OptTensor),
+        ("recipe", Kind::Str),
+        ("seed", Kind::OptInt),
+    ],
+    returns: 1,
+};
+
+/// The MXFP8 case of `scaled_linear`, as its own op (the name users call directly).
+pub static MXFP8_FORWARD: OpSpec = OpSpec {
+    name: "mxfp8_linear",
+    args: &[("x", Kind::Tensor), ("weight", Kind::Tensor), ("bias", Kind::OptTensor)],
+    returns: 1,
+};
+
+pub static BACKWARD: OpSpec = OpSpec {
+    name: "scaled_linear_backward",
+    args: &[
+        ("grad_out", Kind::Tensor),
+        ("x", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("recipe", Kind::Str),
+        ("seed", Kind::OptInt),
+        ("need_input", Kind::Bool),
+        ("need_weight", Kind::Bool),
+    ],
+    returns: 2,
+};
+
+/// One body for both devices: the device-specific work happens in the quantizers and GEMMs.
+pub fn kernels() -> Vec<Kernel> {
+    let mut v = Vec::new();
+    for key in ["CPU", "CUDA"] {
+        v.push(Kernel { spec: &FORWARD, dispatch_key: key, boxed: boxed_kernel!(FORWARD, forward) });
+        v.push(Kernel { spec: &MXFP8_FORWARD, dispatch_key: key, boxed: boxed_kernel!(MXFP8_FORWARD, mxfp8_forward) });
+        v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
+    }
+    v
+}
+
+pub fn cuda_specs() -> Vec<KernelSpec> {
+    epilogue::specs()
+}
+
+pub use weight_cache::{deepwell_weight_cache_clear, deepwell_weight_cache_stats};
+
+// ---------------------------------------------------------------------------------------------
+// Stochastic-rounding seeds
+
+static SEED_BASE: AtomicU64 = AtomicU64::new(0x5EED_DEE9_0000_0000);
+static SEED_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh seed per backward call that was given none: `deepwell.manual_seed(s)` makes the
+/// sequence reproducible. (Under CUDA-graph replay the seed captured at record time repeats.)
+fn next_seed() -> u64 {
+    let n = SEED_COUNTER.fetch_add(1, Ordering::Relaxed);
+    SEED_BASE.load(Ordering::Relaxed) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// C entry point: restarts the seed sequence of stochastic rounding from `seed`.
+#[no_mangle]
+pub extern "C" fn deepwell_manual_seed(seed: u64) {
+    SEED_BASE.store(seed, Ordering::Relaxed);
+    SEED_COUNTER.store(0, Ordering::Relaxed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+/// A validated call: x seen as (m, k), weight (n, k), and where it runs.
+struct Layer {
+    x: Tensor,
+    weight: Tensor,
+    recipe: Recipe,
+    device: Device,
+    arch: Arch,
+    m: usize,
+    k: usize,
+    n: usize,
+    /// x's shape with its last dim replaced by n.
+    out_shape: Vec<i64>,
+}
+
+fn arch_of(op: Op, device: Device) -> Result<Arch> {
+    match device {
+        Device::Cpu => Ok(Arch::CPU),
+        Device::Cuda(i) => {
+            let (major, minor) = crate::cuda::device(op, i)?.capability();
+            Ok(Arch::sm(major, minor))
+        }
+        other => Err(Error::Unsupported { op, what: format!("no kernels for {other}") }),
+    }
+}
+
+impl Layer {
+    fn new(op: Op, x: Tensor, weight: Tensor, others: &[(&'static str, &Tensor)], recipe: &str) -> Result<Layer> {
+        let recipe: Recipe = check::parse(op, "recipe", recipe, "'mxfp8', 'nvfp4', 'fp8_block', 'bf16'")?;
+        check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+        check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
+        let mut tensors = vec![("x", &x), ("weight", &weight)];
+        tensors.extend_from_slice(others);
+        let backend = if x.device() == Device::Cpu { check::Backend::Cpu } else { check::Backend::Cuda };
+        let device = check::same_device(op, backend, &tensors)?;
+        check::non_empty(op, "x", &x, 1)?;
+        if weight.dim() != 2 {
+            return Err(Error::arg(
+                op,
+                "weight",
+                "be 2-d (out_features, in_features)",
+                format!("a {}-d tensor", weight.dim()),
+            ));
+        }
+        check::non_empty(op, "weight", &weight, 2)?;
+        let (n, k) = (weight.sizes()[0] as usize, weight.sizes()[1] as usize);
+        let x_k = *x.sizes().last().unwrap_or(&0) as usize;
+        if x_k != k {
+            return Err(Error::Mismatch {
+                op,
+                msg: format!(
+                    "x has {x_k} features (shape {}) but weight has in_features {k} (shape {})",
+                    check::shape_str(x.sizes()),
+                    check::shape_str(weight.sizes())
+                ),
+            });
+        }
+        // Both weight dims are some pass's K (in for fprop, out for dgrad); fp8_block's 128x128
+        // weight tiles and NVFP4's 16x16 ones need both anyway.
+        if let Some(block) = recipe.block_k() {
+            let why = format!("{recipe} quantizes along in_features in blocks of {block}");
+            check::divisible(op, "weight", &weight, 1, block, &why)?;
+            let why = format!("{recipe} quantizes W along out_features for dgrad in blocks of {block}");
+            check::divisible(op, "weight", &weight, 0, block, &why)?;
+        }
+        let m = x.numel() / k;
+        let mut out_shape = x.sizes().to_vec();
+        *out_shape.last_mut().unwrap_or(&mut 0) = n as i64;
+        let arch = arch_of(op, device)?;
+        Ok(Layer { x, weight, recipe, device, arch, m, k, n, out_shape })
+    }
+
+    fn choice(&self, pass: Pass) -> GemmChoice {
+        gemm_backend(self.recipe, self.arch, pass, GemmShape::linear(pass, self.m, self.k, self.n))
+    }
+
+    /// x as a contiguous (m, k) tensor.
+    fn x_2d(&self, op: Op) -> Result<Tensor> {
+        aten::contiguous(op, self.x.share(op)?)?.reshape_contiguous(op, &[self.m as i64, self.k as i64])
+    }
+
+    /// The weight's fprop or dgrad operand, from the cache.
+    fn weight_operand(&self, op: Op, want: Want) -> Result<operand::Operand> {
+        let fprop = Form::of(self.choice(Pass::Fprop).backend).1;
+        let dgrad = Form::of(self.choice(Pass::Dgrad).backend).1;
+        let (recipe, w) = (self.recipe, &self.weight);
+        weight_cache::operand(op, w, recipe, (fprop, dgrad), want, || {
+            let w2 = aten::contiguous(op, w.share(op)?)?;
+            let wt = aten::transpose_copy(op, &w2)?;
+            Ok(WeightOperands {
+                fprop: quantize::along_k(op, recipe, fprop, Role::Weight, w2, 0)?,
+                dgrad: quantize::along_k(op, recipe, dgrad, Role::Weight, wt, 0)?,
+            })
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels
+
+fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
+    let recipe = a.str("recipe")?;
+    let _seed = a.opt_int("seed")?; // used by the backward only
+    run_forward(a.op(), x, weight, bias, &recipe)
+}
+
+fn mxfp8_forward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
+    run_forward(a.op(), x, weight, bias, "mxfp8")
+}
+
+fn run_forward(op: Op, x: Tensor, weight: Tensor, bias: Option<Tensor>, recipe: &str) -> Result<Vec<Tensor>> {
+    let mut others = Vec::new();
+    if let Some(b) = &bias {
+        others.push(("bias", b));
+    }
+    let layer = Layer::new(op, x, weight, &others, recipe)?;
+    if let Some(b) = &bias {
+        check::dtype_in(op, "bias", b, &check::FLOAT_INPUTS)?;
+        check::shape_eq(op, "bias", b, &[layer.n as i64])?;
+    }
+    let form = Form::of(layer.choice(Pass::Fprop).backend).0;
+    let x2 = layer.x_2d(op)?;
+    let xa = quantize::along_k(op, layer.recipe, form, Role::Activation, x2, 0)?;
+    let wb = layer.weight_operand(op, Want::Fprop)?;
+    let y = gemm::run(op, xa, wb, bias, layer.x.dtype())?;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &layer.out_shape)?])
+}
+
+/// An empty tensor standing for a gradient nobody asked for (the autograd formula drops it).
+fn unused(op: Op, dtype: DType, device: Device) -> Result<Tensor> {
+    Tensor::empty(op, &[0], dtype, device)
+}
+
+fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (dy, x, weight) = (a.tensor("grad_out")?, a.tensor("x")?, a.tensor("weight")?);
+    let recipe = a.str("recipe")?;
+    let seed = a.opt_int("seed")?.map_or_else(next_seed, |s| s as u64);
+    let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
+    let layer = Layer::new(op, x, weight, &[("grad_out", &dy)], &recipe)?;
+    check::dtype_in(op, "grad_out", &dy, &check::FLOAT_INPUTS)?;
+    check::shape_eq(op, "grad_out", &dy, &layer.out_shape)?;
+    let dy2 = aten::contiguous(op, dy)?.reshape_contiguous(op, &[layer.m as i64, layer.n as i64])?;
+
+    let dgrad = need_x.then(|| Form::of(layer.choice(Pass::Dgrad).backend).0);
+    let wgrad = need_w.then(|| Form::of(layer.choice(Pass::Wgrad).backend));
+    let (dy_rows, dy_cols) = quantize::gradient_pair(op, layer.recipe, dgrad, wgrad.map(|f| f.0), dy2, seed)?;
+
+    let x_dtype = layer.x.dtype();
+    let dx = match dy_rows {
+        Some(da) => {
+            let wb = layer.weight_operand(op, Want::Dgrad)?;
+            let dx = gemm::run(op, da, wb, None, x_dtype)?;
+            aten::contiguous(op, dx)?.reshape_contiguous(op, layer.x.sizes())?
+        }
+        None => unused(op, x_dtype, layer.device)?,
+    };
+    let w_dtype = layer.weight.dtype();
+    let dw = match (dy_cols, wgrad) {
+        (Some(da), Some((_, x_form))) => {
+            let xb =
+                quantize::along_m(op, layer.recipe, x_form, Role::Activation, layer.x_2d(op)?, seed.wrapping_add(2))?;
+            aten::contiguous(op, gemm::run(op, da, xb, None, w_dtype)?)?
+        }
+        _ => unused(op, w_dtype, layer.device)?,
+    };
+    Ok(vec![dx, dw])
+}

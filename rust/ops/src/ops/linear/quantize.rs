@@ -1,0 +1,191 @@
+//! How each recipe quantizes each operand of each pass (DESIGN.md "Recipes and hardware", formats
+//! in NUMERICS.md), producing the operand form the pass's backend reads (`operand.rs`).
+//!
+//! | recipe | x (activations) | W (weights) | dy (gradients) |
+//! |---|---|---|---|
+//! | mxfp8 | E4M3, E8M0 scale per 1x32, rceil | same | same |
+//! | fp8_block | E4M3, pow2 fp32 scale per 1x128 | per 128x128 | per 1x128 |
+//! | nvfp4 | E2M1, 1x16, round to nearest | 16x16 blocks | 1x16, stochastic rounding |
+//! | bf16 | bf16 | bf16 | bf16 |
+//!
+//! NVFP4 follows NVIDIA's NVFP4 pretraining recipe (arXiv 2509.25149): 2-D 16x16 weight blocks (so
+//! W and W^T quantize identically), stochastic rounding on gradients, and the 16x16 random
+//! Hadamard transform on both wgrad operands (x^T and dy^T along the tokens). Every operand is
+//! quantized along its GEMM's K; the wgrad operands along the token dim M (`along_m`). A column-wise
+//! copy is re-quantized from the high-precision tensor, never transposed from the row-wise one
+//! (NUMERICS.md "Transposes"), except for 2-D blocks, where the two are identical.
+
+use deepwell_core::policy::{Recipe, ScalingType};
+
+use super::kernels::{self as k, Nvfp4Options};
+use super::operand::{dense_dtype, Form, Operand};
+use crate::aten;
+use crate::dtype::DType;
+use crate::error::{Error, Op, Result};
+use crate::tensor::Tensor;
+
+/// What a tensor is to the layer: it decides NVFP4's block shape and rounding, and fp8_block's tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Activation,
+    Weight,
+    Gradient,
+}
+
+/// Values rounded to bf16 (what a bf16 GEMM reads); widened exactly to fp32 on the CPU.
+fn dense(op: Op, t: Tensor) -> Result<Tensor> {
+    let device = t.device();
+    let b = aten::to_dtype(op, t, DType::BF16)?;
+    aten::to_dtype(op, b, dense_dtype(device))
+}
+
+/// fp32 scales (rows, K/128) row-major -> the same values M-major: strides (1, rows).
+fn m_major(op: Op, scale: Tensor) -> Result<Tensor> {
+    aten::transpose_copy(op, &scale)?.t(op)
+}
+
+fn nvfp4_options(role: Role, seed: u64, hadamard: bool) -> Nvfp4Options {
+    Nvfp4Options { block_2d: role == Role::Weight, seed: (role == Role::Gradient).then_some(seed), hadamard }
+}
+
+/// NVFP4 dequantized without the global decode scale (exact in bf16: E2M1 x E4M3 has at most six
+/// significant bits), the scale kept for after the GEMM.
+fn nvfp4_emulated(op: Op, t: Tensor, o: Nvfp4Options) -> Result<Operand> {
+    let device = t.device();
+    let [data, scale, global] = k::nvfp4_quantize(op, t, o)?;
+    let unit = aten::ones_like(op, &global)?;
+    let values = k::nvfp4_dequantize(op, data, scale, unit, dense_dtype(device))?;
+    Ok(Operand::DenseScaled { values, global })
+}
+
+/// `t` (rows, K), contiguous, quantized along its last dim K.
+fn along_last(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u64, hadamard: bool) -> Result<Operand> {
+    check_form(op, recipe, form)?;
+    let device = t.device();
+    match (form, recipe) {
+        (Form::Dense, _) | (_, Recipe::Bf16) => Ok(Operand::Dense(dense(op, t)?)),
+        (Form::Emulated, Recipe::Mxfp8) => {
+            let (data, scale) = k::mxfp8_quantize(op, t, -1)?;
+            Ok(Operand::Dense(k::mxfp8_dequantize(op, data, scale, -1, dense_dtype(device))?))
+        }
+        (Form::Emulated, Recipe::Fp8Block) => {
+            let block = if role == Role::Weight { (128, 128) } else { (1, 128) };
+            let (data, scale) = k::fp8_block_quantize(op, t, block)?;
+            Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, block, dense_dtype(device))?))
+        }
+        (Form::Emulated, Recipe::Nvfp4) => nvfp4_emulated(op, t, nvfp4_options(role, seed, hadamard)),
+        (Form::Blockwise(ScalingType::BlockWise128x128), _) => {
+            let (data, scale) = k::fp8_block_quantize(op, t, (128, 128))?;
+            let scale = scale.t(op)?;
+            Ok(Operand::Blockwise { data, scale, scaling: ScalingType::BlockWise128x128 })
+        }
+        (Form::Blockwise(scaling), _) => {
+            let (data, scale) = k::fp8_block_quantize(op, t, (1, 128))?;
+            Ok(Operand::Blockwise { data, scale: m_major(op, scale)?, scaling })
+        }
+        (Form::Mx(scaling @ ScalingType::BlockWise1x16), _) => {
+            let [data, scale, global] = k::nvfp4_quantize(op, t, nvfp4_options(role, seed, hadamard))?;
+            let data = aten::view_dtype(op, data, DType::F4x2)?;
+            Ok(Operand::Mx { data, scale: k::swizzle_scales(op, scale)?, global: Some(global), scaling })
+        }
+        (Form::Mx(scaling), _) => {
+            let (data, scale) = k::mxfp8_quantize(op, t, -1)?;
+            Ok(Operand::Mx { data, scale: k::swizzle_scales(op, scale)?, global: None, scaling })
+        }
+    }
+}
+
+/// The operand of an fprop or dgrad GEMM: `t` (rows, K), contiguous, quantized along K.
+pub fn along_k(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u64) -> Result<Operand> {
+    along_last(op, recipe, form, role, t, seed, false)
+}
+
+/// A wgrad operand: `t` (M, cols), contiguous, quantized along the token dim M and returned as the
+/// (cols, M) operand (a transposed view where the backend accepts one).
+pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u64) -> Result<Operand> {
+    check_form(op, recipe, form)?;
+    let device = t.device();
+    match (form, recipe) {
+        (Form::Dense, _) | (_, Recipe::Bf16) => Ok(Operand::Dense(dense(op, t)?.t(op)?)),
+        (Form::Emulated, Recipe::Mxfp8) => {
+            let (data, scale) = k::mxfp8_quantize(op, t, 0)?;
+            Ok(Operand::Dense(k::mxfp8_dequantize(op, data, scale, 0, dense_dtype(device))?.t(op)?))
+        }
+        (Form::Emulated, Recipe::Fp8Block) => {
+            let (data, scale) = k::fp8_block_quantize(op, t, (128, 1))?;
+            Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 1), dense_dtype(device))?.t(op)?))
+        }
+        (Form::Blockwise(scaling), _) => {
+            let [_, _, data, scale] = k::fp8_block_quantize_rowcol(op, t)?;
+            Ok(Operand::Blockwise { data, scale: m_major(op, scale)?, scaling })
+        }
+        // NVFP4's Hadamard transform runs along the quantized dim, so the operand is transposed first.
+        (Form::Emulated, Recipe::Nvfp4) | (Form::Mx(_), _) => {
+            let tt = aten::transpose_copy(op, &t)?;
+            along_last(op, recipe, form, role, tt, seed, recipe == Recipe::Nvfp4)
+        }
+    }
+}
+
+/// The output gradient dy (M, N) as the dgrad operand (along N) and the wgrad operand (along M),
+/// each when its form is given. One pass over dy makes both where a kernel does both (MXFP8 rowcol,
+/// FP8 block rowcol); stochastic rounding uses `seed` for dgrad and `seed + 1` for wgrad.
+pub fn gradient_pair(
+    op: Op,
+    recipe: Recipe,
+    dgrad: Option<Form>,
+    wgrad: Option<Form>,
+    dy: Tensor,
+    seed: u64,
+) -> Result<(Option<Operand>, Option<Operand>)> {
+    let device = dy.device();
+    let seed_w = seed.wrapping_add(1);
+    match (recipe, dgrad, wgrad) {
+        (Recipe::Mxfp8, Some(Form::Emulated), Some(Form::Emulated)) => {
+            let [rd, rs, cd, cs] = k::mxfp8_quantize_rowcol(op, dy)?;
+            let rows = k::mxfp8_dequantize(op, rd, rs, -1, dense_dtype(device))?;
+            let cols = k::mxfp8_dequantize(op, cd, cs, 0, dense_dtype(device))?.t(op)?;
+            Ok((Some(Operand::Dense(rows)), Some(Operand::Dense(cols))))
+        }
+        (Recipe::Fp8Block, Some(Form::Emulated), Some(Form::Emulated)) => {
+            let [rd, rs, cd, cs] = k::fp8_block_quantize_rowcol(op, dy)?;
+            let rows = k::fp8_block_dequantize(op, rd, rs, (1, 128), dense_dtype(device))?;
+            let cols = k::fp8_block_dequantize(op, cd, cs, (1, 128), dense_dtype(device))?;
+            Ok((Some(Operand::Dense(rows)), Some(Operand::Dense(cols))))
+        }
+        (Recipe::Fp8Block, Some(Form::Blockwise(sd)), Some(Form::Blockwise(sw))) => {
+            let [rd, rs, cd, cs] = k::fp8_block_quantize_rowcol(op, dy)?;
+            let rows = Operand::Blockwise { data: rd, scale: m_major(op, rs)?, scaling: sd };
+            let cols = Operand::Blockwise { data: cd, scale: m_major(op, cs)?, scaling: sw };
+            Ok((Some(rows), Some(cols)))
+        }
+        _ => {
+            let rows = match dgrad {
+                Some(form) => Some(along_k(op, recipe, form, Role::Gradient, dy.share(op)?, seed)?),
+                None => None,
+            };
+            let cols = match wgrad {
+                Some(form) => Some(along_m(op, recipe, form, Role::Gradient, dy, seed_w)?),
+                None => None,
+            };
+            Ok((rows, cols))
+        }
+    }
+}
+
+/// Refuses a form the recipe has no quantizer for (unreachable through the dispatch table).
+fn check_form(op: Op, recipe: Recipe, form: Form) -> Result<()> {
+    let ok = match form {
+        Form::Dense | Form::Emulated => true,
+        Form::Blockwise(_) => recipe == Recipe::Fp8Block,
+        Form::Mx(s) => matches!(
+            (recipe, s),
+            (Recipe::Mxfp8, ScalingType::BlockWise1x32) | (Recipe::Nvfp4, ScalingType::BlockWise1x16)
+        ),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Panic { op, msg: format!("no {form:?} operands for recipe {recipe}") })
+    }
+}

@@ -1,0 +1,65 @@
+"""`deepwell.Linear`: a drop-in `torch.nn.Linear` whose three GEMMs run in a low-precision recipe
+(torch.ops.deepwell.scaled_linear), with run-time guardrails that fall back to bf16 and say why."""
+
+from __future__ import annotations
+
+import torch
+
+from .guardrails import Guardrail, GuardrailConfig
+from .policy import current_arch
+
+ops = torch.ops.deepwell
+
+#: `recipe="auto"`: the fastest native recipe of the device (DESIGN.md; deepwell_core auto_recipe).
+_AUTO = {"sm_90": "fp8_block", "sm_100": "mxfp8", "sm_103": "mxfp8", "sm_120": "mxfp8", "sm_121": "mxfp8"}
+
+
+def auto_recipe(arch: str | None = None) -> str:
+    return _AUTO.get(arch or current_arch(), "bf16")
+
+
+class Linear(torch.nn.Linear):
+    """`y = x W^T + b` in `recipe` ("mxfp8", "nvfp4", "fp8_block", "bf16" or "auto").
+
+    Args:
+        recipe: the quantization recipe; "auto" picks the device's fastest native one.
+        name: the layer's name in `deepwell.policy_report()` (default: its id).
+        guardrails: collect statistics and fall back to bf16 on non-finite values or saturation
+            (deepwell.guardrails); `guardrail_config` sets the threshold and interval.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        recipe: str = "auto",
+        name: str | None = None,
+        guardrails: bool = True,
+        guardrail_config: GuardrailConfig | None = None,
+    ):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        planned = auto_recipe() if recipe == "auto" else recipe
+        reason = f"recipe={recipe!r}" + (f" -> {planned} on {current_arch()}" if recipe == "auto" else "")
+        label = name or f"Linear@{id(self):x}"
+        self.guardrail = Guardrail(label, planned, reason, guardrail_config) if guardrails else None
+        self.recipe = planned
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, recipe: str = "auto", **kw) -> "Linear":
+        """A deepwell.Linear sharing `linear`'s parameters."""
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, device="meta", recipe=recipe, **kw)
+        new.weight, new.bias = linear.weight, linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        recipe = self.recipe if self.guardrail is None else self.guardrail.recipe
+        y = ops.scaled_linear(x, self.weight, self.bias, recipe, None)
+        if self.guardrail is not None:
+            self.guardrail.observe(x, y)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe}"

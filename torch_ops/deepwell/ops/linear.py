@@ -1,0 +1,178 @@
+"""Low-precision linear layers: `scaled_linear(x, weight, bias, recipe)` and `mxfp8_linear(x, weight,
+bias)`, `y = x @ weight.T + bias` with all three GEMMs (forward, input gradient, weight gradient) in
+the recipe's precision. Schemas, fake kernels, the autograd formula and typed wrappers.
+
+Kernels: rust/ops/src/ops/linear/ (which GEMM runs where: deepwell_core::policy::gemm_backend, the
+dispatch table in the README). Recipes:
+
+| recipe | operands | GEMM on sm_90 (H100/H200) | on Blackwell | on CPU / other GPUs |
+|---|---|---|---|---|
+| fp8_block | E4M3, fp32 scales per 1x128 (x, dy), 128x128 (W) | cuBLASLt blockwise FP8 (native) | emulated | emulated |
+| mxfp8 | E4M3, E8M0 scale per 1x32 | emulated (dequantize + bf16 GEMM) | native MX GEMM | emulated |
+| nvfp4 | E2M1, E4M3 per 1x16 (16x16 for W) + fp32 per tensor; SR on dy; RHT on wgrad | emulated | native | emulated |
+| bf16 | bf16 | cuBLAS | cuBLAS | fp32 matmul of bf16 values |
+
+Emulation is exact in the quantization (bit-identical operands) and differs from native hardware
+only in the GEMM's fp32 accumulation order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+from ._library import define
+
+RECIPES = ("mxfp8", "nvfp4", "fp8_block", "bf16")
+#: Elements per scale along K; both weight dims must be multiples (each is some pass's K).
+BLOCK_K = {"mxfp8": 32, "nvfp4": 16, "fp8_block": 128}
+
+define("scaled_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, int? seed=None) -> Tensor")
+define("mxfp8_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
+define(
+    "scaled_linear_backward(Tensor grad_out, Tensor x, Tensor weight, str recipe, int? seed, "
+    "bool need_input, bool need_weight) -> (Tensor grad_input, Tensor grad_weight)"
+)
+
+
+def _check_layer(op: str, x, weight, recipe: str) -> list[int]:
+    """Mirrors `Layer::new` in rust/ops/src/ops/linear/mod.rs; returns y's shape."""
+    _checks.choice(op, "recipe", recipe, RECIPES)
+    _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
+    _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
+    if x.device != weight.device:
+        _checks.fail(op, "weight", f"be on {x.device} like 'x'", weight.device)
+    _checks.non_empty(op, "x", x, 1)
+    if weight.dim() != 2:
+        _checks.fail(op, "weight", "be 2-d (out_features, in_features)", f"a {weight.dim()}-d tensor")
+    _checks.non_empty(op, "weight", weight, 2)
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise RuntimeError(
+            f"deepwell.{op}: x has {x.shape[-1]} features (shape {_checks.shape_str(x.shape)}) but weight has "
+            f"in_features {k} (shape {_checks.shape_str(weight.shape)})"
+        )
+    block = BLOCK_K.get(recipe)
+    if block is not None:
+        _checks.divisible(op, "weight", weight, 1, block, f"{recipe} quantizes along in_features in blocks of {block}")
+        _checks.divisible(
+            op, "weight", weight, 0, block, f"{recipe} quantizes W along out_features for dgrad in blocks of {block}"
+        )
+    return [*x.shape[:-1], n]
+
+
+def _check_bias(op: str, bias, x, n: int) -> None:
+    if bias is None:
+        return
+    if bias.device != x.device:
+        _checks.fail(op, "bias", f"be on {x.device} like 'x'", bias.device)
+    _checks.dtype_in(op, "bias", bias, _checks.FLOAT_INPUTS)
+    _checks.shape_eq(op, "bias", bias, [n])
+
+
+@torch.library.register_fake("deepwell::scaled_linear")
+def _scaled_linear_fake(x, weight, bias, recipe, seed=None):
+    out_shape = _check_layer("scaled_linear", x, weight, recipe)
+    _check_bias("scaled_linear", bias, x, out_shape[-1])
+    return x.new_empty(out_shape)
+
+
+@torch.library.register_fake("deepwell::mxfp8_linear")
+def _mxfp8_linear_fake(x, weight, bias=None):
+    out_shape = _check_layer("mxfp8_linear", x, weight, "mxfp8")
+    _check_bias("mxfp8_linear", bias, x, out_shape[-1])
+    return x.new_empty(out_shape)
+
+
+@torch.library.register_fake("deepwell::scaled_linear_backward")
+def _backward_fake(grad_out, x, weight, recipe, seed, need_input, need_weight):
+    op = "scaled_linear_backward"
+    out_shape = _check_layer(op, x, weight, recipe)
+    _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
+    _checks.shape_eq(op, "grad_out", grad_out, out_shape)
+    dx = x.new_empty(x.shape) if need_input else x.new_empty((0,))
+    dw = weight.new_empty(weight.shape) if need_weight else weight.new_empty((0,))
+    return dx, dw
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd: dx and dW come from one Rust call (dy is quantized once for both), the bias gradient is
+# a plain reduction that Inductor fuses.
+
+
+def _setup(ctx, x, weight, bias, recipe: str, seed) -> None:
+    ctx.save_for_backward(x, weight)
+    ctx.recipe, ctx.seed = recipe, seed
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _grads(ctx, grad):
+    x, weight = ctx.saved_tensors
+    # needs_input_grad lists the arguments actually passed (mxfp8_linear(x, w) has no bias entry).
+    need_x, need_w, need_b = (tuple(ctx.needs_input_grad) + (False,) * 3)[:3]
+    dx = dw = db = None
+    if need_x or need_w:
+        gx, gw = torch.ops.deepwell.scaled_linear_backward(grad, x, weight, ctx.recipe, ctx.seed, need_x, need_w)
+        dx = gx if need_x else None
+        dw = gw if need_w else None
+    if need_b and ctx.bias_dtype is not None:
+        db = grad.sum(dim=tuple(range(grad.dim() - 1)), dtype=torch.float32).to(ctx.bias_dtype)
+    return dx, dw, db
+
+
+def _scaled_linear_setup(ctx, inputs, output):
+    x, weight, bias, recipe, seed = inputs
+    _setup(ctx, x, weight, bias, recipe, seed)
+
+
+def _scaled_linear_backward(ctx, grad):
+    return (*_grads(ctx, grad), None, None)
+
+
+def _mxfp8_linear_setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    _setup(ctx, x, weight, bias, "mxfp8", None)
+
+
+def _mxfp8_linear_backward(ctx, grad):
+    return _grads(ctx, grad)
+
+
+torch.library.register_autograd(
+    "deepwell::scaled_linear", _scaled_linear_backward, setup_context=_scaled_linear_setup
+)
+torch.library.register_autograd("deepwell::mxfp8_linear", _mxfp8_linear_backward, setup_context=_mxfp8_linear_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrappers
+
+
+def scaled_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    recipe: str = "mxfp8",
+    seed: int | None = None,
+) -> torch.Tensor:
+    """`x @ weight.T + bias` with the forward, input-gradient and weight-gradient GEMMs in `recipe`.
+
+    Args:
+        x: (..., in_features), float32/bfloat16/float16; any leading dims.
+        weight: (out_features, in_features), a float dtype; both dims multiples of the recipe's block
+            (mxfp8 32, nvfp4 16, fp8_block 128).
+        bias: (out_features,) or None.
+        recipe: "mxfp8", "nvfp4", "fp8_block" or "bf16" (the table in this module's docstring).
+        seed: seed of NVFP4's stochastic rounding of gradients; None draws a fresh one per backward
+            from deepwell's sequence (`deepwell.manual_seed`).
+
+    Returns:
+        y: (..., out_features) in x's dtype. The weight's quantized operands are cached until the
+        weight is modified in place (its version counter changes).
+    """
+    return torch.ops.deepwell.scaled_linear(x, weight, bias, recipe, seed)
+
+
+def mxfp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`scaled_linear(x, weight, bias, "mxfp8")`: MXFP8 (E4M3, 1x32 E8M0 scales) forward and backward."""
+    return torch.ops.deepwell.mxfp8_linear(x, weight, bias)
