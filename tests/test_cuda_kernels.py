@@ -36,7 +36,9 @@ def poison(nbytes: int = 1 << 28) -> None:
     del junk
 
 
-def assert_cuda_matches_cpu(fn, *args, **kwargs):
+def assert_cuda_matches_cpu(fn, *args, rtol=0.0, **kwargs):
+    """Bit-exact (rtol 0), or within `rtol` (norm-wise) for ops whose GEMMs accumulate differently
+    on the two devices."""
     want = _outs(fn(*args, **kwargs))
     poison()
     got = _outs(fn(*_to(args, "cuda"), **_to(kwargs, "cuda")))
@@ -44,16 +46,24 @@ def assert_cuda_matches_cpu(fn, *args, **kwargs):
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.is_cuda and g.shape == w.shape and g.dtype == w.dtype
-        assert same_bits(g.cpu(), w), f"{getattr(fn, '__name__', fn)}: CUDA differs from the CPU reference"
+        if rtol == 0.0:
+            assert same_bits(g.cpu(), w), f"{getattr(fn, '__name__', fn)}: CUDA differs from the CPU reference"
+        elif w.numel():
+            err = ((g.cpu().double() - w.double()).norm() / w.double().norm()).item()
+            assert err < rtol, f"{getattr(fn, '__name__', fn)}: CUDA vs CPU relative error {err}"
 
 
 CASES = [(name, i) for name, calls in cases().items() for i in range(len(calls))]
+
+#: Ops with GEMMs: same quantized operands on both devices (tests/test_linear.py checks both against
+#: the float64 model), different accumulation order and output rounding.
+GEMM_OPS = {"scaled_linear": 5e-3, "mxfp8_linear": 5e-3, "scaled_linear_backward": 5e-3}
 
 
 @pytest.mark.parametrize("name,i", CASES)
 def test_every_op_case(name, i):
     args, kwargs = cases()[name][i]
-    assert_cuda_matches_cpu(getattr(ops, name).default, *args, **kwargs)
+    assert_cuda_matches_cpu(getattr(ops, name).default, *args, rtol=GEMM_OPS.get(name, 0.0), **kwargs)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -221,14 +221,16 @@ def test_weight_cache_tells_weights_apart(gen):
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_block", "nvfp4"])
 def test_eager_and_compiled_training_step_agree(recipe, gen):
-    """A small MLP step through torch.compile(fullgraph=True): same outputs and gradients."""
+    """A small MLP step through torch.compile(fullgraph=True): same outputs and gradients. relu and
+    a sum keep Inductor's code bit-identical to eager around the ops (a gelu an ulp apart can flip a
+    quantized code at a rounding boundary, which is not what this test is about)."""
     k = 128
     x = torch.randn(4, 32, k, generator=gen)
     w1, w2 = (torch.randn(k, k, generator=gen) / k**0.5 for _ in range(2))
 
     def step(x, w1, w2):
-        h = torch.nn.functional.gelu(ops.scaled_linear(x, w1, None, recipe, 1))
-        return ops.scaled_linear(h, w2, None, recipe, 2).square().mean()
+        h = torch.relu(ops.scaled_linear(x, w1, None, recipe, 1))
+        return ops.scaled_linear(h, w2, None, recipe, 2).sum()
 
     outs = []
     for f in (step, torch.compile(step, fullgraph=True)):
@@ -238,8 +240,10 @@ def test_eager_and_compiled_training_step_agree(recipe, gen):
         loss.backward()
         outs.append((loss.detach(), a.grad, b.grad))
     torch._dynamo.reset()
-    for e, c in zip(*outs):
-        assert torch.allclose(e, c, rtol=1e-5, atol=1e-6)
+    (loss_e, *grads_e), (loss_c, *grads_c) = outs
+    assert torch.allclose(loss_e, loss_c, rtol=1e-4, atol=1e-3)  # the sum's order may differ
+    for e, c in zip(grads_e, grads_c):
+        assert same_bits(e, c)
 
 
 @pytest.mark.gpu
@@ -260,3 +264,37 @@ def test_cuda_matches_cpu(recipe, gen):
     tol = _tolerance("cuda", recipe)
     for c, g in zip(cpu, gpu):
         assert _rel(g, c) < tol
+
+
+@pytest.mark.parametrize(
+    "arch,recipe",
+    [("sm_100", "mxfp8"), ("sm_100", "nvfp4"), ("sm_120", "mxfp8"), ("sm_90", "fp8_block")],
+)
+def test_native_gemm_arguments_on_the_cpu(arch, recipe, gen):
+    """The native paths, run on the CPU: dispatch as `arch` would, build its `_scaled_mm_v2`
+    arguments (swizzled E8M0 / E4M3 scales, float4_e2m1fn_x2 data, the NVFP4 global scale, sm_90's
+    M-major and transposed fp32 scales), decode them with the CPU model of `_scaled_mm_v2`, and get
+    the float64 model's answer: the argument construction of GPUs we do not have is tested here."""
+    from deepwell import _native
+
+    deepwell.clear_weight_cache()
+    x, w, b, dy = _inputs(gen, 256, 512, 512)
+    with _native.cpu_gemm_arch(arch):
+        native = _run(x, w, b, dy, recipe, seed=6)
+    emulated = _run(x, w, b, dy, recipe, seed=6)
+    # The two runs cached the weight in two operand forms: the native path really ran.
+    assert deepwell.weight_cache_info()["entries"] == 2
+    y_ref = ref.forward(_f32(x), _f32(w), _f32(b), recipe)
+    dx_ref, dw_ref = ref.backward(_f32(dy), _f32(x), _f32(w), recipe, seed=6)
+    for got, want, emu in zip(native[:3], (y_ref, dx_ref, dw_ref), emulated[:3]):
+        assert _rel(got, want) < 2e-6
+        assert _rel(got, emu) < 2e-6
+    deepwell.clear_weight_cache()
+
+
+def test_cpu_gemm_arch_rejects_unknown_archs():
+    from deepwell import _native
+
+    with pytest.raises(ValueError, match="unknown arch"):
+        with _native.cpu_gemm_arch("sm_9x"):
+            pass

@@ -59,6 +59,7 @@ def _open(path: str) -> ctypes.CDLL:
     lib.deepwell_weight_cache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.deepwell_manual_seed.argtypes = [ctypes.c_uint64]
     lib.deepwell_manual_seed.restype = None
+    lib.deepwell_set_cpu_gemm_arch.argtypes = [ctypes.c_char_p]
     returns_text = ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table")
     for name in (*returns_text, "deepwell_policy_decide", "deepwell_guardrail_check"):
         getattr(lib, name).restype = ctypes.c_char_p
@@ -128,3 +129,20 @@ def clear_weight_cache() -> None:
 def manual_seed(seed: int) -> None:
     """Restarts the sequence of seeds that stochastic rounding (NVFP4 gradients) draws from."""
     load().deepwell_manual_seed(seed & (2**64 - 1))
+
+
+class cpu_gemm_arch:
+    """Context manager (tests): CPU calls of the linear ops dispatch as on `arch` ("sm_90", "sm_100",
+    ...), build that GPU's native GEMM arguments, and run them through a CPU model of
+    `_scaled_mm_v2` (rust/ops/src/ops/linear/scaled_mm_model.rs). CUDA calls are unaffected."""
+
+    def __init__(self, arch: str):
+        self.arch = arch
+
+    def __enter__(self):
+        if load().deepwell_set_cpu_gemm_arch(self.arch.encode()) != 0:
+            raise ValueError(f"deepwell: unknown arch {self.arch!r}")
+        return self
+
+    def __exit__(self, *exc):
+        load().deepwell_set_cpu_gemm_arch(None)

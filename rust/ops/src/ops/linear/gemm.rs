@@ -3,8 +3,8 @@
 
 use deepwell_core::policy::ScalingType;
 
-use super::epilogue;
 use super::operand::Operand;
+use super::{epilogue, scaled_mm_model};
 use crate::aten::{self, Scales};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
@@ -63,6 +63,9 @@ fn dense(
 /// bias into a bf16 output itself; other outputs come out fp32 and go through the epilogue.
 fn scaled(op: Op, a: Tensor, b: Tensor, sa: Scales, sb: Scales, bias: Option<Tensor>, out: DType) -> Result<Tensor> {
     let bt = b.t(op)?;
+    if a.device() == Device::Cpu {
+        return scaled_mm_model::scaled_mm(op, a, bt, sa, sb, bias, out);
+    }
     if out == DType::BF16 {
         let bias = bias.map(|t| aten::to_dtype(op, t, DType::BF16)).transpose()?;
         return aten::scaled_mm_v2(op, a, bt, sa, sb, bias, DType::BF16);

@@ -140,3 +140,10 @@ pub fn swizzle_scales(op: Op, scale: Tensor) -> Result<Tensor> {
     let args = Args::internal(op).with_tensor("scale", scale);
     Ok(one(run(device, swizzle::cpu::swizzle, swizzle::cuda::swizzle, args)?))
 }
+
+/// Inverse of `swizzle_scales`: the (rows, cols) scales back from the 1-D tiled layout.
+pub fn unswizzle_scales(op: Op, swizzled: Tensor, rows: i64, cols: i64) -> Result<Tensor> {
+    let device = swizzled.device();
+    let args = Args::internal(op).with_tensor("swizzled", swizzled).with_int("rows", rows).with_int("cols", cols);
+    Ok(one(run(device, swizzle::cpu::unswizzle, swizzle::cuda::unswizzle, args)?))
+}

@@ -10,6 +10,7 @@
 //! | `gemm.rs` | one GEMM: `_scaled_mm_v2`, cuBLAS bf16, or fp32 on the CPU |
 //! | `epilogue.rs` | NVFP4's alpha, the bias and the output cast after an fp32 GEMM |
 //! | `weight_cache.rs` | the weight's operands, cached until the weight changes |
+//! | `scaled_mm_model.rs` | a CPU model of `_scaled_mm_v2`, to run native paths' arguments anywhere |
 //! | `kernels.rs` | the quantizer kernels, called directly |
 //!
 //! Every pass is `out = A @ B^T` with A (rows, K) and B (cols, K) quantized along the shared K:
@@ -25,9 +26,11 @@ mod gemm;
 mod kernels;
 mod operand;
 mod quantize;
+mod scaled_mm_model;
 pub mod weight_cache;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
 
 use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe};
 use deepwell_gpu::KernelSpec;
@@ -130,9 +133,36 @@ struct Layer {
     out_shape: Vec<i64>,
 }
 
+/// The GPU whose dispatch CPU calls follow (None: the CPU's own). Tests set it to run the native
+/// paths of GPUs we do not have on the CPU (`scaled_mm_model.rs`); CUDA calls never read it.
+static CPU_GEMM_ARCH: RwLock<Option<Arch>> = RwLock::new(None);
+
+/// C entry point: CPU calls dispatch as on `arch` ("sm_100", ...); NULL or "" or "cpu" restores the
+/// CPU's own table. Returns 1 for an arch it cannot parse.
+///
+/// # Safety
+/// `arch` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn deepwell_set_cpu_gemm_arch(arch: *const std::ffi::c_char) -> i32 {
+    // SAFETY: guaranteed by the caller.
+    let s = if arch.is_null() {
+        String::new()
+    } else {
+        unsafe { std::ffi::CStr::from_ptr(arch) }.to_string_lossy().into_owned()
+    };
+    let parsed = if s.is_empty() { Ok(Arch::CPU) } else { s.parse::<Arch>() };
+    match parsed {
+        Ok(a) => {
+            *CPU_GEMM_ARCH.write().unwrap_or_else(|p| p.into_inner()) = (a != Arch::CPU).then_some(a);
+            0
+        }
+        Err(_) => 1,
+    }
+}
+
 fn arch_of(op: Op, device: Device) -> Result<Arch> {
     match device {
-        Device::Cpu => Ok(Arch::CPU),
+        Device::Cpu => Ok(CPU_GEMM_ARCH.read().unwrap_or_else(|p| p.into_inner()).unwrap_or(Arch::CPU)),
         Device::Cuda(i) => {
             let (major, minor) = crate::cuda::device(op, i)?.capability();
             Ok(Arch::sm(major, minor))
@@ -203,11 +233,8 @@ impl Layer {
         let (recipe, w) = (self.recipe, &self.weight);
         weight_cache::operand(op, w, recipe, (fprop, dgrad), want, || {
             let w2 = aten::contiguous(op, w.share(op)?)?;
-            let wt = aten::transpose_copy(op, &w2)?;
-            Ok(WeightOperands {
-                fprop: quantize::along_k(op, recipe, fprop, Role::Weight, w2, 0)?,
-                dgrad: quantize::along_k(op, recipe, dgrad, Role::Weight, wt, 0)?,
-            })
+            let (fprop, dgrad) = quantize::weight_pair(op, recipe, fprop, dgrad, w2)?;
+            Ok(WeightOperands { fprop, dgrad })
         })
     }
 }

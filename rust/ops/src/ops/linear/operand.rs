@@ -62,6 +62,17 @@ pub enum Operand {
 }
 
 impl Operand {
+    /// The transpose of a dense operand, as a view (dense GEMMs read either layout).
+    pub fn transposed_view(&self, op: Op) -> Result<Option<Operand>> {
+        Ok(match self {
+            Operand::Dense(t) => Some(Operand::Dense(t.t(op)?)),
+            Operand::DenseScaled { values, global } => {
+                Some(Operand::DenseScaled { values: values.t(op)?, global: global.share(op)? })
+            }
+            _ => None,
+        })
+    }
+
     /// A second operand holding new handles to the same tensors (the cache hands these out).
     pub fn share(&self, op: Op) -> Result<Operand> {
         Ok(match self {

@@ -127,6 +127,37 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
     }
 }
 
+/// The weight's two operands: W (N, K) along K for fprop, and W^T (K, N) along N for dgrad, made
+/// from one quantization where they coincide: dense values and 2-D blocks (fp8_block 128x128,
+/// NVFP4 16x16) give W^T's operand as the transpose of W's (NUMERICS.md "Transposes"), as a view
+/// for dense GEMMs or an FP8 transpose copy for cuBLASLt; MXFP8's 1x32 blocks quantize W along N
+/// (dim 0) instead, read through a transposed view.
+pub fn weight_pair(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) -> Result<(Operand, Operand)> {
+    let f = along_k(op, recipe, fprop, Role::Weight, w.share(op)?, 0)?;
+    let symmetric = matches!(recipe, Recipe::Fp8Block | Recipe::Nvfp4 | Recipe::Bf16);
+    let d = match (&f, dgrad) {
+        (Operand::Dense(_) | Operand::DenseScaled { .. }, Form::Dense | Form::Emulated)
+            if symmetric || fprop == Form::Dense =>
+        {
+            f.transposed_view(op)?
+        }
+        (Operand::Blockwise { data, scale, scaling }, Form::Blockwise(s)) if *scaling == s => {
+            // fprop's scale is a (K/128, N/128) view of the (N/128, K/128) tiles; dgrad wants the
+            // (N/128, K/128) view of their (K/128, N/128) transpose.
+            let data = aten::transpose_copy(op, data)?;
+            let scale = aten::contiguous(op, scale.share(op)?)?.t(op)?;
+            Some(Operand::Blockwise { data, scale, scaling: s })
+        }
+        _ => None,
+    };
+    let d = match d {
+        Some(d) => d,
+        None if recipe == Recipe::Mxfp8 && dgrad == Form::Emulated => along_m(op, recipe, dgrad, Role::Weight, w, 0)?,
+        None => along_k(op, recipe, dgrad, Role::Weight, aten::transpose_copy(op, &w)?, 0)?,
+    };
+    Ok((f, d))
+}
+
 /// The output gradient dy (M, N) as the dgrad operand (along N) and the wgrad operand (along M),
 /// each when its form is given. One pass over dy makes both where a kernel does both (MXFP8 rowcol,
 /// FP8 block rowcol); stochastic rounding uses `seed` for dgrad and `seed + 1` for wgrad.
