@@ -22,5 +22,8 @@ setup(
     ],
     install_requires=["torch>=2.10", "numpy"],
     extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
+    # The only registration of the torch.compile backend (registering it in code as well makes
+    # Dynamo fail with "duplicate name"): torch.compile(m, backend="deepwell") needs no import.
+    entry_points={"torch_dynamo_backends": ["deepwell = deepwell.backend:backend"]},
     zip_safe=False,
 )

@@ -6,6 +6,7 @@
 #   tests     the whole pytest suite (GPU tests included)
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
+#   train     benchmarks/bench_train_step.py      (train-quick: 4 layers)
 # Logs and JSON go to $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,11 @@ for step in $steps; do
             quick=; [ "$step" = linear-quick ] && quick=--quick
             python3 benchmarks/bench_linear.py $quick 2>&1 | tee "$OUT/bench_linear.log" || status=1
             cp benchmarks/results/bench_linear-*.json "$OUT/" 2>/dev/null
+            ;;
+        train | train-quick)
+            quick=; [ "$step" = train-quick ] && quick=--quick
+            python3 benchmarks/bench_train_step.py $quick 2>&1 | tee "$OUT/bench_train_step.log" || status=1
+            cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
             ;;
         *)
             echo "unknown step $step" >&2

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import deepwell  # noqa: F401  (defines and registers torch.ops.deepwell)
+import deepwell  # (defines and registers torch.ops.deepwell)
+import deepwell.backend
+
+
+# `pip install` registers the torch.compile backend through its entry point; a source checkout on
+# PYTHONPATH (development, the GPU machine) has none.
+deepwell.backend.ensure_registered()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,6 +20,11 @@ from .ops import (
     unswizzle_scales,
 )
 
+from .api import optimize, optimize_for_blackwell
+from .dryrun import Estimate, dryrun
+from .engine import IR, Engine, autoplan, capture, compile
+from .hardware import Hardware, probe, print_hardware_info
+from .plan import Plan
 from .guardrails import GuardrailConfig, format_report, policy_report
 from .nn import Linear
 from .policy import LayerDecision, LayerInfo, PrecisionPolicy
@@ -28,16 +33,33 @@ _native.load()
 
 from ._native import clear_weight_cache, manual_seed, weight_cache_info  # noqa: E402
 
+
+def last_plan():
+    """The plan of the graph the `deepwell` backend compiled last (None before any)."""
+    from .backend import last_plan as _last
+
+    return _last()
+
 __version__ = _native.version()
 
 __all__ = [
+    "Engine",
+    "Estimate",
     "GuardrailConfig",
+    "Hardware",
+    "IR",
+    "Plan",
     "LayerDecision",
     "LayerInfo",
     "Linear",
     "PrecisionPolicy",
+    "autoplan",
+    "capture",
     "clear_weight_cache",
+    "compile",
+    "dryrun",
     "format_report",
+    "last_plan",
     "manual_seed",
     "weight_cache_info",
     "fp8_block_dequantize",
@@ -49,7 +71,11 @@ __all__ = [
     "mxfp8_quantize_rowcol",
     "nvfp4_dequantize",
     "nvfp4_quantize",
+    "optimize",
+    "optimize_for_blackwell",
     "policy_report",
+    "print_hardware_info",
+    "probe",
     "scaled_linear",
     "swizzle_scales",
     "unswizzle_scales",

@@ -56,12 +56,13 @@ def _open(path: str) -> ctypes.CDLL:
     lib.deepwell_compile_all.restype = ctypes.c_int
     lib.deepwell_policy_decide.argtypes = [ctypes.c_char_p]
     lib.deepwell_guardrail_check.argtypes = [ctypes.c_char_p]
+    lib.deepwell_arch_info.argtypes = [ctypes.c_char_p]
     lib.deepwell_weight_cache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.deepwell_manual_seed.argtypes = [ctypes.c_uint64]
     lib.deepwell_manual_seed.restype = None
     lib.deepwell_set_cpu_gemm_arch.argtypes = [ctypes.c_char_p]
     returns_text = ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table")
-    for name in (*returns_text, "deepwell_policy_decide", "deepwell_guardrail_check"):
+    for name in (*returns_text, "deepwell_policy_decide", "deepwell_guardrail_check", "deepwell_arch_info"):
         getattr(lib, name).restype = ctypes.c_char_p
     return lib
 
@@ -146,3 +147,13 @@ class cpu_gemm_arch:
 
     def __exit__(self, *exc):
         load().deepwell_set_cpu_gemm_arch(None)
+
+
+def json_call(entry: str, request: dict) -> dict:
+    """Calls one of the library's JSON entry points; raises ValueError with its error message."""
+    import json
+
+    answer = json.loads(getattr(load(), entry)(json.dumps(request).encode()).decode())
+    if "error" in answer:
+        raise ValueError(f"deepwell: {answer['error']}")
+    return answer

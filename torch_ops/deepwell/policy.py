@@ -27,7 +27,8 @@ ROLES = ("embedding", "attention", "mlp", "experts", "router", "norm", "lm_head"
 @dataclass
 class LayerInfo:
     """One GEMM site: qualified module name, module type, role, position among the model's GEMM
-    sites (index of count) and the weight's features."""
+    sites (index of count), the weight's features, and (optional) the tokens per call, which lets the
+    planner name each pass's GEMM kernel."""
 
     name: str
     module_type: str
@@ -36,6 +37,7 @@ class LayerInfo:
     count: int
     in_features: int
     out_features: int
+    tokens: int | None = None
 
 
 @dataclass
@@ -44,6 +46,8 @@ class LayerDecision:
     emulated: bool
     reason: str
     rule: str
+    #: pass ("fprop", "dgrad", "wgrad") -> {"backend", "emulated", "reason"}, when tokens were given.
+    gemms: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -67,7 +71,7 @@ class PrecisionPolicy:
                 "type_overrides": [list(kv) for kv in self.type_overrides.items()],
             },
             "arch": arch or current_arch(),
-            "layers": [asdict(layer) for layer in layers],
+            "layers": [{k: v for k, v in asdict(layer).items() if v is not None} for layer in layers],
         }
         answer = json.loads(_native.load().deepwell_policy_decide(json.dumps(request).encode()).decode())
         if "error" in answer:

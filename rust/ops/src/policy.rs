@@ -4,8 +4,13 @@
 //! Request: `{"policy": {"precision": "auto", "first_last_bf16": true, "min_features": 512,
 //! "name_overrides": [["glob", "recipe"], ...], "type_overrides": [["Linear", "bf16"], ...]},
 //! "arch": "sm_90" | "cpu", "layers": [{"name", "module_type", "role", "index", "count",
-//! "in_features", "out_features"}, ...]}`.
-//! Response: `{"decisions": [{"recipe", "emulated", "reason", "rule"}, ...]}` or `{"error": "..."}`.
+//! "in_features", "out_features", "tokens" (optional)}, ...]}`.
+//! Response: `{"decisions": [{"recipe", "emulated", "reason", "rule", "gemms"}, ...]}` or
+//! `{"error": "..."}`; `gemms` (with `tokens` given) maps each pass (fprop, dgrad, wgrad) to
+//! `{"backend", "emulated", "reason"}` from the GEMM dispatch table.
+//!
+//! `deepwell_arch_info`: what the recipe table says about a device, for `deepwell.probe()`.
+//! Request: `{"arch": "sm_90"}`. Response: `{"arch", "family", "native": [recipes], "auto", "auto_reason"}`.
 //!
 //! `deepwell_guardrail_check`: the run-time guardrail (deepwell_core::policy::guardrail) for
 //! `torch_ops/deepwell/guardrails.py`. Request: `{"stats": {"input_nonfinite", "output_nonfinite",
@@ -16,7 +21,10 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::catch_unwind;
 
-use deepwell_core::policy::{check, decide, Arch, GuardrailConfig, LayerInfo, LayerStats, Policy, Recipe, Role};
+use deepwell_core::policy::{
+    auto_recipe, check, decide, gemm_backend, native_recipes, Arch, GemmShape, GuardrailConfig, LayerInfo, LayerStats,
+    Pass, Policy, Recipe, Role,
+};
 use serde_json::{json, Value};
 
 fn field<'a>(v: &'a Value, key: &str) -> Result<&'a Value, String> {
@@ -84,10 +92,42 @@ fn respond(request: &str) -> Result<Value, String> {
         .map(|(i, l)| {
             let info = layer(l).map_err(|e| format!("layers[{i}]: {e}"))?;
             let d = decide(&policy, &info, arch);
-            Ok(json!({"recipe": d.recipe.to_string(), "emulated": d.emulated, "reason": d.reason, "rule": format!("{:?}", d.rule)}))
+            let mut out = json!({"recipe": d.recipe.to_string(), "emulated": d.emulated, "reason": d.reason, "rule": format!("{:?}", d.rule)});
+            if let Some(tokens) = l.get("tokens").and_then(Value::as_u64) {
+                let gemms: serde_json::Map<String, Value> = Pass::ALL
+                    .iter()
+                    .map(|&pass| {
+                        let shape = GemmShape::linear(pass, tokens as usize, info.in_features, info.out_features);
+                        let c = gemm_backend(d.recipe, arch, pass, shape);
+                        (pass.to_string(), json!({"backend": c.backend.describe(), "emulated": c.emulated, "reason": c.reason}))
+                    })
+                    .collect();
+                out["gemms"] = Value::Object(gemms);
+            }
+            Ok(out)
         })
         .collect::<Result<_, String>>()?;
     Ok(json!({ "decisions": decisions }))
+}
+
+fn arch_info(request: &str) -> Result<Value, String> {
+    let req: Value = serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
+    let arch: Arch = parse(&text(&req, "arch")?, "arch")?;
+    let (auto, why) = auto_recipe(arch);
+    let native: Vec<String> = native_recipes(arch).iter().map(|r| r.to_string()).collect();
+    Ok(
+        json!({"arch": arch.to_string(), "family": arch.family().name(), "native": native, "auto": auto.to_string(), "auto_reason": why}),
+    )
+}
+
+/// Describes a device's recipes (see the module docs).
+///
+/// # Safety
+/// `request` must be NULL or a NUL-terminated UTF-8 string.
+#[no_mangle]
+pub unsafe extern "C" fn deepwell_arch_info(request: *const c_char) -> *const c_char {
+    // SAFETY: forwarded from the caller.
+    unsafe { answer(request, arch_info) }
 }
 
 /// A float field, also accepting the strings JSON cannot carry as numbers ("nan", "inf", "-inf").

@@ -1,0 +1,119 @@
+"""Tokens/s of a full training step (forward, backward, AdamW) of a ~1B-parameter LLaMA-style model
+on the GPU: `torch.compile` (Inductor, bf16) vs `torch.compile(backend="deepwell")` with
+precision="auto", in one process; plus `deepwell.dryrun`'s predicted peak memory vs
+`torch.cuda.max_memory_allocated()`, and the planner's share of compile time.
+
+Model: d=2048, 16 layers, 16 heads, SwiGLU 5632, vocab 32000, bf16 parameters, AdamW (fused);
+batch 4 x seq 2048 = 8192 tokens per step, cross-entropy on random targets.
+
+    python benchmarks/bench_train_step.py [--quick]   (--quick: 4 layers)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+import deepwell  # noqa: E402
+import deepwell.backend  # noqa: E402
+from _common import environment, header, write_json  # noqa: E402
+from llama import Llama  # noqa: E402
+
+VOCAB, DIM, HEADS, HIDDEN, SEQ, BATCH = 32000, 2048, 16, 5632, 2048, 4
+
+
+def make_model(layers: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return Llama(VOCAB, DIM, layers, HEADS, HIDDEN, max_seq=SEQ).to(device="cuda", dtype=torch.bfloat16)
+
+
+def run(model, compiled, tokens, targets, steps: int, warmup: int = 3):
+    """(first-call seconds, ms per step, peak bytes)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step():
+        logits = compiled(tokens)
+        loss = F.cross_entropy(logits.view(-1, VOCAB).float(), targets.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    end.synchronize()
+    return first, start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--steps", type=int, default=10)
+    args = p.parse_args()
+    layers = 4 if args.quick else 16
+    env = environment()
+    header(f"bench_train_step: LLaMA d={DIM} x {layers} layers, {BATCH}x{SEQ} tokens, AdamW", env)
+    deepwell.backend.ensure_registered()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
+    targets = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
+    n_tokens = BATCH * SEQ
+    rows = []
+
+    model = make_model(layers)
+    n_params = sum(p.numel() for p in model.parameters())
+    torch._dynamo.reset()
+    first, ms, peak = run(model, torch.compile(model), tokens, targets, args.steps)
+    rows.append({"what": "torch.compile bf16", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3, "first_call_s": first, "peak_bytes": peak})
+    del model
+    torch.cuda.empty_cache()
+
+    model = make_model(layers)
+    torch._dynamo.reset()
+    ir = deepwell.capture(model, (tokens,))
+    plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision="auto")
+    engine = deepwell.compile(ir, plan=plan)
+    estimate = deepwell.dryrun(engine)
+    planning_before = deepwell.backend.STATS["planning_s"]
+    first, ms, peak = run(model, engine, tokens, targets, args.steps)
+    planning = deepwell.backend.STATS["planning_s"] - planning_before
+    recipes = sorted({s.recipe for s in plan.sites})
+    rows.append({"what": f"deepwell auto ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
+                 "first_call_s": first, "peak_bytes": peak, "predicted_peak_bytes": estimate.peak_bytes,
+                 "predicted_step_ms": estimate.step_ms, "predicted_speedup": estimate.speedup, "planning_s": planning})
+    deepwell.clear_weight_cache()
+
+    base = rows[0]["tokens_per_s"]
+    print(f"{n_params / 1e9:.2f}B parameters; plan: {len(plan.sites)} GEMM sites, recipes {recipes}")
+    print(f"{'run':<32} {'step ms':>8} {'tokens/s':>10} {'vs bf16':>8} {'peak GiB':>9} {'first call s':>12}")
+    for r in rows:
+        print(f"{r['what']:<32} {r['step_ms']:8.1f} {r['tokens_per_s']:10.0f} {r['tokens_per_s'] / base:8.2f} "
+              f"{r['peak_bytes'] / 2**30:9.2f} {r['first_call_s']:12.1f}")
+    dw = rows[1]
+    err = dw["predicted_peak_bytes"] / dw["peak_bytes"] - 1
+    print(f"dryrun: predicted peak {dw['predicted_peak_bytes'] / 2**30:.2f} GiB vs measured {dw['peak_bytes'] / 2**30:.2f} GiB "
+          f"({err * 100:+.1f}%); predicted step {dw['predicted_step_ms']:.1f} ms ({dw['predicted_speedup']:.2f}x bf16)")
+    print(f"planning {dw['planning_s'] * 1e3:.1f} ms of a {dw['first_call_s']:.1f} s first call "
+          f"({dw['planning_s'] / dw['first_call_s'] * 100:.2f}% of compile time)")
+    print("wrote", write_json("bench_train_step" + ("-quick" if args.quick else ""), env, rows, {"layers": layers, "params": n_params}))
+
+
+if __name__ == "__main__":
+    main()

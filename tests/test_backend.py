@@ -1,0 +1,127 @@
+"""torch.compile(model, backend="deepwell") on a LLaMA-style decoder (tests/llama.py), on the CPU
+with emulated recipes: no graph breaks, the plan's defaults and overrides, the rewrite into
+deepwell ops, compiled training within the recipe's tolerance of eager, no recompilation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepwell
+from deepwell import backend as dw_backend
+from llama import Llama
+
+VOCAB, DIM, LAYERS, HEADS, HIDDEN = 1000, 512, 2, 8, 1024
+
+
+def _model(seed=0, tied=False):
+    torch.manual_seed(seed)
+    return Llama(VOCAB, DIM, LAYERS, HEADS, HIDDEN, max_seq=128, tied=tied)
+
+
+def _tokens(seed=1, batch=2, seq=64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch, seq), generator=g)
+
+
+def _compile(model, **options):
+    torch._dynamo.reset()
+    return torch.compile(model, backend="deepwell", options=options)
+
+
+def test_the_backend_is_registered_by_name():
+    assert "deepwell" in torch._dynamo.list_backends(exclude_tags=())
+
+
+def test_no_graph_breaks():
+    explain = torch._dynamo.explain(_model())(_tokens())
+    assert explain.graph_break_count == 0 and explain.graph_count == 1
+
+
+def test_plan_defaults_first_last_and_lm_head_stay_bf16():
+    model = _compile(_model(), precision="mxfp8")
+    model(_tokens())
+    plan = deepwell.last_plan()
+    names = [s.name for s in plan.sites]
+    assert names[0] == "layers.0.attention.wq" and names[-1] == "output" and len(names) == 7 * LAYERS + 1
+    by_name = {s.name: s for s in plan.sites}
+    assert by_name["layers.0.attention.wq"].recipe == "bf16" and "first" in by_name["layers.0.attention.wq"].decision.reason
+    assert by_name["output"].recipe == "bf16" and by_name["output"].role == "lm_head"
+    inner = [s for s in plan.sites[1:-1]]
+    assert all(s.recipe == "mxfp8" and s.decision.emulated for s in inner)
+    assert all("emulated" in s.decision.gemms["fprop"]["backend"] for s in inner)
+    assert by_name["layers.1.feed_forward.w2"].role == "mlp" and by_name["layers.1.attention.wo"].role == "attention"
+    assert "layers.1.feed_forward.w3" in plan.table()
+
+
+def test_the_rewritten_graph_calls_deepwell_ops():
+    seen = []
+
+    def spy(gm, example_inputs, **kw):
+        from deepwell.backend import plan_graph, rewrite
+
+        plan, found = plan_graph(gm, {"precision": "fp8_block"})
+        rewrite(gm, found)
+        seen.append(sum(n.target == torch.ops.deepwell.scaled_linear.default for n in gm.graph.nodes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(_model(), backend=spy)(_tokens())
+    assert seen == [7 * LAYERS - 1]
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("precision,tol", [("mxfp8", 0.08), ("fp8_block", 0.08), ("nvfp4", 0.3), ("bf16", 0.02)])
+def test_compiled_training_matches_eager_within_the_recipe_tolerance(precision, tol):
+    """Forward logits and every parameter gradient vs eager fp32 (relative Frobenius error); the
+    tolerances are the recipes' budgets of tests/test_linear.py, widened for two layers deep."""
+    eager, model = _model(), _model()
+    tokens = _tokens()
+    ref_logits = eager(tokens)
+    ref_logits.float().square().mean().backward()
+    compiled = _compile(model, precision=precision)
+    logits = compiled(tokens)
+    logits.float().square().mean().backward()
+    assert _rel(logits.detach(), ref_logits.detach()) < tol
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        assert _rel(p.grad, q.grad) < tol * 2, name
+
+
+def test_second_call_with_the_same_shapes_does_not_recompile():
+    compiled = _compile(_model(), precision="mxfp8")
+    before = dw_backend.STATS["graphs"]
+    compiled(_tokens(1))
+    compiled(_tokens(2))
+    assert dw_backend.STATS["graphs"] == before + 1
+
+
+def test_a_policy_override_changes_the_plan():
+    policy = deepwell.PrecisionPolicy(precision="mxfp8", name_overrides={"*.feed_forward.*": "bf16"})
+    _compile(_model(), policy=policy)(_tokens())
+    plan = deepwell.last_plan()
+    ffn = [s for s in plan.sites if ".feed_forward." in s.name]
+    attn = [s for s in plan.sites[1:-1] if ".attention." in s.name]
+    assert ffn and all(s.recipe == "bf16" and s.decision.rule == "NameOverride" for s in ffn)
+    assert attn and all(s.recipe == "mxfp8" for s in attn)
+
+
+def test_tied_lm_head_is_the_embedding_and_stays_bf16():
+    _compile(_model(tied=True), precision="mxfp8")(_tokens())
+    last = deepwell.last_plan().sites[-1]
+    assert last.name == "tok_embeddings" and last.role == "embedding" and last.recipe == "bf16"
+
+
+def test_optimize_is_the_backend_with_options(capsys):
+    torch._dynamo.reset()
+    compiled = deepwell.optimize(_model(), precision="mxfp8", verbose=True)
+    compiled(_tokens())
+    out = capsys.readouterr().out
+    assert "deepwell plan for cpu (precision=mxfp8)" in out and "layers.0.feed_forward.w1" in out
+
+
+def test_unknown_options_are_refused():
+    with pytest.raises(Exception, match="unknown options"):
+        _compile(_model(), precison="mxfp8")(_tokens())

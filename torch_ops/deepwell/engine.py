@@ -1,0 +1,126 @@
+"""The step-by-step API on the compile backend's machinery:
+
+    hw = deepwell.probe()                                   # devices and their native recipes
+    ir = deepwell.capture(model, (tokens,))                 # the GEMM sites and modules the planner sees
+    plan = deepwell.autoplan(ir, hw=hw, seq_len=2048, global_batch=8)
+    engine = deepwell.compile(ir, plan=plan)                # the model compiled with that plan
+    print(deepwell.dryrun(engine))                          # predicted memory and step time
+    loss = engine(tokens).float().square().mean(); loss.backward()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .hardware import Hardware
+from .plan import Plan, Site, plan_sites, role_of
+from .policy import PrecisionPolicy
+
+
+@dataclass
+class ModuleInfo:
+    name: str
+    type: str
+    role: str
+    #: parameter name -> (shape, dtype)
+    params: dict[str, tuple[tuple[int, ...], str]]
+
+
+@dataclass
+class IR:
+    """What the planner sees of a model: its GEMM sites in graph order (from the same Dynamo capture
+    the backend uses) and its modules with parameters, each tagged with a role."""
+
+    model: torch.nn.Module
+    example_inputs: tuple
+    sites: list[Site] = field(default_factory=list)
+    modules: list[ModuleInfo] = field(default_factory=list)
+    graphs: int = 0
+
+    def __str__(self) -> str:
+        lines = [f"IR: {len(self.sites)} GEMM sites in {self.graphs} graph(s), {len(self.modules)} modules with parameters"]
+        lines.append(f"{'site':<36} {'role':<9} {'type':<10} {'in':>6} {'out':>6} {'tokens':>7}")
+        for s in self.sites:
+            lines.append(f"{s.name:<36} {s.role:<9} {s.module_type:<10} {s.in_features:>6} {s.out_features:>6} {s.tokens:>7}")
+        lines.append(f"{'module':<36} {'role':<9} {'type':<14} params")
+        for m in self.modules:
+            shapes = ", ".join(f"{k} {list(v[0])}" for k, v in m.params.items())
+            lines.append(f"{m.name:<36} {m.role:<9} {m.type:<14} {shapes}")
+        return "\n".join(lines)
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple) -> IR:
+    """Traces `model(*example_inputs)` with Dynamo (no compilation, no gradients) and returns its IR."""
+    from .backend import capture_sites
+
+    ir = IR(model, tuple(example_inputs))
+
+    def recorder(gm, inputs, **kw):
+        ir.graphs += 1
+        ir.sites.extend(site for _, site in capture_sites(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=recorder)(*example_inputs)
+    torch._dynamo.reset()
+    for name, mod in model.named_modules():
+        params = {k: (tuple(p.shape), str(p.dtype).replace("torch.", "")) for k, p in mod.named_parameters(recurse=False)}
+        if params:
+            ir.modules.append(ModuleInfo(name, type(mod).__name__, role_of(name, type(mod).__name__), params))
+    return ir
+
+
+def autoplan(
+    ir: IR,
+    hw: Hardware | None = None,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    arch: str | None = None,
+    moe: dict | None = None,
+    precision: str = "auto",
+    policy: PrecisionPolicy | None = None,
+) -> Plan:
+    """A decision per GEMM site from the Rust planner for `arch` (default: `hw`'s first GPU, else
+    this machine). With `seq_len` and `global_batch`, GEMM shapes use seq_len * global_batch tokens
+    instead of the captured ones. Single GPU: `plan.parallelism` is all ones (room for data, tensor,
+    pipeline and expert parallel degrees); `moe` is recorded for the MoE planner."""
+    tokens = seq_len * global_batch if seq_len and global_batch else None
+    sites = [
+        Site(s.name, s.module_type, s.role, s.in_features, s.out_features, tokens or s.tokens) for s in ir.sites
+    ]
+    arch = arch or (hw.arch if hw is not None else None)
+    plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)
+    plan.parallelism = {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1}
+    plan.moe = moe
+    plan.seq_len, plan.global_batch = seq_len, global_batch
+    return plan
+
+
+@dataclass
+class Engine:
+    """A model compiled by the `deepwell` backend with a fixed plan. Call it like the model."""
+
+    ir: IR
+    plan: Plan
+    compiled: object
+    fallback: str = "safe"
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.ir.model
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+
+def compile(ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe") -> Engine:
+    """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
+    `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises."""
+    if fallback not in ("safe", "error"):
+        raise ValueError(f"deepwell.compile: fallback must be 'safe' or 'error', got {fallback!r}")
+    plan = plan or autoplan(ir, precision=precision)
+    compiled = torch.compile(ir.model, backend="deepwell", options={"plan": plan, "fallback": fallback})
+    return Engine(ir, plan, compiled, fallback)

@@ -1,0 +1,89 @@
+"""`deepwell.probe()`: the devices deepwell sees, what each runs natively (from the Rust recipe
+table, `deepwell_arch_info`), and the links between GPUs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from . import _native
+
+
+@dataclass
+class DeviceInfo:
+    index: int
+    name: str
+    #: "sm_90"; `variant` is the arch-specific target deepwell compiles kernels for ("sm_90a").
+    arch: str
+    variant: str
+    sms: int
+    memory_bytes: int
+    family: str
+    #: recipes with a native GEMM, fastest first; the others run as exact emulation.
+    native_recipes: list[str]
+    auto_recipe: str
+    auto_reason: str
+
+
+@dataclass
+class Hardware:
+    devices: list[DeviceInfo] = field(default_factory=list)
+    #: [{"src", "dst", "p2p"}]: peer access between GPU pairs (NVLink or PCIe P2P).
+    links: list[dict] = field(default_factory=list)
+    torch_version: str = torch.__version__
+    cuda_version: str | None = torch.version.cuda
+
+    @property
+    def arch(self) -> str:
+        """The first GPU's arch, or "cpu"."""
+        return self.devices[0].arch if self.devices else "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def __str__(self) -> str:
+        lines = [f"torch {self.torch_version}, CUDA {self.cuda_version}"]
+        if not self.devices:
+            cpu = _native.json_call("deepwell_arch_info", {"arch": "cpu"})
+            lines.append(f"no GPU: reference kernels on the CPU ({cpu['auto_reason']})")
+        for d in self.devices:
+            lines.append(
+                f"cuda:{d.index} {d.name}: {d.arch} ({d.family}, kernels for {d.variant}), {d.sms} SMs, "
+                f"{d.memory_bytes / 2**30:.0f} GiB; native: {', '.join(d.native_recipes)}; {d.auto_reason}"
+            )
+        for link in self.links:
+            lines.append(f"cuda:{link['src']} -> cuda:{link['dst']}: {'peer access' if link['p2p'] else 'no peer access'}")
+        return "\n".join(lines)
+
+
+def _variant(major: int, minor: int) -> str:
+    """The NVRTC target deepwell builds for (rust/gpu/src/arch.rs): arch-specific `a` from sm_90 on."""
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def probe() -> Hardware:
+    hw = Hardware()
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for i in range(n):
+        p = torch.cuda.get_device_properties(i)
+        info = _native.json_call("deepwell_arch_info", {"arch": f"sm_{p.major}{p.minor}"})
+        hw.devices.append(
+            DeviceInfo(
+                i, p.name, info["arch"], _variant(p.major, p.minor), p.multi_processor_count, p.total_memory,
+                info["family"], info["native"], info["auto"], info["auto_reason"],
+            )
+        )
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                hw.links.append({"src": i, "dst": j, "p2p": bool(torch.cuda.can_device_access_peer(i, j))})
+    return hw
+
+
+def print_hardware_info() -> None:
+    print(probe())

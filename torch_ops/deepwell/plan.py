@@ -1,0 +1,115 @@
+"""The plan: one decision per GEMM site of a captured graph (recipe, each pass's GEMM kernel, and
+why), made by the Rust planner (`deepwell_policy_decide`, rust/core/src/policy) from the sites, the
+device and the user's policy. Printable as a table (`verbose=True` or DEEPWELL_PRINT_PLAN=1)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .policy import LayerDecision, LayerInfo, PrecisionPolicy, current_arch
+
+# Role of a site from its qualified name (the last components), for the policy's defaults.
+_ROLE_PATTERNS = [
+    ("lm_head", re.compile(r"(^|\.)(lm_head|output|logits|classifier)$")),
+    ("router", re.compile(r"(^|\.)(router|gate|gating|w_gate)$")),
+    ("embedding", re.compile(r"(^|\.)(embed\w*|wte|wpe|tok_embeddings)$")),
+    ("experts", re.compile(r"(^|\.)experts(\.|$)")),
+    ("attention", re.compile(r"(^|\.)(attn|attention|self_attn|q_proj|k_proj|v_proj|o_proj|wq|wk|wv|wo|qkv|c_attn)(\.|$)")),
+    ("mlp", re.compile(r"(^|\.)(mlp|ffn|feed_forward|w1|w2|w3|gate_proj|up_proj|down_proj|fc1|fc2|c_fc|c_proj)(\.|$)")),
+]
+
+
+def role_of(name: str, module_type: str = "") -> str:
+    """embedding / attention / mlp / experts / router / norm / lm_head / other, from the name."""
+    if "Embedding" in module_type:
+        return "embedding"
+    if "Norm" in module_type:
+        return "norm"
+    for role, pattern in _ROLE_PATTERNS:
+        if pattern.search(name):
+            return role
+    return "other"
+
+
+@dataclass
+class Site:
+    """One GEMM site of a graph and its decision."""
+
+    name: str
+    module_type: str
+    role: str
+    in_features: int
+    out_features: int
+    tokens: int
+    decision: LayerDecision | None = None
+
+    @property
+    def recipe(self) -> str:
+        return self.decision.recipe if self.decision else "bf16"
+
+
+@dataclass
+class Plan:
+    """Every site's decision, in graph order, for one device."""
+
+    arch: str
+    policy: PrecisionPolicy
+    sites: list[Site] = field(default_factory=list)
+    #: Parallel degrees (single GPU: all 1) and the training shape the plan was made for.
+    parallelism: dict = field(default_factory=lambda: {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1})
+    seq_len: int | None = None
+    global_batch: int | None = None
+    moe: dict | None = None
+
+    def table(self) -> str:
+        rows = [f"deepwell plan for {self.arch} (precision={self.policy.precision}): {len(self.sites)} GEMM sites"]
+        rows.append(f"{'site':<36} {'role':<9} {'in x out':>13} {'recipe':<17} {'fprop kernel':<48} reason")
+        for s in self.sites:
+            d = s.decision
+            fprop = d.gemms.get("fprop", {}).get("backend", "") if d else ""
+            emu = " (emulated)" if d and d.emulated else ""
+            shape = f"{s.in_features}x{s.out_features}"
+            rows.append(f"{s.name:<36} {s.role:<9} {shape:>13} {s.recipe + emu:<17} {fprop[:48]:<48} {d.reason if d else ''}")
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_dict(self) -> dict:
+        return {
+            "arch": self.arch,
+            "precision": self.policy.precision,
+            "parallelism": self.parallelism,
+            "seq_len": self.seq_len,
+            "global_batch": self.global_batch,
+            "sites": [
+                {
+                    "name": s.name,
+                    "module_type": s.module_type,
+                    "role": s.role,
+                    "in_features": s.in_features,
+                    "out_features": s.out_features,
+                    "tokens": s.tokens,
+                    "recipe": s.recipe,
+                    "emulated": bool(s.decision and s.decision.emulated),
+                    "reason": s.decision.reason if s.decision else "",
+                    "rule": s.decision.rule if s.decision else "",
+                    "gemms": s.decision.gemms if s.decision else {},
+                }
+                for s in self.sites
+            ],
+        }
+
+
+def plan_sites(sites: list[Site], policy: PrecisionPolicy, arch: str | None = None) -> Plan:
+    """Asks the Rust planner for every site's decision; sites are numbered in order (the policy's
+    first/last rule)."""
+    arch = arch or current_arch()
+    infos = [
+        LayerInfo(s.name, s.module_type, s.role, i, len(sites), s.in_features, s.out_features, s.tokens)
+        for i, s in enumerate(sites)
+    ]
+    for site, decision in zip(sites, policy.decide(infos, arch) if infos else []):
+        site.decision = decision
+    return Plan(arch, policy, sites)
