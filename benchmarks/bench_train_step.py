@@ -110,6 +110,7 @@ def main() -> None:
     err = dw["predicted_peak_bytes"] / dw["peak_bytes"] - 1
     print(f"dryrun: predicted peak {dw['predicted_peak_bytes'] / 2**30:.2f} GiB vs measured {dw['peak_bytes'] / 2**30:.2f} GiB "
           f"({err * 100:+.1f}%); predicted step {dw['predicted_step_ms']:.1f} ms ({dw['predicted_speedup']:.2f}x bf16)")
+    print(estimate)
     print(f"planning {dw['planning_s'] * 1e3:.1f} ms of a {dw['first_call_s']:.1f} s first call "
           f"({dw['planning_s'] / dw['first_call_s'] * 100:.2f}% of compile time)")
     print("wrote", write_json("bench_train_step" + ("-quick" if args.quick else ""), env, rows, {"layers": layers, "params": n_params}))

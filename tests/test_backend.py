@@ -119,9 +119,31 @@ def test_optimize_is_the_backend_with_options(capsys):
     compiled = deepwell.optimize(_model(), precision="mxfp8", verbose=True)
     compiled(_tokens())
     out = capsys.readouterr().out
+    # The model's weights are on the CPU: planned for the CPU even on a GPU machine.
     assert "deepwell plan for cpu (precision=mxfp8)" in out and "layers.0.feed_forward.w1" in out
 
 
 def test_unknown_options_are_refused():
     with pytest.raises(Exception, match="unknown options"):
         _compile(_model(), precison="mxfp8")(_tokens())
+
+
+@pytest.mark.gpu
+def test_cuda_auto_runs_the_native_recipe_and_trains():
+    """On the GPU, precision="auto" picks the device's native recipe (fp8_block on Hopper) for the
+    inner sites and compiled training stays within its tolerance of eager bf16."""
+    eager, model = _model().cuda().bfloat16(), _model().cuda().bfloat16()
+    tokens = _tokens().cuda()
+    ref = eager(tokens)
+    ref.float().square().mean().backward()
+    compiled = _compile(model, precision="auto")
+    out = compiled(tokens)
+    out.float().square().mean().backward()
+    plan = deepwell.last_plan()
+    auto = deepwell.probe().devices[0].auto_recipe
+    assert plan.arch == deepwell.policy.current_arch()
+    assert all(s.recipe == auto for s in plan.sites[1:-1])
+    tol = 0.02 if auto == "bf16" else 0.08
+    assert _rel(out.detach().float(), ref.detach().float()) < tol
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
+        assert _rel(p.grad.float(), q.grad.float()) < 2 * tol, name

@@ -60,7 +60,7 @@ def _weight_site(node: torch.fx.Node) -> Site | None:
     module_type = stack[-1][1].__name__ if stack and isinstance(stack[-1][1], type) else "Linear"
     out_f, in_f = (int(d) for d in wv.shape)
     tokens = int(xv.numel() // max(in_f, 1)) if all(isinstance(d, int) for d in xv.shape) else 0
-    return Site(path[0], module_type, role_of(path[0], module_type), in_f, out_f, tokens)
+    return Site(path[0], module_type, role_of(path[0], module_type), in_f, out_f, tokens, device=str(wv.device))
 
 
 def capture_sites(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, Site]]:

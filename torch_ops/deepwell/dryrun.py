@@ -1,9 +1,13 @@
 """`deepwell.dryrun(engine)`: predicted peak memory and step time of a training step (forward,
 backward, AdamW) from a cost model, without running the model on the device.
 
-Memory (bytes):
-- weights, gradients and AdamW's two states: from the parameters (states in the parameter dtype,
-  as torch.optim.AdamW keeps them);
+Memory (bytes). The peak of a step comes at the start of the backward pass: weights, AdamW's two
+states (in the parameter dtype, as torch.optim.AdamW keeps them) and the quantized weight copies
+are resident, the forward's saved activations are all alive, and the loss's gradient is being
+formed. Gradients (with `zero_grad(set_to_none=True)`) are allocated while the activations they
+depend on are freed, so they count only when they outgrow the activations:
+  peak = weights + optimizer + quantized weights + max(activations + transient, gradients)
+- weights and gradients: from the parameters;
 - activations: every tensor autograd saves during one forward, measured by running the forward on
   fake tensors (no device memory) under `saved_tensors_hooks`, each storage counted once;
 - quantized weight copies: the weight cache's two operands per quantized site (FP8 data + scales
@@ -44,7 +48,8 @@ class Estimate:
 
     @property
     def peak_bytes(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.quantized_weights + self.transient
+        resident = self.weights + self.optimizer + self.quantized_weights
+        return resident + max(self.activations + self.transient, self.gradients)
 
     @property
     def speedup(self) -> float:

@@ -89,7 +89,8 @@ def autoplan(
     pipeline and expert parallel degrees); `moe` is recorded for the MoE planner."""
     tokens = seq_len * global_batch if seq_len and global_batch else None
     sites = [
-        Site(s.name, s.module_type, s.role, s.in_features, s.out_features, tokens or s.tokens) for s in ir.sites
+        Site(s.name, s.module_type, s.role, s.in_features, s.out_features, tokens or s.tokens, device=s.device)
+        for s in ir.sites
     ]
     arch = arch or (hw.arch if hw is not None else None)
     plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+import torch
+
 from .policy import LayerDecision, LayerInfo, PrecisionPolicy, current_arch
 
 # Role of a site from its qualified name (the last components), for the policy's defaults.
@@ -43,6 +45,8 @@ class Site:
     out_features: int
     tokens: int
     decision: LayerDecision | None = None
+    #: Where the weight lives ("cpu", "cuda:0"): the plan is made for that device's arch.
+    device: str = "cpu"
 
     @property
     def recipe(self) -> str:
@@ -102,10 +106,18 @@ class Plan:
         }
 
 
+def device_arch(device: str) -> str:
+    """The policy's arch name of a torch device string: "cpu", or "sm_90" for a Hopper "cuda:0"."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    return f"sm_{major}{minor}"
+
+
 def plan_sites(sites: list[Site], policy: PrecisionPolicy, arch: str | None = None) -> Plan:
     """Asks the Rust planner for every site's decision; sites are numbered in order (the policy's
-    first/last rule)."""
-    arch = arch or current_arch()
+    first/last rule). The arch defaults to that of the device the weights live on."""
+    arch = arch or (device_arch(sites[0].device) if sites else current_arch())
     infos = [
         LayerInfo(s.name, s.module_type, s.role, i, len(sites), s.in_features, s.out_features, s.tokens)
         for i, s in enumerate(sites)
