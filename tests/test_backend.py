@@ -147,3 +147,34 @@ def test_cuda_auto_runs_the_native_recipe_and_trains():
     assert _rel(out.detach().float(), ref.detach().float()) < tol
     for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters()):
         assert _rel(p.grad.float(), q.grad.float()) < 2 * tol, name
+
+
+class _RawWeights(torch.nn.Module):
+    """GEMMs written without nn.Linear: x @ w.t(), torch.mm(x, w.T), torch.addmm(b, x, w.t()),
+    x @ w_kn with w_kn stored (in, out)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.w = torch.nn.Parameter(torch.randn(64, 64, generator=g) / 8)
+        self.b = torch.nn.Parameter(torch.randn(64, generator=g))
+        self.w_kn = torch.nn.Parameter(torch.randn(64, 32, generator=g) / 8)
+
+    def forward(self, x):
+        h = x @ self.w.t() + torch.mm(x, self.w.T) + torch.addmm(self.b, x, self.w.t())
+        return torch.matmul(torch.relu(h), self.w_kn)
+
+
+def test_matmul_mm_addmm_on_parameters_are_sites():
+    model = _RawWeights()
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(6))
+    policy = deepwell.PrecisionPolicy(precision="mxfp8", first_last_bf16=False, min_features=0)
+    out = _compile(model, policy=policy)(x)
+    plan = deepwell.last_plan()
+    assert [(s.name, s.in_features, s.out_features, s.recipe) for s in plan.sites] == [
+        ("w", 64, 64, "mxfp8"), ("w", 64, 64, "mxfp8"), ("w", 64, 64, "mxfp8"), ("w_kn", 64, 32, "mxfp8"),
+    ]
+    ops = torch.ops.deepwell
+    h = sum(ops.scaled_linear(x, model.w, b, "mxfp8") for b in (None, None, model.b))
+    want = ops.scaled_linear(torch.relu(h), model.w_kn.t(), None, "mxfp8")
+    assert torch.allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -2,8 +2,9 @@
 
 Registered only through the `torch_dynamo_backends` entry point (setup.py), so the name works
 without `import deepwell`. For each graph Dynamo captures it
-1. summarises every linear on a parameter weight (`torch.nn.functional.linear`): the owning
-   module's qualified name and type, role, in/out features and tokens per call;
+1. summarises every GEMM of an activation with a parameter weight (`F.linear`, `x @ w.t()`,
+   `torch.mm`/`torch.addmm` with `w.t()`, `x @ w` with w (in, out)): the owning module's qualified
+   name and type, role, in/out features and tokens per call;
 2. asks the Rust planner for a decision per site (deepwell.plan; the policy from the options);
 3. rewrites the sites whose recipe is not bf16 into `torch.ops.deepwell.scaled_linear` (autograd
    registered: the backward GEMMs follow the same recipe), leaving bf16 sites as they are;
@@ -19,9 +20,11 @@ A graph break splits the model into graphs planned separately (each has its own 
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -31,10 +34,25 @@ from .plan import Plan, Site, plan_sites, role_of
 from .policy import LayerDecision, PrecisionPolicy
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
+_MATMULS = (operator.matmul, torch.matmul, torch.mm)
+_TRANSPOSES = (torch.t, torch.ops.aten.numpy_T, torch.ops.aten.numpy_T.default, torch.ops.aten.t.default)
 
 #: Every plan made in this process, newest last (`deepwell.last_plan()`), with planning time.
 PLANS: list[Plan] = []
 STATS = {"graphs": 0, "planning_s": 0.0}
+
+
+@dataclass
+class Gemm:
+    """One GEMM site of a graph: the node computing it and what `scaled_linear` needs in its place."""
+
+    node: torch.fx.Node
+    site: Site
+    x: torch.fx.Node
+    weight: torch.fx.Node
+    bias: object
+    #: the parameter is (in, out) (`x @ w`): scaled_linear gets its transpose.
+    weight_is_k_by_n: bool = False
 
 
 def _module_path(source_name: str) -> tuple[str, str] | None:
@@ -46,47 +64,83 @@ def _module_path(source_name: str) -> tuple[str, str] | None:
     return ".".join(re.findall(r"_modules\['([^']+)'\]", source_name)), param.group(1)
 
 
-def _weight_site(node: torch.fx.Node) -> Site | None:
-    """The site of a linear node whose weight is a parameter placeholder (None otherwise)."""
-    x, w = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
-    if not isinstance(w, torch.fx.Node) or w.op != "placeholder":
+def _parameter(node) -> tuple[str, str] | None:
+    """(module path, parameter name) when `node` is a parameter placeholder."""
+    if not isinstance(node, torch.fx.Node) or node.op != "placeholder":
         return None
-    grapharg = w.meta.get("grapharg")
-    path = _module_path(grapharg.source.name) if grapharg is not None else None
-    wv, xv = w.meta.get("example_value"), x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
-    if path is None or wv is None or xv is None or wv.dim() != 2:
+    grapharg = node.meta.get("grapharg")
+    return _module_path(grapharg.source.name) if grapharg is not None else None
+
+
+def _transposed_parameter(node) -> torch.fx.Node | None:
+    """The parameter placeholder `p` when `node` is `p.t()` / `p.T` / `torch.t(p)`."""
+    if not isinstance(node, torch.fx.Node) or not node.args:
         return None
+    is_t = (node.op == "call_method" and node.target == "t") or (node.op == "call_function" and node.target in _TRANSPOSES)
+    return node.args[0] if is_t and _parameter(node.args[0]) is not None else None
+
+
+def _site(node: torch.fx.Node, x, w: torch.fx.Node, k_by_n: bool) -> Site | None:
+    """The summary of a GEMM of x with the 2-D parameter w ((out, in), or (in, out) when k_by_n)."""
+    module, param = _parameter(w)
+    wv = w.meta.get("example_value")
+    xv = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
+    if wv is None or xv is None or wv.dim() != 2 or xv.dim() < 1:
+        return None
+    name = module if param == "weight" else f"{module}.{param}".lstrip(".")
     stack = list(node.meta.get("nn_module_stack", {}).values())
-    module_type = stack[-1][1].__name__ if stack and isinstance(stack[-1][1], type) else "Linear"
-    out_f, in_f = (int(d) for d in wv.shape)
+    module_type = stack[-1][1].__name__ if stack and isinstance(stack[-1][1], type) else "Parameter"
+    out_f, in_f = (int(d) for d in (reversed(wv.shape) if k_by_n else wv.shape))
     tokens = int(xv.numel() // max(in_f, 1)) if all(isinstance(d, int) for d in xv.shape) else 0
-    return Site(path[0], module_type, role_of(path[0], module_type), in_f, out_f, tokens, device=str(wv.device))
+    return Site(name, module_type, role_of(name, module_type), in_f, out_f, tokens, device=str(wv.device))
 
 
-def capture_sites(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, Site]]:
-    """Every linear-on-a-parameter node of the graph and its summary, in graph order."""
-    found = []
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _LINEARS:
-            site = _weight_site(node)
-            if site is not None:
-                found.append((node, site))
-    return found
+def _gemm(node: torch.fx.Node) -> Gemm | None:
+    """A linear / matmul / mm / addmm of an activation with a parameter weight, else None."""
+    if node.op != "call_function":
+        return None
+    args, kw = node.args, node.kwargs
+    if node.target in _LINEARS:
+        x, w = args[0], args[1] if len(args) > 1 else kw.get("weight")
+        bias, k_by_n = args[2] if len(args) > 2 else kw.get("bias"), False
+        if _parameter(w) is None:
+            return None
+    elif node.target in _MATMULS or (node.target is torch.addmm and not ({"alpha", "beta"} & set(kw))):
+        bias, (x, y) = (args[0], args[1:3]) if node.target is torch.addmm else (None, args[:2])
+        if len(args) != (3 if node.target is torch.addmm else 2):
+            return None
+        w = _transposed_parameter(y)
+        k_by_n = w is None
+        w = y if k_by_n else w
+        if _parameter(w) is None:
+            return None
+    else:
+        return None
+    site = _site(node, x, w, k_by_n)
+    return None if site is None else Gemm(node, site, x, w, bias, k_by_n)
 
 
-def rewrite(gm: torch.fx.GraphModule, found: list[tuple[torch.fx.Node, Site]]) -> int:
+def capture_sites(gm: torch.fx.GraphModule) -> list[Gemm]:
+    """Every GEMM of the graph on a parameter weight, in graph order."""
+    return [g for g in map(_gemm, gm.graph.nodes) if g is not None]
+
+
+def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
     """Replaces every non-bf16 site with deepwell.scaled_linear; returns how many."""
     n = 0
-    for node, site in found:
-        if site.recipe == "bf16":
+    for g in found:
+        if g.site.recipe == "bf16":
             continue
-        x, w = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs["weight"]
-        bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-        with gm.graph.inserting_after(node):
-            new = gm.graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, site.recipe, None))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
+        with gm.graph.inserting_before(g.node):
+            w = gm.graph.call_method("t", (g.weight,)) if g.weight_is_k_by_n else g.weight
+            new = gm.graph.call_function(torch.ops.deepwell.scaled_linear.default, (g.x, w, g.bias, g.site.recipe, None))
+        new.meta = dict(g.node.meta)
+        g.node.replace_all_uses_with(new)
+        operands = list(g.node.args)
+        gm.graph.erase_node(g.node)
+        for t in operands:  # a `w.t()` only this GEMM read
+            if isinstance(t, torch.fx.Node) and t.op != "placeholder" and not t.users and _transposed_parameter(t) is not None:
+                gm.graph.erase_node(t)
         n += 1
     gm.graph.lint()
     gm.recompile()
@@ -105,14 +159,14 @@ def _policy(options: dict) -> PrecisionPolicy:
 def _from_fixed_plan(found: list, fixed: Plan, fallback: str) -> Plan:
     """Each site's decision looked up by name in a plan made beforehand (deepwell.compile)."""
     by_name = {s.name: s.decision for s in fixed.sites}
-    for _, site in found:
+    for site in (g.site for g in found):
         decision = by_name.get(site.name)
         if decision is None:
             if fallback != "safe":
                 raise RuntimeError(f"deepwell backend: site {site.name!r} is not in the plan (fallback={fallback!r})")
             decision = LayerDecision("bf16", False, "not in the plan: bf16 (fallback='safe')", "Fallback")
         site.decision = decision
-    return Plan(fixed.arch, fixed.policy, [s for _, s in found])
+    return Plan(fixed.arch, fixed.policy, [g.site for g in found])
 
 
 def plan_graph(gm: torch.fx.GraphModule, options: dict | None = None) -> tuple[Plan, list]:
@@ -121,7 +175,7 @@ def plan_graph(gm: torch.fx.GraphModule, options: dict | None = None) -> tuple[P
     found = capture_sites(gm)
     if options.get("plan") is not None:
         return _from_fixed_plan(found, options["plan"], options.get("fallback", "safe")), found
-    plan = plan_sites([s for _, s in found], _policy(options), options.get("arch"))
+    plan = plan_sites([g.site for g in found], _policy(options), options.get("arch"))
     return plan, found
 
 

@@ -59,7 +59,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple) -> IR:
 
     def recorder(gm, inputs, **kw):
         ir.graphs += 1
-        ir.sites.extend(site for _, site in capture_sites(gm))
+        ir.sites.extend(g.site for g in capture_sites(gm))
         return gm.forward
 
     torch._dynamo.reset()
