@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import deepwell  # noqa: E402
 import deepwell.backend  # noqa: E402
-from _common import environment, header, write_json  # noqa: E402
+from _common import environment, header, time_ms, write_json  # noqa: E402
 from llama import Llama  # noqa: E402
 
 VOCAB, DIM, HEADS, HIDDEN, SEQ, BATCH = 32000, 2048, 16, 5632, 2048, 4
@@ -50,16 +50,8 @@ def run(model, compiled, tokens, targets, steps: int, warmup: int = 3):
     step()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    end.synchronize()
-    return first, start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated()
+    ms = time_ms(step, warmup=warmup, iters=steps, reps=1)
+    return first, ms, torch.cuda.max_memory_allocated()
 
 
 def main() -> None:
