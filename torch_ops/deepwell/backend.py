@@ -73,10 +73,15 @@ def _parameter(node) -> tuple[str, str] | None:
 
 
 def _transposed_parameter(node) -> torch.fx.Node | None:
-    """The parameter placeholder `p` when `node` is `p.t()` / `p.T` / `torch.t(p)`."""
+    """The parameter placeholder `p` when `node` is `p.t()` / `p.T` / `torch.t(p)` (Dynamo spells
+    `p.T` as `getattr(p, "T")` on torch 2.11 and as `aten.numpy_T(p)` later)."""
     if not isinstance(node, torch.fx.Node) or not node.args:
         return None
-    is_t = (node.op == "call_method" and node.target == "t") or (node.op == "call_function" and node.target in _TRANSPOSES)
+    is_t = (
+        (node.op == "call_method" and node.target == "t")
+        or (node.op == "call_function" and node.target in _TRANSPOSES)
+        or (node.op == "call_function" and node.target is getattr and node.args[1:] in (("T",), ("mT",)))
+    )
     return node.args[0] if is_t and _parameter(node.args[0]) is not None else None
 
 
