@@ -149,11 +149,11 @@ class cpu_gemm_arch:
         load().deepwell_set_cpu_gemm_arch(None)
 
 
-def json_call(entry: str, request: dict) -> dict:
-    """Calls one of the library's JSON entry points; raises ValueError with its error message."""
+def json_call(entry: str, request: dict, who: str = "deepwell") -> dict:
+    """Calls one of the library's JSON entry points; raises ValueError(f"{who}: <its error>")."""
     import json
 
     answer = json.loads(getattr(load(), entry)(json.dumps(request).encode()).decode())
     if "error" in answer:
-        raise ValueError(f"deepwell: {answer['error']}")
+        raise ValueError(f"{who}: {answer['error']}")
     return answer

@@ -13,7 +13,6 @@ event, without a host synchronisation in the training loop.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -78,11 +77,8 @@ def check(stats: list[float], saturation_threshold: float) -> str | None:
     """The Rust guardrail rule on host statistics: the fallback reason, or None."""
     names = ("input_nonfinite", "output_nonfinite", "saturated", "numel", "amax_input", "amax_output")
     fields = {k: (int(v) if i < 4 else (v if math.isfinite(v) else str(v))) for i, (k, v) in enumerate(zip(names, stats))}
-    request = json.dumps({"stats": fields, "saturation_threshold": saturation_threshold})
-    answer = json.loads(_native.load().deepwell_guardrail_check(request.encode()).decode())
-    if "error" in answer:
-        raise ValueError(f"deepwell guardrail: {answer['error']}")
-    return answer["fallback"]
+    request = {"stats": fields, "saturation_threshold": saturation_threshold}
+    return _native.json_call("deepwell_guardrail_check", request, "deepwell guardrail")["fallback"]
 
 
 @dataclass

@@ -14,7 +14,6 @@ no native GEMM on the device is marked emulated (exact numerics, dequantize + hi
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -73,9 +72,7 @@ class PrecisionPolicy:
             "arch": arch or current_arch(),
             "layers": [{k: v for k, v in asdict(layer).items() if v is not None} for layer in layers],
         }
-        answer = json.loads(_native.load().deepwell_policy_decide(json.dumps(request).encode()).decode())
-        if "error" in answer:
-            raise ValueError(f"deepwell.PrecisionPolicy: {answer['error']}")
+        answer = _native.json_call("deepwell_policy_decide", request, "deepwell.PrecisionPolicy")
         return [LayerDecision(**d) for d in answer["decisions"]]
 
 
