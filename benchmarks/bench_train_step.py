@@ -12,19 +12,15 @@ batch 4 x seq 2048 = 8192 tokens per step, cross-entropy on random targets.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-
-import deepwell  # noqa: E402
-import deepwell.backend  # noqa: E402
-from _common import environment, header, time_ms, write_json  # noqa: E402
-from llama import Llama  # noqa: E402
+import deepwell
+import deepwell.backend
+from _common import environment, header, time_ms, write_json
+from deepwell.models import Llama
 
 VOCAB, DIM, HEADS, HIDDEN, SEQ, BATCH = 32000, 2048, 16, 5632, 2048, 4
 

@@ -9,7 +9,7 @@ import torch
 
 import deepwell
 from deepwell import backend as dw_backend
-from llama import Llama
+from deepwell.models import Llama
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN = 1000, 512, 2, 8, 1024
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import deepwell
-from llama import Llama
+from deepwell.models import Llama
 
 VOCAB, DIM, LAYERS = 1000, 512, 2
 

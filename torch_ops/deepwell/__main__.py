@@ -1,4 +1,5 @@
-"""`python -m deepwell`: what deepwell found (library, torch, device) and a quantization report."""
+"""`python -m deepwell`: what deepwell found (library, torch, devices), a quantization report, and a
+short training run of a LLaMA-style model through the `deepwell` torch.compile backend."""
 
 from __future__ import annotations
 

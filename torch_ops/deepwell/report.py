@@ -1,6 +1,7 @@
-"""The main job until the training demo exists: print the library and device deepwell found, then
-quantize real tensors (an nn.Linear weight and a heavy-tailed activation) in every format, on the GPU
-when there is one, and print the error statistics of each (ms = quantize + dequantize)."""
+"""The main job (`python -m deepwell`): print the library and hardware deepwell found; quantize real
+tensors (an nn.Linear weight and a heavy-tailed activation) in every format, on the GPU when there is
+one, with the error statistics of each (ms = quantize + dequantize); then train a small LLaMA-style
+model with the `deepwell` torch.compile backend (deepwell.demo)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import time
 import torch
 
 from . import _native
+from .demo import train_demo
+from .hardware import probe
 from .ops import (
     fp8_block_dequantize,
     fp8_block_quantize,
@@ -67,6 +70,7 @@ def main() -> None:
     device = _device()
     print(f"deepwell {_native.version()}  library: {_native.library_path()}")
     print(f"torch {torch.__version__}  device: {_device_line(device)}")
+    print(probe())
     for fmt, round_trip in _formats():  # warm-up: the first CUDA call of each kernel compiles it
         round_trip(torch.ones(256, 256, device=device))
     for name, x in _tensors(device):
@@ -85,3 +89,4 @@ def main() -> None:
             sqnr = 10 * torch.log10(ref.pow(2).sum() / err.pow(2).sum()).item()
             zeros = 100.0 * ((y == 0) & (ref != 0)).double().mean().item()
             print(f"  {fmt:<20}{rel:>11.3e}{sqnr:>9.2f}{err.abs().max().item():>11.3e}{zeros:>9.3f}{ms:>8.1f}")
+    train_demo(device)

@@ -1,5 +1,5 @@
-"""A small LLaMA-style decoder for the compile-backend tests (and the train-step benchmark): RMSNorm,
-rotary attention through SDPA, SwiGLU MLP, tied or untied LM head. Names follow Meta's reference
+"""A small LLaMA-style decoder (the main job's demo, the compile-backend tests, the train-step
+benchmark): RMSNorm, rotary attention through SDPA, SwiGLU MLP, tied or untied LM head. Names follow Meta's reference
 code (tok_embeddings, layers.N.attention.wq/wk/wv/wo, layers.N.feed_forward.w1/w2/w3, norm, output)."""
 
 from __future__ import annotations
