@@ -74,8 +74,8 @@ def _saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple) -> tu
 
     def pack(t):
         if id(t) not in params:
-            key = id(t.untyped_storage()) if not t._is_view() else id(t._base)
-            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+            storage = t.untyped_storage()  # views share it; its C pointer identifies it
+            seen[storage._cdata] = storage.nbytes()
         return t
 
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:

@@ -117,13 +117,12 @@ pub fn operand(
     MISSES.fetch_add(1, Ordering::Relaxed);
     let operands = make()?;
     let result = pick(op, &operands, want)?;
-    let entry = Entry { version, _weight: weight.share(op)?, operands, last_used: 0 };
+    let weight = weight.share(op)?;
     let evicted = {
         let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
         let cache = guard.get_or_insert_with(Cache::default);
         cache.clock += 1;
-        let mut entry = entry;
-        entry.last_used = cache.clock;
+        let entry = Entry { version, _weight: weight, operands, last_used: cache.clock };
         let replaced = cache.entries.insert(key, entry);
         let lru = if cache.entries.len() > CAPACITY {
             let oldest = cache.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone());
