@@ -235,6 +235,18 @@ __device__ __forceinline__ void transpose_4x16(const uint32_t* tile, int rg, int
     }
 }
 
+// Column amaxes of the S chunks a thread holds as raw words (V elements each): camax[j] is the
+// NaN-propagating max |x| of element j over the chunks (mxfp8.cuh and fp8_block.cuh column blocks).
+template <class In, int S, int V, int W>
+__device__ __forceinline__ void column_amax(const uint32_t (&raw)[S][W], float (&camax)[V]) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) camax[j] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+#pragma unroll
+        for (int j = 0; j < V; ++j) camax[j] = abs_max(camax[j], widen<In>(raw[s], j));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Vector stores of dequantized results (mxfp8.cuh, fp8_block.cuh dequantize kernels).
 

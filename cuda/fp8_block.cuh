@@ -111,6 +111,32 @@ template <int L> __device__ __forceinline__ float col_reduce_warp(float a) {
     return a;
 }
 
+// The column scales of a TILE-column tile from each thread's column amaxes (camax: V columns at
+// li * V): a warp reduction over the L-lane groups, then threads 0..TILE-1 combine the warps'
+// partials (s_part) into the scale of their column (s_scale). Returns that scale to threads
+// 0..TILE-1 (0 to the others); ends with a barrier, so s_scale is complete for every thread.
+template <int L, int V>
+__device__ __forceinline__ float tile_column_scales(float (&camax)[V], int warp, int lane, int li, int pow2,
+                                                    float* s_part, float* s_scale) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) camax[j] = col_reduce_warp<L>(camax[j]);
+    if (lane < L) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) s_part[warp * TILE + li * V + j] = camax[j];
+    }
+    __syncthreads();
+    float scale = 0.0f;
+    if (threadIdx.x < TILE) {
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < THREADS / 32; ++w) a = abs_max(a, s_part[w * TILE + threadIdx.x]);
+        scale = block_scale(a, pow2);
+        s_scale[threadIdx.x] = scale;
+    }
+    __syncthreads();
+    return scale;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tile walk order of rowcol: bands of BAND tile-rows walked column-major, so the CTAs running
 // together cover ~16 x 16 tiles and the transposed (k, m) output (row stride m) gets ~2 KiB runs
@@ -181,31 +207,12 @@ __device__ __forceinline__ void quantize_tiles(const void* x, uint8_t* data, flo
             }
         } else {
             float camax[V];
-#pragma unroll
-            for (int j = 0; j < V; ++j) camax[j] = 0.0f;
-#pragma unroll
-            for (int s = 0; s < S; ++s)
-#pragma unroll
-                for (int j = 0; j < V; ++j) camax[j] = abs_max(camax[j], widen<In>(raw[s], j));
+            column_amax<In>(raw, camax);
             float f[V];
             if constexpr (BC == 1) {
-#pragma unroll
-                for (int j = 0; j < V; ++j) camax[j] = col_reduce_warp<L>(camax[j]);
-                if (lane < L) {
-#pragma unroll
-                    for (int j = 0; j < V; ++j) s_part[warp * TILE + li * V + j] = camax[j];
-                }
-                __syncthreads();
-                if (threadIdx.x < TILE) {
-                    float a = 0.0f;
-#pragma unroll
-                    for (int w = 0; w < THREADS / 32; ++w) a = abs_max(a, s_part[w * TILE + threadIdx.x]);
-                    const float scale = block_scale(a, pow2);
-                    s_scale[threadIdx.x] = scale;
-                    const int64_t col = ct * TILE + threadIdx.x;
-                    if (col < ncols) scale_inv[rt * ncols + col] = __fdiv_rn(1.0f, scale);
-                }
-                __syncthreads();
+                const float scale = tile_column_scales<L>(camax, warp, lane, li, pow2, s_part, s_scale);
+                const int64_t col = ct * TILE + threadIdx.x;
+                if (threadIdx.x < TILE && col < ncols) scale_inv[rt * ncols + col] = __fdiv_rn(1.0f, scale);
 #pragma unroll
                 for (int j = 0; j < V; ++j) f[j] = s_scale[li * V + j];
             } else {
@@ -314,28 +321,9 @@ __device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k
 
         // 3. Column scales.
         float camax[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) camax[j] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < S; ++s)
-#pragma unroll
-            for (int j = 0; j < V; ++j) camax[j] = abs_max(camax[j], widen<In>(raw[s], j));
-#pragma unroll
-        for (int j = 0; j < V; ++j) camax[j] = col_reduce_warp<L>(camax[j]);
-        if (lane < L) {
-#pragma unroll
-            for (int j = 0; j < V; ++j) s_part[warp * TILE + li * V + j] = camax[j];
-        }
-        __syncthreads();
-        if (threadIdx.x < TILE) {
-            float a = 0.0f;
-#pragma unroll
-            for (int w = 0; w < THREADS / 32; ++w) a = abs_max(a, s_part[w * TILE + threadIdx.x]);
-            const float scale = block_scale(a, pow2);
-            s_scale[threadIdx.x] = scale;
-            col_scale_inv[(c0 + threadIdx.x) * row_tiles + rt] = __fdiv_rn(1.0f, scale);
-        }
-        __syncthreads();
+        column_amax<In>(raw, camax);
+        const float scale = tile_column_scales<L>(camax, warp, lane, li, pow2, s_part, s_scale);
+        if (threadIdx.x < TILE) col_scale_inv[(c0 + threadIdx.x) * row_tiles + rt] = __fdiv_rn(1.0f, scale);
 
         // 4. Column-quantized bytes into the shared byte tile.
         float f[V];

@@ -380,12 +380,7 @@ __device__ __forceinline__ void rowcol_body(const void* x, int64_t m, int64_t k,
 #pragma unroll
             for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(raw[s][i]));
         float camax[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) camax[j] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < S; ++s)
-#pragma unroll
-            for (int j = 0; j < V; ++j) camax[j] = abs_max(camax[j], widen<In>(raw[s], j));
+        column_amax<In>(raw, camax);
         float f[V];
         uint32_t mask[VW];
 #pragma unroll
