@@ -1,8 +1,8 @@
 """The low-precision linear layers (torch.ops.deepwell.scaled_linear / mxfp8_linear): forward and
 gradients against a float64 model of the same quantized maths (tests/reference/linear.py), against
-unquantized float64 maths within each recipe's documented error budget, the weight cache, and the
-autograd plumbing (needs_input_grad, leading dims, eager vs torch.compile). opcheck runs on the
-cases in op_cases.py (test_opcheck.py); bad inputs are in test_errors.py."""
+unquantized float64 maths within each recipe's documented error budget, and the autograd plumbing
+(needs_input_grad, leading dims, eager vs torch.compile). opcheck runs on the cases in op_cases.py
+(test_opcheck.py); bad inputs are in test_errors.py; the weight cache in test_weight_cache.py."""
 
 from __future__ import annotations
 
@@ -72,7 +72,6 @@ def _tolerance(device: str, recipe: str) -> float:
 @pytest.mark.parametrize("m,k,n", SHAPES)
 def test_matches_the_float64_model_of_the_recipe(device, recipe, m, k, n, gen):
     """fp32 inputs: the only difference from the float64 model is the GEMM's accumulation."""
-    deepwell.clear_weight_cache()
     x, w, b, dy = _inputs(gen, m, k, n)
     y, dx, dw, db = _run(x, w, b, dy, recipe, seed=11, device=device)
     y_ref = ref.forward(_f32(x), _f32(w), _f32(b), recipe)
@@ -185,40 +184,6 @@ def test_nvfp4_stochastic_rounding_seeds(gen):
     assert same_bits(r1, r1_again)
 
 
-def test_weight_cache_hits_and_invalidates_on_in_place_updates(gen):
-    deepwell.clear_weight_cache()
-    x, w, _, _ = _inputs(gen, 32, 64, 32)
-    w = w.clone()
-    y0 = ops.scaled_linear(x, w, None, "mxfp8")
-    before = deepwell.weight_cache_info()
-    assert before["entries"] == 1
-    assert same_bits(ops.scaled_linear(x, w, None, "mxfp8"), y0)  # micro-batch 2: no re-quantization
-    after = deepwell.weight_cache_info()
-    assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]
-    with torch.no_grad():
-        w.mul_(2.0)  # an optimizer step: the version counter moves
-    y1 = ops.scaled_linear(x, w, None, "mxfp8")
-    assert deepwell.weight_cache_info()["misses"] == after["misses"] + 1
-    deepwell.clear_weight_cache()
-    assert same_bits(y1, ops.scaled_linear(x, w, None, "mxfp8"))  # the fresh quantization
-    assert not same_bits(y1, y0)
-    assert deepwell.weight_cache_info()["entries"] == 1
-
-
-def test_weight_cache_tells_weights_apart(gen):
-    """Same shape, different tensors (and a view of the same storage with other strides)."""
-    deepwell.clear_weight_cache()
-    x = torch.randn(32, 64, generator=gen)
-    w1, w2 = torch.randn(32, 64, generator=gen), torch.randn(32, 64, generator=gen)
-    y1, y2 = ops.scaled_linear(x, w1, None, "mxfp8"), ops.scaled_linear(x, w2, None, "mxfp8")
-    assert not same_bits(y1, y2)
-    sq = torch.randn(64, 64, generator=gen)
-    a, b = ops.scaled_linear(x, sq, None, "mxfp8"), ops.scaled_linear(x, sq.t(), None, "mxfp8")
-    deepwell.clear_weight_cache()
-    assert same_bits(b, ops.scaled_linear(x, sq.t().contiguous(), None, "mxfp8"))
-    assert not same_bits(a, b)
-
-
 @pytest.mark.parametrize("recipe", ["mxfp8", "fp8_block", "nvfp4"])
 def test_eager_and_compiled_training_step_agree(recipe, gen):
     """A small MLP step through torch.compile(fullgraph=True): same outputs and gradients. relu and
@@ -234,7 +199,6 @@ def test_eager_and_compiled_training_step_agree(recipe, gen):
 
     outs = []
     for f in (step, torch.compile(step, fullgraph=True)):
-        deepwell.clear_weight_cache()
         a, b = w1.clone().requires_grad_(), w2.clone().requires_grad_()
         loss = f(x, a, b)
         loss.backward()
@@ -277,19 +241,18 @@ def test_native_gemm_arguments_on_the_cpu(arch, recipe, gen):
     the float64 model's answer: the argument construction of GPUs we do not have is tested here."""
     from deepwell import _native
 
-    deepwell.clear_weight_cache()
     x, w, b, dy = _inputs(gen, 256, 512, 512)
-    with _native.cpu_gemm_arch(arch):
-        native = _run(x, w, b, dy, recipe, seed=6)
-    emulated = _run(x, w, b, dy, recipe, seed=6)
-    # The two runs cached the weight in two operand forms: the native path really ran.
-    assert deepwell.weight_cache_info()["entries"] == 2
+    with deepwell.microbatches():
+        with _native.cpu_gemm_arch(arch):
+            native = _run(x, w, b, dy, recipe, seed=6)
+        emulated = _run(x, w, b, dy, recipe, seed=6)
+        # The two runs cached the weight in two operand forms: the native path really ran.
+        assert deepwell.weight_cache_info()["entries"] == 2
     y_ref = ref.forward(_f32(x), _f32(w), _f32(b), recipe)
     dx_ref, dw_ref = ref.backward(_f32(dy), _f32(x), _f32(w), recipe, seed=6)
     for got, want, emu in zip(native[:3], (y_ref, dx_ref, dw_ref), emulated[:3]):
         assert _rel(got, want) < 2e-6
         assert _rel(got, emu) < 2e-6
-    deepwell.clear_weight_cache()
 
 
 def test_cpu_gemm_arch_rejects_unknown_archs():

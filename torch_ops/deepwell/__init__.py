@@ -31,7 +31,11 @@ from .policy import LayerDecision, LayerInfo, PrecisionPolicy
 
 _native.load()
 
-from ._native import clear_weight_cache, manual_seed, weight_cache_info  # noqa: E402
+from ._native import manual_seed  # noqa: E402
+from .weight_cache import clear_weight_cache, microbatches, weight_cache_info  # noqa: E402
+from . import weight_cache as _weight_cache  # noqa: E402
+
+_weight_cache.install_optimizer_hooks()
 
 
 def last_plan():
@@ -61,6 +65,7 @@ __all__ = [
     "format_report",
     "last_plan",
     "manual_seed",
+    "microbatches",
     "weight_cache_info",
     "fp8_block_dequantize",
     "fp8_block_quantize",

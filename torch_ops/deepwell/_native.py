@@ -58,6 +58,7 @@ def _open(path: str) -> ctypes.CDLL:
     lib.deepwell_guardrail_check.argtypes = [ctypes.c_char_p]
     lib.deepwell_arch_info.argtypes = [ctypes.c_char_p]
     lib.deepwell_weight_cache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    lib.deepwell_weight_cache_scope.argtypes = [ctypes.c_int]
     lib.deepwell_manual_seed.argtypes = [ctypes.c_uint64]
     lib.deepwell_manual_seed.restype = None
     lib.deepwell_set_cpu_gemm_arch.argtypes = [ctypes.c_char_p]
@@ -110,21 +111,6 @@ def kernel_table() -> list[dict]:
 
     text = load().deepwell_kernel_table().decode()
     return [json.loads(line) for line in text.splitlines() if line]
-
-
-def weight_cache_info() -> dict[str, int]:
-    """The linear layers' weight cache: live entries, hits and misses since the process started."""
-    out = (ctypes.c_uint64 * 3)()
-    if load().deepwell_weight_cache_stats(out) != 0:
-        raise RuntimeError("deepwell: reading the weight cache statistics failed")
-    return {"entries": out[0], "hits": out[1], "misses": out[2]}
-
-
-def clear_weight_cache() -> None:
-    """Drops every cached weight operand (and the references to the weights they hold). Needed after
-    writes that bypass the version counter, such as `weight.data.copy_(...)`."""
-    if load().deepwell_weight_cache_clear() != 0:
-        raise RuntimeError("deepwell: clearing the weight cache failed")
 
 
 def manual_seed(seed: int) -> None:

@@ -223,6 +223,16 @@ impl Device {
         })
     }
 
+    /// True while `stream` (torch's current stream of this device) is capturing a CUDA graph.
+    pub fn is_capturing(&self, stream: *mut c_void) -> Result<bool> {
+        self.make_current()?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `stream` is a live stream of this device's context; valid out pointer.
+        let code = unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) };
+        driver("cuStreamIsCapturing", code.result())?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Fills `bytes` bytes at `ptr` with zero on `stream`.
     ///
     /// # Safety

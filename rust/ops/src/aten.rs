@@ -196,6 +196,12 @@ pub fn version(op: Op, t: &Tensor) -> Option<i64> {
     call_raw(op, c"aten::_version", c"", vec![Arg::Tensor(handle)], 1).ok().map(|v| v[0] as i64)
 }
 
+/// `aten::alias(t)`: a new tensor (its own TensorImpl) on t's storage, sharing t's version counter.
+/// Unlike another handle to `t`, it keeps the storage even when `t.data = ...` swaps t's.
+pub fn alias(op: Op, t: &Tensor) -> Result<Tensor> {
+    call(op, c"aten::alias", c"", vec![Arg::Tensor(t.share(op)?)])
+}
+
 /// The same bytes seen as another dtype of the same element size (`Tensor.view(dtype)`).
 pub fn view_dtype(op: Op, t: Tensor, dtype: DType) -> Result<Tensor> {
     call(op, c"aten::view", c"dtype", vec![Arg::Tensor(t), Arg::ScalarType(dtype)])

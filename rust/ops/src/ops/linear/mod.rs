@@ -94,7 +94,10 @@ pub fn cuda_specs() -> Vec<KernelSpec> {
     epilogue::specs()
 }
 
-pub use weight_cache::{deepwell_weight_cache_clear, deepwell_weight_cache_stats};
+pub use weight_cache::{
+    deepwell_weight_cache_clear, deepwell_weight_cache_new_epoch, deepwell_weight_cache_scope,
+    deepwell_weight_cache_stats,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Stochastic-rounding seeds
@@ -226,16 +229,22 @@ impl Layer {
         aten::contiguous(op, self.x.share(op)?)?.reshape_contiguous(op, &[self.m as i64, self.k as i64])
     }
 
-    /// The weight's fprop or dgrad operand, from the cache.
+    /// The weight's fprop or dgrad operand: made for this call, or reused inside a reuse scope
+    /// (`weight_cache.rs` says exactly when).
     fn weight_operand(&self, op: Op, want: Want) -> Result<operand::Operand> {
         let fprop = Form::of(self.choice(Pass::Fprop).backend).1;
         let dgrad = Form::of(self.choice(Pass::Dgrad).backend).1;
         let (recipe, w) = (self.recipe, &self.weight);
-        weight_cache::operand(op, w, recipe, (fprop, dgrad), want, || {
-            let w2 = aten::contiguous(op, w.share(op)?)?;
-            let (fprop, dgrad) = quantize::weight_pair(op, recipe, fprop, dgrad, w2)?;
+        let contiguous = || aten::contiguous(op, w.share(op)?);
+        let make_one = || match want {
+            Want::Fprop => quantize::along_k(op, recipe, fprop, Role::Weight, contiguous()?, 0),
+            Want::Dgrad => quantize::weight_dgrad(op, recipe, fprop, dgrad, contiguous()?),
+        };
+        let make_pair = || {
+            let (fprop, dgrad) = quantize::weight_pair(op, recipe, fprop, dgrad, contiguous()?)?;
             Ok(WeightOperands { fprop, dgrad })
-        })
+        };
+        weight_cache::operand(op, w, recipe, (fprop, dgrad), want, make_one, make_pair)
     }
 }
 

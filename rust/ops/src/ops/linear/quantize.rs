@@ -134,28 +134,56 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
 /// (dim 0) instead, read through a transposed view.
 pub fn weight_pair(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) -> Result<(Operand, Operand)> {
     let f = along_k(op, recipe, fprop, Role::Weight, w.share(op)?, 0)?;
+    let d = match dgrad_from_fprop(op, recipe, &f, fprop, dgrad)? {
+        Some(d) => d,
+        None => dgrad_alone(op, recipe, dgrad, w)?,
+    };
+    Ok((f, d))
+}
+
+/// The dgrad operand alone (what a backward needs): `weight_pair`'s second operand, made the same
+/// way, so it is bit-identical to the pair's.
+pub fn weight_dgrad(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) -> Result<Operand> {
+    if derives_from_fprop(recipe, fprop, dgrad) {
+        return Ok(weight_pair(op, recipe, fprop, dgrad, w)?.1);
+    }
+    dgrad_alone(op, recipe, dgrad, w)
+}
+
+/// Whether W^T's operand is a transpose of W's (then one quantization makes both).
+fn derives_from_fprop(recipe: Recipe, fprop: Form, dgrad: Form) -> bool {
     let symmetric = matches!(recipe, Recipe::Fp8Block | Recipe::Nvfp4 | Recipe::Bf16);
-    let d = match (&f, dgrad) {
-        (Operand::Dense(_) | Operand::DenseScaled { .. }, Form::Dense | Form::Emulated)
-            if symmetric || fprop == Form::Dense =>
-        {
-            f.transposed_view(op)?
-        }
-        (Operand::Blockwise { data, scale, scaling }, Form::Blockwise(s)) if *scaling == s => {
+    match (fprop, dgrad) {
+        (Form::Dense | Form::Emulated, Form::Dense | Form::Emulated) => symmetric || fprop == Form::Dense,
+        (Form::Blockwise(a), Form::Blockwise(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// W^T's operand as the transpose of W's, where `derives_from_fprop`.
+fn dgrad_from_fprop(op: Op, recipe: Recipe, f: &Operand, fprop: Form, dgrad: Form) -> Result<Option<Operand>> {
+    if !derives_from_fprop(recipe, fprop, dgrad) {
+        return Ok(None);
+    }
+    match f {
+        Operand::Dense(_) | Operand::DenseScaled { .. } => f.transposed_view(op),
+        Operand::Blockwise { data, scale, scaling } => {
             // fprop's scale is a (K/128, N/128) view of the (N/128, K/128) tiles; dgrad wants the
             // (N/128, K/128) view of their (K/128, N/128) transpose.
             let data = aten::transpose_copy(op, data)?;
             let scale = aten::contiguous(op, scale.share(op)?)?.t(op)?;
-            Some(Operand::Blockwise { data, scale, scaling: s })
+            Ok(Some(Operand::Blockwise { data, scale, scaling: *scaling }))
         }
-        _ => None,
-    };
-    let d = match d {
-        Some(d) => d,
-        None if recipe == Recipe::Mxfp8 && dgrad == Form::Emulated => along_m(op, recipe, dgrad, Role::Weight, w, 0)?,
-        None => along_k(op, recipe, dgrad, Role::Weight, aten::transpose_copy(op, &w)?, 0)?,
-    };
-    Ok((f, d))
+        Operand::Mx { .. } => Ok(None),
+    }
+}
+
+/// W^T's operand quantized on its own along N (1x32 MXFP8 blocks, native MX/NV layouts).
+fn dgrad_alone(op: Op, recipe: Recipe, dgrad: Form, w: Tensor) -> Result<Operand> {
+    if recipe == Recipe::Mxfp8 && dgrad == Form::Emulated {
+        return along_m(op, recipe, dgrad, Role::Weight, w, 0);
+    }
+    along_k(op, recipe, dgrad, Role::Weight, aten::transpose_copy(op, &w)?, 0)
 }
 
 /// The output gradient dy (M, N) as the dgrad operand (along N) and the wgrad operand (along M),

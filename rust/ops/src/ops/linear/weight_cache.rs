@@ -1,23 +1,33 @@
-//! The weights' GEMM operands, cached until the weight changes.
+//! The weights' GEMM operands, reused only where the weight provably did not change.
 //!
-//! A linear layer quantizes its weight twice per update (along K for fprop, along N for dgrad), not
-//! once per call: micro-batches and gradient accumulation reuse the cached operands. An entry is
-//! keyed by the weight's identity (device, data pointer, sizes, strides, dtype) and the operand
-//! forms, and is valid while the weight's version counter (bumped by every in-place write:
-//! optimizer steps, `copy_`, `load_state_dict`) is unchanged.
+//! **Default: no reuse.** Every forward quantizes W along K for fprop and every backward quantizes
+//! the weight autograd saved along N for dgrad. Nothing outlives the call, so nothing can be stale,
+//! however the weight was written (optimizers fused or not, `p.data`, DLPack, FSDP2 re-sharding).
 //!
-//! Each entry holds a reference to the weight, so its memory cannot be freed and reused by another
-//! tensor while the entry lives: a matching address always means the same storage. The cost is that
-//! a dropped model's weights stay alive until evicted (least recently used beyond `CAPACITY`
-//! entries) or `deepwell.clear_weight_cache()`.
+//! **Inside a reuse scope** (`deepwell.microbatches()`: gradient accumulation, where the user
+//! promises the weights stay fixed), the first pass that needs a weight makes both of its operands
+//! and later passes reuse them. A cached pair is reused only while all of these hold, each a signal
+//! on its own:
+//! - the scope that made it is still open (closing it drops every entry);
+//! - no optimizer step happened since (torch's global optimizer step hooks call
+//!   `deepwell_weight_cache_new_epoch`, which drops every entry; deepwell/weight_cache.py);
+//! - the same storage: the key holds the data pointer, sizes, strides, dtype and device, and the
+//!   entry holds an *alias* of the weight (its own TensorImpl on the same storage), so the storage
+//!   cannot be freed and its address handed to another tensor while the entry lives; `w.data = t`
+//!   swaps the parameter's storage and so changes the key;
+//! - the same version counter (in-place writes through the parameter: `copy_`, `load_state_dict`,
+//!   `torch.no_grad()` updates, foreach/single-tensor optimizers);
+//! - no CUDA graph is being captured on the current stream (a replay runs only what was captured:
+//!   a hit at capture time would skip the quantization in every replay).
 //!
-//! Limits (documented in the README): writes that bypass the version counter (`weight.data.add_`,
-//! writes through `.numpy()` or DLPack) are not seen; call `deepwell.clear_weight_cache()` after
-//! them. Inference tensors have no version counter and are never cached.
+//! What a scope cannot see: writes that bypass the version counter inside it (`w.data.add_()`,
+//! writes through DLPack). They break the scope's promise; outside a scope they are harmless.
+//!
+//! tests/test_weight_cache.py proves each rule against the uncached path.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use deepwell_core::policy::Recipe;
 
@@ -49,20 +59,38 @@ pub struct WeightOperands {
 
 struct Entry {
     version: i64,
-    _weight: Tensor,
+    /// An alias of the weight: keeps its storage (and so its address) alive.
+    _storage: Tensor,
     operands: WeightOperands,
     last_used: u64,
 }
 
+/// Everything behind the lock. `generation` changes whenever entries become invalid (a scope opens
+/// or closes, an optimizer steps, the cache is cleared): an entry made while it changed is dropped.
 #[derive(Default)]
-struct Cache {
+struct State {
+    /// Open reuse scopes (nested scopes count as one).
+    depth: u32,
+    generation: u64,
     entries: HashMap<Key, Entry>,
     clock: u64,
 }
 
-static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
 static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
+
+fn lock() -> std::sync::MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    /// Starts a new generation; returns the dropped entries (release them after the lock).
+    fn invalidate(&mut self) -> HashMap<Key, Entry> {
+        self.generation += 1;
+        std::mem::take(&mut self.entries)
+    }
+}
 
 /// Which of the two operands a caller wants.
 #[derive(Clone, Copy)]
@@ -78,18 +106,39 @@ fn pick(op: Op, w: &WeightOperands, want: Want) -> Result<Operand> {
     }
 }
 
-/// The weight's operand `want` for these forms, from the cache or made by `make` (and cached).
+/// True while torch's current stream of the weight's device captures a CUDA graph.
+fn capturing(op: Op, weight: &Tensor) -> Result<bool> {
+    match weight.device() {
+        Device::Cuda(i) => {
+            let stream = crate::cuda::current_stream(op, i)?;
+            crate::cuda::device(op, i)?.is_capturing(stream).map_err(crate::cuda::gpu_err(op))
+        }
+        _ => Ok(false),
+    }
+}
+
+/// The weight's operand `want`: made by `make_one` outside a reuse scope; inside one, from the
+/// cache or made with its sibling by `make_pair` (and cached) under the rules of the module doc.
 pub fn operand(
     op: Op,
     weight: &Tensor,
     recipe: Recipe,
     forms: (Form, Form),
     want: Want,
-    make: impl FnOnce() -> Result<WeightOperands>,
+    make_one: impl FnOnce() -> Result<Operand>,
+    make_pair: impl FnOnce() -> Result<WeightOperands>,
 ) -> Result<Operand> {
-    let Some(version) = aten::version(op, weight) else {
+    let generation = {
+        let s = lock();
+        (s.depth > 0).then_some(s.generation)
+    };
+    let version = match generation {
+        Some(_) if !capturing(op, weight)? => aten::version(op, weight),
+        _ => None, // no scope, a graph capture, or an inference tensor (no version counter)
+    };
+    let (Some(generation), Some(version)) = (generation, version) else {
         MISSES.fetch_add(1, Ordering::Relaxed);
-        return pick(op, &make()?, want);
+        return make_one();
     };
     let key = Key {
         device: weight.device(),
@@ -101,11 +150,10 @@ pub fn operand(
         forms,
     };
     {
-        let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        let cache = guard.get_or_insert_with(Cache::default);
-        cache.clock += 1;
-        let clock = cache.clock;
-        if let Some(e) = cache.entries.get_mut(&key) {
+        let mut s = lock();
+        s.clock += 1;
+        let clock = s.clock;
+        if let Some(e) = s.entries.get_mut(&key) {
             if e.version == version {
                 e.last_used = clock;
                 HITS.fetch_add(1, Ordering::Relaxed);
@@ -115,37 +163,40 @@ pub fn operand(
     }
     // Made outside the lock (kernels launch here); a racing thread may make the same entry twice.
     MISSES.fetch_add(1, Ordering::Relaxed);
-    let operands = make()?;
+    let operands = make_pair()?;
     let result = pick(op, &operands, want)?;
-    let weight = weight.share(op)?;
-    let evicted = {
-        let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-        let cache = guard.get_or_insert_with(Cache::default);
-        cache.clock += 1;
-        let entry = Entry { version, _weight: weight, operands, last_used: cache.clock };
-        let replaced = cache.entries.insert(key, entry);
-        let lru = if cache.entries.len() > CAPACITY {
-            let oldest = cache.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone());
-            oldest.and_then(|k| cache.entries.remove(&k))
+    let storage = aten::alias(op, weight)?;
+    let dropped = {
+        let mut s = lock();
+        if s.generation != generation {
+            // The scope closed or an optimizer stepped while we quantized: keep nothing.
+            Some(Entry { version, _storage: storage, operands, last_used: 0 })
         } else {
-            None
-        };
-        (replaced, lru)
+            s.clock += 1;
+            let entry = Entry { version, _storage: storage, operands, last_used: s.clock };
+            let replaced = s.entries.insert(key, entry);
+            if s.entries.len() > CAPACITY {
+                let oldest = s.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone());
+                oldest.and_then(|k| s.entries.remove(&k))
+            } else {
+                replaced
+            }
+        }
     };
     // Tensors are released after the lock is dropped (freeing may enter torch's allocator).
-    drop(evicted);
+    drop(dropped);
     Ok(result)
 }
 
-/// Drops every entry (and the weight references they hold).
+/// Drops every entry (and the weight aliases they hold).
 pub fn clear() {
-    let old = CACHE.lock().unwrap_or_else(|p| p.into_inner()).take();
-    drop(old);
+    let dropped = lock().invalidate();
+    drop(dropped);
 }
 
-/// (entries, hits, misses) since the process started.
+/// (entries, hits, misses) since the process started; a miss is a quantization of a weight.
 pub fn stats() -> (u64, u64, u64) {
-    let n = CACHE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map_or(0, |c| c.entries.len());
+    let n = lock().entries.len();
     (n as u64, HITS.load(Ordering::Relaxed), MISSES.load(Ordering::Relaxed))
 }
 
@@ -172,4 +223,41 @@ pub unsafe extern "C" fn deepwell_weight_cache_stats(out: *mut u64) -> i32 {
 #[no_mangle]
 pub extern "C" fn deepwell_weight_cache_clear() -> i32 {
     std::panic::catch_unwind(clear).map_or(1, |_| 0)
+}
+
+/// C entry point: an optimizer is about to step or has stepped; every cached operand is stale.
+#[no_mangle]
+pub extern "C" fn deepwell_weight_cache_new_epoch() -> i32 {
+    deepwell_weight_cache_clear()
+}
+
+/// C entry point: opens (`enter` != 0) or closes a reuse scope. Closing the outermost scope drops
+/// every entry; closing with none open is an error (returns 1).
+#[no_mangle]
+pub extern "C" fn deepwell_weight_cache_scope(enter: i32) -> i32 {
+    let run = || {
+        let mut s = lock();
+        if enter != 0 {
+            s.depth += 1;
+            return (true, HashMap::new());
+        }
+        match s.depth {
+            0 => (false, HashMap::new()),
+            1 => {
+                s.depth = 0;
+                (true, s.invalidate())
+            }
+            _ => {
+                s.depth -= 1;
+                (true, HashMap::new())
+            }
+        }
+    };
+    match std::panic::catch_unwind(run) {
+        Ok((ok, dropped)) => {
+            drop(dropped); // after the lock
+            i32::from(!ok)
+        }
+        Err(_) => 1,
+    }
 }
