@@ -2,10 +2,10 @@
 `torch.nn.functional.linear` (cuBLAS), in one process, on the GPU.
 
 For each (M, K, N): bf16 inputs x (M, K), W (N, K), dy (M, N); times of
-- `step`: forward + backward (dx and dW), the weight re-quantized every step (a training step
-  without gradient accumulation: the weight cache is cleared before each call);
-- `step_cached`: the same with the weight's quantized operands cached (micro-batches of one step);
-- `fwd`: the forward alone (cached weight);
+- `step`: forward + backward (dx and dW), the weight quantized by the forward and again by the
+  backward (the default: nothing is reused across calls);
+- `step_cached`: a later micro-batch inside `deepwell.microbatches()`, the weight's operands reused;
+- `fwd`: the forward alone (the weight quantized in it);
 and TFLOP/s = 3 * 2MNK / step (2MNK for fwd), the speedup over bf16, and the forward output's
 relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block, `gemms` is the three
 cuBLASLt blockwise GEMMs alone on pre-quantized operands: step - gemms is what quantization and
@@ -41,11 +41,16 @@ def deepwell_fwd(x, w, recipe):
     return ops.scaled_linear(x, w, None, recipe, None)
 
 
-def deepwell_step(x, w, dy, recipe, cached: bool):
-    if not cached:
-        deepwell.clear_weight_cache()
+def deepwell_step(x, w, dy, recipe):
     y = deepwell_fwd(x, w, recipe)
     return torch.autograd.grad(y, (x, w), dy)
+
+
+def microbatch_ms(x, w, dy, recipe) -> float:
+    """A later micro-batch of gradient accumulation: the weight's operands reused
+    (`deepwell.microbatches()`; the first call of the scope quantizes them)."""
+    with deepwell.microbatches():
+        return time_ms(lambda: deepwell_step(x, w, dy, recipe))
 
 
 def blockwise_gemms(x, w, dy):
@@ -81,7 +86,7 @@ def main() -> None:
     env = environment()
     header("bench_linear: forward + backward of one linear layer, bf16 inputs", env)
     rows = []
-    print(f"{'M x K x N':>20} {'recipe':>10} {'step ms':>8} {'cached':>8} {'fwd ms':>7} {'TFLOP/s':>8} "
+    print(f"{'M x K x N':>20} {'recipe':>10} {'step ms':>8} {'micro':>8} {'fwd ms':>7} {'TFLOP/s':>8} "
           f"{'vs bf16':>8} {'fwd vs bf16':>11} {'rel err':>9}  note")
     for m, k, n in SHAPES[:1] if args.quick else SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -99,8 +104,8 @@ def main() -> None:
         rows.append({"m": m, "k": k, "n": n, "recipe": "torch_bf16", "step_ms": base_step, "fwd_ms": base_fwd,
                      "tflops": 3 * flops / base_step / 1e9, "rel_err": base_err})
         for recipe in RECIPES:
-            step = time_ms(lambda: deepwell_step(x, w, dy, recipe, cached=False))
-            cached = time_ms(lambda: deepwell_step(x, w, dy, recipe, cached=True))
+            step = time_ms(lambda: deepwell_step(x, w, dy, recipe))
+            cached = microbatch_ms(x, w, dy, recipe)
             fwd = time_ms(lambda: deepwell_fwd(x, w, recipe))
             with torch.no_grad():
                 err = rel_err(deepwell_fwd(x, w, recipe), y64)
@@ -117,13 +122,12 @@ def main() -> None:
             print(f"{shape:>20} {recipe:>10} {step:8.3f} {cached:8.3f} {fwd:7.3f} {row['tflops']:8.0f} "
                   f"{row['speedup']:8.2f} {row['fwd_speedup']:11.2f} {err:9.2e}  {note}")
             rows.append(row)
-        # The backward op alone (dgrad + wgrad, cached weight), for the breakdown.
+        # The backward op alone (dgrad + wgrad, the weight quantized in it), for the breakdown.
         bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))
         print(f"{shape:>20} {'fp8_block':>10} backward op alone: {bwd:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "backward_op_ms": bwd})
         del x, w, dy, y64
         torch.cuda.empty_cache()
-    deepwell.clear_weight_cache()
     print("wrote", write_json("bench_linear", env, rows))
 
 

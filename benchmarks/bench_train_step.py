@@ -86,7 +86,6 @@ def main() -> None:
     rows.append({"what": f"deepwell auto ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
                  "first_call_s": first, "peak_bytes": peak, "predicted_peak_bytes": estimate.peak_bytes,
                  "predicted_step_ms": estimate.step_ms, "predicted_speedup": estimate.speedup, "planning_s": planning})
-    deepwell.clear_weight_cache()
 
     base = rows[0]["tokens_per_s"]
     print(f"{n_params / 1e9:.2f}B parameters; plan: {len(plan.sites)} GEMM sites, recipes {recipes}")

@@ -1,21 +1,23 @@
 """`deepwell.dryrun(engine)`: predicted peak memory and step time of a training step (forward,
 backward, AdamW) from a cost model, without running the model on the device.
 
-Memory (bytes). The peak of a step comes at the start of the backward pass: weights, AdamW's two
-states (in the parameter dtype, as torch.optim.AdamW keeps them) and the quantized weight copies
-are resident, the forward's saved activations are all alive, and the loss's gradient is being
-formed. Gradients (with `zero_grad(set_to_none=True)`) are allocated while the activations they
+Memory (bytes). The peak of a step comes at the start of the backward pass: weights and AdamW's two
+states (in the parameter dtype, as torch.optim.AdamW keeps them) are resident, the forward's saved
+activations are all alive, one site's quantized weight operand exists, and the loss's gradient is
+being formed. Gradients (with `zero_grad(set_to_none=True)`) are allocated while the activations they
 depend on are freed, so they count only when they outgrow the activations:
-  peak = weights + optimizer + quantized weights + max(activations + transient, gradients)
+  peak = weights + optimizer + quantized weight + max(activations + transient, gradients)
 - weights and gradients: from the parameters;
 - activations: every tensor autograd saves during one forward, measured by running the forward on
   fake tensors (no device memory) under `saved_tensors_hooks`, each storage counted once;
-- quantized weight copies: the weight cache's two operands per quantized site (FP8 data + scales
-  natively; dequantized bf16 copies for emulated recipes);
+- quantized weights: the largest site's weight operand (FP8 data + scales natively; a dequantized
+  bf16 copy for emulated recipes). Each call quantizes its weight and frees the operand after its
+  GEMM: nothing is cached across calls outside `deepwell.microbatches()` (weight_cache.py);
 - transient: the largest saved tensor twice (a gradient being formed next to its input).
 
 Time: each site's three GEMMs at the rate of its kernel on the device, plus the quantizers' bytes
-at the device's copy bandwidth, plus everything else approximated as the memory traffic of the
+(activations, gradients, and the weight twice: for fprop and for dgrad) at the device's copy
+bandwidth, plus everything else approximated as the memory traffic of the
 saved activations (read once, written once). Rates are measured H100 numbers (ANCHORS.md and
 benchmarks/results/bench_linear-*); other devices get them too, labelled as such.
 """
@@ -60,7 +62,7 @@ class Estimate:
         return "\n".join(
             [
                 f"predicted peak memory {gib(self.peak_bytes)}: weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
-                f"AdamW states {gib(self.optimizer)}, activations {gib(self.activations)}, quantized weights "
+                f"AdamW states {gib(self.optimizer)}, activations {gib(self.activations)}, largest quantized weight "
                 f"{gib(self.quantized_weights)}, transient {gib(self.transient)}",
                 f"predicted step {self.step_ms:.2f} ms vs {self.bf16_step_ms:.2f} ms in bf16: {self.speedup:.2f}x ({self.rates_from})",
             ]
@@ -109,14 +111,15 @@ def dryrun(engine: Engine) -> Estimate:
             continue
         if recipe == "fp8_block" and native:
             step += 2 * _gemm_ms(m, n, k, RATES["fp8_fprop"]) + _gemm_ms(n, k, m, RATES["fp8_wgrad"])
-            quantized += 2 * (n * k + 4 * (n // 128) * (k // 128))
-            # x rows (fwd), x rowcol (bwd), dy rowcol: bf16 read + fp8 written, per copy.
-            qbytes = m * k * (2 + 1) + m * k * (2 + 2) + m * n * (2 + 2)
+            quantized = max(quantized, n * k + 4 * (n // 128) * (k // 128))
+            # x rows (fwd), x rowcol (bwd), dy rowcol: bf16 read + fp8 written, per copy; W
+            # quantized in the forward and again (plus an FP8 transpose) in the backward.
+            qbytes = m * k * (2 + 1) + m * k * (2 + 2) + m * n * (2 + 2) + n * k * (3 + 3 + 2)
         else:
             step += dense  # emulation: bf16 GEMMs on dequantized operands
-            quantized += 2 * n * k * 2
-            # quantize (2 -> 1 byte) then dequantize (1 -> 2 bytes) of x twice and dy twice.
-            qbytes = 2 * (m * k + m * n) * (3 + 3)
+            quantized = max(quantized, n * k * 2)
+            # quantize (2 -> 1 byte) then dequantize (1 -> 2 bytes) of x twice, dy twice, W twice.
+            qbytes = (2 * (m * k + m * n) + 2 * n * k) * (3 + 3)
         step += qbytes / copy_bps * 1e3
     # Everything else: the saved activations' traffic, the same in both precisions.
     other = 2 * activations / copy_bps * 1e3
