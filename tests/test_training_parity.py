@@ -48,5 +48,8 @@ def test_compiled_quantized_training_follows_eager_bf16(precision):
     losses = _losses(compiled, STEPS)
     torch._dynamo.reset()
     assert reference[-1] < 0.8 * reference[0], f"the task is not learned: {reference}"
+    # 3% of the loss, with a floor once the batches are memorised (losses near 0.05 differ by a few
+    # 1e-3 from run to run of the same recipe); a frozen weight misses by more than 1.0 by step 3.
     for step, (got, want) in enumerate(zip(losses, reference)):
-        assert abs(got - want) <= 0.03 * want, f"step {step}: {got:.4f} vs bf16 {want:.4f}\n{losses}\n{reference}"
+        why = f"step {step}: {got:.4f} vs bf16 {want:.4f}\n{losses}\n{reference}"
+        assert abs(got - want) <= 0.03 * want + 0.01, why
