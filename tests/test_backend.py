@@ -178,3 +178,35 @@ def test_matmul_mm_addmm_on_parameters_are_sites():
     h = sum(ops.scaled_linear(x, model.w, b, "mxfp8") for b in (None, None, model.b))
     want = ops.scaled_linear(torch.relu(h), model.w_kn.t(), None, "mxfp8")
     assert torch.allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stack_of_linears_is_rewritten_site_after_site():
+    """Each site's input is the previous site (issue 16: the rewrite read erased nodes)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+    x = torch.randn(64, 512)
+    y = _compile(model, precision="mxfp8")(x)
+    assert [s.recipe for s in deepwell.last_plan().sites] == ["bf16", "mxfp8", "mxfp8", "bf16"]
+    assert _rel(y.detach(), model(x).detach()) < 0.08
+
+
+class _SharedWeight(torch.nn.Module):
+    """One parameter read by four sites of every spelling: x @ w, addmm with w.t(), F.linear, @ w.t()."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(512, 512) / 512**0.5)
+        self.b = torch.nn.Parameter(torch.zeros(512))
+
+    def forward(self, x):
+        h = torch.addmm(self.b, x @ self.w, self.w.t())
+        return torch.nn.functional.linear(h, self.w) + h @ self.w.t()
+
+
+def test_a_weight_shared_across_sites_of_every_spelling():
+    torch.manual_seed(0)
+    model, x = _SharedWeight(), torch.randn(64, 512)
+    policy = deepwell.PrecisionPolicy(precision="mxfp8", first_last_bf16=False)
+    y = _compile(model, policy=policy)(x)
+    assert [s.recipe for s in deepwell.last_plan().sites] == ["mxfp8"] * 4
+    assert _rel(y.detach(), model(x).detach()) < 0.08

@@ -131,16 +131,25 @@ def capture_sites(gm: torch.fx.GraphModule) -> list[Gemm]:
 
 
 def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
-    """Replaces every non-bf16 site with deepwell.scaled_linear; returns how many."""
+    """Replaces every non-bf16 site with deepwell.scaled_linear; returns how many. A site's operands
+    may be earlier sites (a stack of linears): they are read through `replaced`, never from the
+    erased nodes the sites were captured with."""
+    replaced: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def current(a):
+        return replaced.get(a, a) if isinstance(a, torch.fx.Node) else a
+
     n = 0
     for g in found:
         if g.site.recipe == "bf16":
             continue
+        x, weight, bias = current(g.x), current(g.weight), current(g.bias)
         with gm.graph.inserting_before(g.node):
-            w = gm.graph.call_method("t", (g.weight,)) if g.weight_is_k_by_n else g.weight
-            new = gm.graph.call_function(torch.ops.deepwell.scaled_linear.default, (g.x, w, g.bias, g.site.recipe, None))
+            w = gm.graph.call_method("t", (weight,)) if g.weight_is_k_by_n else weight
+            new = gm.graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
         new.meta = dict(g.node.meta)
         g.node.replace_all_uses_with(new)
+        replaced[g.node] = new
         operands = list(g.node.args)
         gm.graph.erase_node(g.node)
         for t in operands:  # a `w.t()` only this GEMM read
