@@ -155,18 +155,8 @@ impl Device {
         })?;
         let nvrtc = nvrtc::load(path)?;
         let disk = cfg.cache_dir.as_ref().map(DiskCache::new);
-        let key = cache::key(spec, &self.arch, &nvrtc.version());
         let start = std::time::Instant::now();
-        let (cubin, lowered, how) = match disk.as_ref().and_then(|d| d.get(&key)) {
-            Some((cubin, lowered)) => (cubin, lowered, "disk cache hit"),
-            None => {
-                let (cubin, lowered) = nvrtc.compile(spec, &self.arch)?;
-                if let Some(d) = &disk {
-                    d.put(&key, &cubin, &lowered)?;
-                }
-                (cubin, lowered, "compiled")
-            }
-        };
+        let (cubin, lowered, how, key) = cached_compile(&nvrtc, disk.as_ref(), spec, &self.arch)?;
         if cfg.print_compile {
             let ms = start.elapsed().as_secs_f64() * 1e3;
             eprintln!(
@@ -246,14 +236,36 @@ impl Device {
     }
 }
 
-/// Compiles `specs` for every arch with no GPU (the `--compile-all` check). Returns
+/// `spec`'s cubin for `arch`: from the disk cache, or compiled and written there (a failed write
+/// costs only the cache: `DiskCache::put` warns and carries on). Returns the cubin, its lowered
+/// name, how it was found, and its cache key.
+fn cached_compile(
+    nvrtc: &nvrtc::Nvrtc,
+    disk: Option<&DiskCache>,
+    spec: &KernelSpec,
+    arch: &str,
+) -> Result<(Vec<u8>, String, &'static str, String)> {
+    let key = cache::key(spec, arch, &nvrtc.version());
+    if let Some((cubin, lowered)) = disk.and_then(|d| d.get(&key)) {
+        return Ok((cubin, lowered, "disk cache hit", key));
+    }
+    let (cubin, lowered) = nvrtc.compile(spec, arch)?;
+    if let Some(d) = disk {
+        d.put(&key, &cubin, &lowered);
+    }
+    Ok((cubin, lowered, "compiled", key))
+}
+
+/// Compiles `specs` for every arch with no GPU (the `--compile-all` check), through the configured
+/// disk cache when there is one (so a later run on a GPU of that arch loads them from it). Returns
 /// (kernel, arch, cubin bytes) per success and stops at the first failure.
 pub fn compile_all(nvrtc_path: &str, specs: &[KernelSpec], archs: &[String]) -> Result<Vec<(String, String, usize)>> {
     let nvrtc = nvrtc::load(nvrtc_path)?;
+    let disk = config().and_then(|c| c.cache_dir.as_ref()).map(DiskCache::new);
     let mut out = Vec::new();
     for arch in archs {
         for spec in specs {
-            let (cubin, _) = nvrtc.compile(spec, arch)?;
+            let (cubin, ..) = cached_compile(&nvrtc, disk.as_ref(), spec, arch)?;
             out.push((spec.name.clone(), arch.clone(), cubin.len()));
         }
     }
