@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .guardrails import Guardrail, GuardrailConfig
+from .ops.linear import RECIPES
 from .policy import current_arch
 
 ops = torch.ops.deepwell
@@ -40,6 +41,10 @@ class Linear(torch.nn.Linear):
         guardrails: bool = True,
         guardrail_config: GuardrailConfig | None = None,
     ):
+        if recipe not in (*RECIPES, "auto"):
+            # Here rather than at the first forward, where the op would name scaled_linear.
+            choices = ", ".join(repr(r) for r in (*RECIPES, "auto"))
+            raise ValueError(f"deepwell.Linear: argument 'recipe' must be one of {choices}, got {recipe!r}")
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         planned = auto_recipe() if recipe == "auto" else recipe
         reason = f"recipe={recipe!r}" + (f" -> {planned} on {current_arch()}" if recipe == "auto" else "")

@@ -111,7 +111,33 @@ pub fn shape_eq(op: Op, arg: &'static str, t: &Tensor, expected: &[i64]) -> Resu
 
 /// Parses a string option with the core crate's `FromStr`, naming the argument on failure.
 pub fn parse<T: std::str::FromStr>(op: Op, arg: &'static str, s: &str, choices: &str) -> Result<T> {
-    s.parse().map_err(|_| Error::arg(op, arg, format!("be one of {choices}"), format!("{s:?}")))
+    s.parse().map_err(|_| Error::arg(op, arg, format!("be one of {choices}"), quoted(s)))
+}
+
+/// Characters of a bad string argument shown in an error message.
+const QUOTED_MAX: usize = 64;
+
+/// A user's string for an error message: in double quotes, `"` and `\` escaped, control
+/// characters as `\u{..}`, cut after 64 characters (a hostile caller's megabyte string must not
+/// become a megabyte message). `_checks.quoted` in Python writes exactly the same.
+pub fn quoted(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars().take(QUOTED_MAX) {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    let n = s.chars().count();
+    if n > QUOTED_MAX {
+        out.push_str(&format!("... ({n} characters)"));
+    }
+    out
 }
 
 pub fn sizes_usize(t: &Tensor) -> Vec<usize> {

@@ -3,6 +3,8 @@ fake tensors fails with the same messages as the real kernels."""
 
 from __future__ import annotations
 
+import unicodedata
+
 import torch
 
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -35,6 +37,16 @@ def out_dtype(op: str, dtype) -> torch.dtype:
     return d
 
 
+def same_device(op: str, *tensors: tuple[str, torch.Tensor]) -> None:
+    """Every (arg, tensor) on the first one's device. The Rust kernels check this too, but a call with
+    any meta argument dispatches to the fake kernel (the Meta key wins over CPU/CUDA), so without
+    this check a cpu/meta mix returned uninitialised CPU memory."""
+    (first, t0), *rest = tensors
+    for arg, t in rest:
+        if t.device != t0.device:
+            fail(op, arg, f"be on {t0.device} like '{first}'", t.device)
+
+
 def dim(op: str, arg: str, d: int, ndim: int) -> int:
     i = d + ndim if d < 0 else d
     if not 0 <= i < ndim:
@@ -54,4 +66,22 @@ def shape_eq(op: str, arg: str, t: torch.Tensor, expected) -> None:
 
 def choice(op: str, arg: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        fail(op, arg, "be one of " + ", ".join(repr(c) for c in choices), f'"{value}"')
+        fail(op, arg, "be one of " + ", ".join(repr(c) for c in choices), quoted(value))
+
+
+_QUOTED_MAX = 64
+
+
+def quoted(s: str) -> str:
+    """Mirrors `check::quoted`: double quotes, `"` and `\\` escaped, control characters (Unicode Cc)
+    as `\\u{..}`, cut after 64 characters so a huge argument does not make a huge message."""
+    out = []
+    for c in s[:_QUOTED_MAX]:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif unicodedata.category(c) == "Cc":
+            out.append(f"\\u{{{ord(c):x}}}")
+        else:
+            out.append(c)
+    more = f"... ({len(s)} characters)" if len(s) > _QUOTED_MAX else ""
+    return '"' + "".join(out) + '"' + more

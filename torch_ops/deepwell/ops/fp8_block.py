@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _nondiff
 from ._library import define
 
 BLOCKS = ((1, 128), (128, 1), (128, 128))
@@ -71,8 +71,13 @@ def _dequantize_fake(data, scale_inv, block_rows=1, block_cols=128, out_dtype=No
     out = _checks.out_dtype(op, out_dtype)
     _checks.dtype_in(op, "data", data, (torch.float8_e4m3fn,))
     _checks.dtype_in(op, "scale_inv", scale_inv, (torch.float32,))
+    _checks.same_device(op, ("data", data), ("scale_inv", scale_inv))
     _checks.shape_eq(op, "scale_inv", scale_inv, _scale_shape(op, "data", data, block_rows, block_cols))
     return data.new_empty(data.shape, dtype=out)
+
+
+# Not differentiable: backprop through these raises a clear error (ops/_nondiff.py).
+_nondiff.register("fp8_block_quantize", "fp8_block_quantize_rowcol", "fp8_block_dequantize")
 
 
 def fp8_block_quantize(

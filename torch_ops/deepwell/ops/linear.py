@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _nondiff
 from ._library import define
 
 RECIPES = ("mxfp8", "nvfp4", "fp8_block", "bf16")
@@ -35,13 +35,12 @@ define(
 )
 
 
-def _check_layer(op: str, x, weight, recipe: str) -> list[int]:
+def _check_layer(op: str, x, weight, recipe: str, others=()) -> list[int]:
     """Mirrors `Layer::new` in rust/ops/src/ops/linear/mod.rs; returns y's shape."""
     _checks.choice(op, "recipe", recipe, RECIPES)
     _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
-    if x.device != weight.device:
-        _checks.fail(op, "weight", f"be on {x.device} like 'x'", weight.device)
+    _checks.same_device(op, ("x", x), ("weight", weight), *others)
     _checks.non_empty(op, "x", x, 1)
     if weight.dim() != 2:
         _checks.fail(op, "weight", "be 2-d (out_features, in_features)", f"a {weight.dim()}-d tensor")
@@ -64,22 +63,24 @@ def _check_layer(op: str, x, weight, recipe: str) -> list[int]:
 def _check_bias(op: str, bias, x, n: int) -> None:
     if bias is None:
         return
-    if bias.device != x.device:
-        _checks.fail(op, "bias", f"be on {x.device} like 'x'", bias.device)
     _checks.dtype_in(op, "bias", bias, _checks.FLOAT_INPUTS)
     _checks.shape_eq(op, "bias", bias, [n])
 
 
+def _bias_arg(bias) -> tuple:
+    return () if bias is None else (("bias", bias),)
+
+
 @torch.library.register_fake("deepwell::scaled_linear")
 def _scaled_linear_fake(x, weight, bias, recipe, seed=None):
-    out_shape = _check_layer("scaled_linear", x, weight, recipe)
+    out_shape = _check_layer("scaled_linear", x, weight, recipe, _bias_arg(bias))
     _check_bias("scaled_linear", bias, x, out_shape[-1])
     return x.new_empty(out_shape)
 
 
 @torch.library.register_fake("deepwell::mxfp8_linear")
 def _mxfp8_linear_fake(x, weight, bias=None):
-    out_shape = _check_layer("mxfp8_linear", x, weight, "mxfp8")
+    out_shape = _check_layer("mxfp8_linear", x, weight, "mxfp8", _bias_arg(bias))
     _check_bias("mxfp8_linear", bias, x, out_shape[-1])
     return x.new_empty(out_shape)
 
@@ -87,7 +88,7 @@ def _mxfp8_linear_fake(x, weight, bias=None):
 @torch.library.register_fake("deepwell::scaled_linear_backward")
 def _backward_fake(grad_out, x, weight, recipe, seed, need_input, need_weight):
     op = "scaled_linear_backward"
-    out_shape = _check_layer(op, x, weight, recipe)
+    out_shape = _check_layer(op, x, weight, recipe, (("grad_out", grad_out),))
     _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
     _checks.shape_eq(op, "grad_out", grad_out, out_shape)
     dx = x.new_empty(x.shape) if need_input else x.new_empty((0,))
@@ -142,6 +143,11 @@ torch.library.register_autograd(
     "deepwell::scaled_linear", _scaled_linear_backward, setup_context=_scaled_linear_setup
 )
 torch.library.register_autograd("deepwell::mxfp8_linear", _mxfp8_linear_backward, setup_context=_mxfp8_linear_setup)
+# The backward's own backward: second derivatives raise instead of coming back silently zero.
+_nondiff.register(
+    "scaled_linear_backward",
+    hint="second derivatives (double backward) through deepwell.scaled_linear / mxfp8_linear are not supported",
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _nondiff
 from ._library import define
 
 BLOCK = 32
@@ -75,11 +75,16 @@ def _dequantize_fake(data, scale, dim=-1, out_dtype=None):
     out = _checks.out_dtype(op, out_dtype)
     _checks.dtype_in(op, "data", data, tuple(_ELEM_DTYPE.values()))
     _checks.dtype_in(op, "scale", scale, (torch.float8_e8m0fnu,))
+    _checks.same_device(op, ("data", data), ("scale", scale))
     _checks.non_empty(op, "data", data)
     d = _checks.dim(op, "dim", dim, data.dim())
     _checks.divisible(op, "data", data, d, BLOCK, "the MX block size along `dim`")
     _checks.shape_eq(op, "scale", scale, _scale_shape(data.shape, d))
     return data.new_empty(data.shape, dtype=out)
+
+
+# Not differentiable: backprop through these raises a clear error (ops/_nondiff.py).
+_nondiff.register("mxfp8_quantize", "mxfp8_quantize_rowcol", "mxfp8_dequantize")
 
 
 def mxfp8_quantize(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _nondiff
 from ._library import define
 
 BLOCK = 16
@@ -31,6 +31,8 @@ def _scalar_f32(op: str, arg: str, t: torch.Tensor) -> None:
 def _quantize_fake(x, global_amax=None, block_2d=False, stochastic=False, seed=0, hadamard=False):
     op = "nvfp4_quantize"
     _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
+    if global_amax is not None:
+        _checks.same_device(op, ("x", x), ("global_amax", global_amax))
     _checks.non_empty(op, "x", x)
     last = x.dim() - 1
     _checks.divisible(op, "x", x, last, BLOCK, "the NVFP4 block size along the last dim")
@@ -52,12 +54,17 @@ def _dequantize_fake(data, scale, global_scale, out_dtype=None):
     out = _checks.out_dtype(op, out_dtype)
     _checks.dtype_in(op, "data", data, (torch.uint8,))
     _checks.dtype_in(op, "scale", scale, (torch.float8_e4m3fn,))
+    _checks.same_device(op, ("data", data), ("scale", scale), ("global_scale", global_scale))
     _checks.non_empty(op, "data", data)
     _scalar_f32(op, "global_scale", global_scale)
     _checks.divisible(op, "data", data, data.dim() - 1, BLOCK // 2, "8 packed bytes per 16-element block")
     shape = (*data.shape[:-1], data.shape[-1] * 2)
     _checks.shape_eq(op, "scale", scale, (*shape[:-1], shape[-1] // BLOCK))
     return data.new_empty(shape, dtype=out)
+
+
+# Not differentiable: backprop through these raises a clear error (ops/_nondiff.py).
+_nondiff.register("nvfp4_quantize", "nvfp4_dequantize")
 
 
 def nvfp4_quantize(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _nondiff
 from ._library import define
 
 SCALE_DTYPES = (torch.float8_e8m0fnu, torch.float8_e4m3fn, torch.uint8)
@@ -38,8 +38,14 @@ def _unswizzle_fake(swizzled, rows, cols):
     _checks.dtype_in(op, "swizzled", swizzled, SCALE_DTYPES)
     if rows <= 0 or cols <= 0:
         _checks.fail(op, "rows, cols", "be positive", f"({rows}, {cols})")
+    if swizzled_len(rows, cols) >= 2**63:
+        _checks.fail(op, "rows, cols", "give a swizzled length below 2^63", f"({rows}, {cols})")
     _checks.shape_eq(op, "swizzled", swizzled, (swizzled_len(rows, cols),))
     return swizzled.new_empty((rows, cols))
+
+
+# Not differentiable: backprop through these raises a clear error (ops/_nondiff.py).
+_nondiff.register("swizzle_scales", "unswizzle_scales")
 
 
 def swizzle_scales(scale: torch.Tensor) -> torch.Tensor:

@@ -65,6 +65,15 @@ fn parse_unswizzle(a: &mut Args, backend: Backend) -> Result<Call> {
         return Err(Error::arg(op, "rows, cols", "be positive", format!("({rows}, {cols})")));
     }
     let (rows, cols) = (rows as usize, cols as usize);
-    check::shape_eq(op, "swizzled", &src, &[swizzled_len(rows, cols) as i64])?;
+    // Huge rows/cols would wrap the padded length around (and then match a small tensor).
+    let len = rows
+        .checked_next_multiple_of(128)
+        .and_then(|r| r.checked_mul(cols.checked_next_multiple_of(4)?))
+        .filter(|&len| len <= i64::MAX as usize)
+        .ok_or_else(|| {
+            Error::arg(op, "rows, cols", "give a swizzled length below 2^63", format!("({rows}, {cols})"))
+        })?;
+    debug_assert_eq!(len, swizzled_len(rows, cols));
+    check::shape_eq(op, "swizzled", &src, &[len as i64])?;
     Ok(Call { src, dtype, device, rows, cols })
 }
