@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import operator
 import os
 import sys
 
 import torch
 
 from . import _env
+from ._elf import check_shared_library
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _lib: ctypes.CDLL | None = None
@@ -26,6 +28,7 @@ def library_path() -> str:
     if _env.LIBRARY:
         if not os.path.isfile(_env.LIBRARY):
             raise RuntimeError(f"deepwell: DEEPWELL_LIBRARY={_env.LIBRARY!r} is not a file")
+        check_shared_library(_env.LIBRARY, "deepwell: DEEPWELL_LIBRARY")
         return _env.LIBRARY
     found = sorted(glob.glob(os.path.join(_PACKAGE_DIR, "_deepwell*.so")))
     if not found:
@@ -33,17 +36,22 @@ def library_path() -> str:
             f"deepwell: no _deepwell*.so in {_PACKAGE_DIR}; install the package with `pip install .` "
             "(needs a Rust toolchain) or point DEEPWELL_LIBRARY at a built libdeepwell.so"
         )
+    check_shared_library(found[0], "deepwell: the packaged library")
     return found[0]
 
 
 def nvrtc_path() -> str | None:
     """libnvrtc from torch's CUDA wheel (site-packages/nvidia/cu1X/lib), or $DEEPWELL_NVRTC."""
     if _env.NVRTC:
+        if not os.path.isfile(_env.NVRTC):
+            raise RuntimeError(f"deepwell: DEEPWELL_NVRTC={_env.NVRTC!r} is not a file")
+        check_shared_library(_env.NVRTC, "deepwell: DEEPWELL_NVRTC")
         return _env.NVRTC
     for root in sys.path:
         for name in ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12"):
             path = os.path.join(root, name)
             if os.path.isfile(path):
+                check_shared_library(path, "deepwell: torch's NVRTC")
                 return path
     return None
 
@@ -114,7 +122,12 @@ def kernel_table() -> list[dict]:
 
 
 def manual_seed(seed: int) -> None:
-    """Restarts the sequence of seeds that stochastic rounding (NVFP4 gradients) draws from."""
+    """Restarts the sequence of seeds that stochastic rounding (NVFP4 gradients) draws from. `seed`
+    is an int (negative ones wrap to 64 bits, as torch.manual_seed's do)."""
+    try:
+        seed = operator.index(seed)
+    except TypeError:
+        raise TypeError(f"deepwell.manual_seed: argument 'seed' must be an int, got {type(seed).__name__} {seed!r}") from None
     load().deepwell_manual_seed(seed & (2**64 - 1))
 
 

@@ -29,6 +29,13 @@ class GuardrailConfig:
     #: Collect statistics every this many forward calls (1 = every call).
     interval: int = 16
 
+    def __post_init__(self):
+        t = self.saturation_threshold
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 <= t <= 1.0:
+            raise ValueError(f"deepwell.GuardrailConfig: 'saturation_threshold' must be a number in [0, 1], got {t!r}")
+        if isinstance(self.interval, bool) or not isinstance(self.interval, int) or self.interval < 1:
+            raise ValueError(f"deepwell.GuardrailConfig: 'interval' must be a positive int, got {self.interval!r}")
+
 
 def _clipped(x2: torch.Tensor, recipe: str, global_amax: torch.Tensor | None = None) -> torch.Tensor:
     """How many elements of x (rows, K) the recipe clips: quantized to the element format's largest

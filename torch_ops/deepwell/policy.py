@@ -59,6 +59,22 @@ class PrecisionPolicy:
     #: module type name -> recipe.
     type_overrides: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self):
+        # Checked here, where the user wrote them (Rust rejects them too, at the first decision).
+        def fail(arg, expected, got):
+            raise ValueError(f"deepwell.PrecisionPolicy: '{arg}' must be {expected}, got {got!r}")
+
+        if not isinstance(self.precision, str):
+            fail("precision", "a recipe name", self.precision)
+        if not isinstance(self.first_last_bf16, bool):
+            fail("first_last_bf16", "a bool", self.first_last_bf16)
+        if isinstance(self.min_features, bool) or not isinstance(self.min_features, int) or self.min_features < 0:
+            fail("min_features", "a non-negative int", self.min_features)
+        for arg in ("name_overrides", "type_overrides"):
+            table = getattr(self, arg)
+            if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+                fail(arg, "a dict of str -> recipe name", table)
+
     def decide(self, layers: list[LayerInfo], arch: str | None = None) -> list[LayerDecision]:
         """The decision for each site on `arch` ("sm_90", "sm_100", "cpu"; default: this machine)."""
         request = {

@@ -72,6 +72,17 @@ impl DType {
         codes().table.iter().find(|(_, c)| *c == code).map_or(DType::Other(code), |(d, _)| *d)
     }
 
+    /// Bytes per element (None for a dtype deepwell does not know).
+    pub fn size(self) -> Option<usize> {
+        Some(match self {
+            DType::F64 | DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 => 2,
+            DType::U8 | DType::E4M3 | DType::E5M2 | DType::E8M0 | DType::F4x2 | DType::I8 | DType::Bool => 1,
+            DType::Other(_) => return None,
+        })
+    }
+
     pub fn code(self) -> i32 {
         match self {
             DType::Other(c) => c,

@@ -27,6 +27,10 @@ pub enum Error {
     #[error("{op}: libtorch call {call} failed (see the 'Exception in aoti_torch' message above)")]
     Torch { op: Op, call: &'static str },
 
+    /// torch's allocator (or the host's, for a reference kernel's buffer) refused an allocation.
+    #[error("{op}: could not allocate {what} ({bytes} bytes): out of memory")]
+    Alloc { op: Op, what: String, bytes: u128 },
+
     /// The op has no kernel for this device in this build.
     #[error("{op}: {what}")]
     Unsupported { op: Op, what: String },

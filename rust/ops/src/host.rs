@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use half::{bf16, f16};
 
 use crate::dtype::DType;
+use crate::error::{Error, Op, Result};
 use crate::tensor::Tensor;
 
 /// A float input as a contiguous, row-major slice of its own element type.
@@ -54,13 +55,25 @@ macro_rules! with_floats_mut {
 }
 pub(crate) use with_floats_mut;
 
+/// An empty buffer with room for `n` elements, or an error instead of the abort of `with_capacity`
+/// (a broadcast view such as `randn(1, 32).expand(2**28, 32)` is small but gathers to 32 GiB).
+pub fn buffer<T>(op: Op, n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::Alloc {
+        op,
+        what: format!("a host buffer for {what}"),
+        bytes: n as u128 * std::mem::size_of::<T>() as u128,
+    })?;
+    Ok(v)
+}
+
 /// Copies a strided tensor into a row-major buffer.
 ///
 /// # Safety
 /// `base` must address element 0 of a tensor with these sizes/strides whose elements are `T`.
-unsafe fn gather<T: Copy>(base: *const T, sizes: &[i64], strides: &[i64]) -> Vec<T> {
+unsafe fn gather<T: Copy>(op: Op, base: *const T, sizes: &[i64], strides: &[i64]) -> Result<Vec<T>> {
     let numel: i64 = sizes.iter().product();
-    let mut out = Vec::with_capacity(numel as usize);
+    let mut out = buffer(op, numel as usize, "a contiguous copy of a strided input")?;
     let mut index = vec![0i64; sizes.len()];
     let mut offset = 0i64;
     for _ in 0..numel {
@@ -77,20 +90,20 @@ unsafe fn gather<T: Copy>(base: *const T, sizes: &[i64], strides: &[i64]) -> Vec
             index[d] = 0;
         }
     }
-    out
+    Ok(out)
 }
 
 /// The tensor's elements in row-major order, borrowed when contiguous.
 ///
 /// # Safety
 /// `t` must be a non-empty CPU tensor whose elements are `T`.
-pub unsafe fn row_major<T: Copy>(t: &Tensor) -> Cow<'_, [T]> {
+pub unsafe fn row_major<T: Copy>(op: Op, t: &Tensor) -> Result<Cow<'_, [T]>> {
     if t.is_contiguous() {
         // SAFETY: contiguous, non-empty, element type guaranteed by the caller.
-        Cow::Borrowed(unsafe { t.as_slice::<T>() })
+        Ok(Cow::Borrowed(unsafe { t.as_slice::<T>() }))
     } else {
         // SAFETY: as above; gather follows the tensor's own strides.
-        Cow::Owned(unsafe { gather(t.data_ptr() as *const T, t.sizes(), t.strides()) })
+        Ok(Cow::Owned(unsafe { gather(op, t.data_ptr() as *const T, t.sizes(), t.strides())? }))
     }
 }
 
@@ -98,14 +111,14 @@ pub unsafe fn row_major<T: Copy>(t: &Tensor) -> Cow<'_, [T]> {
 ///
 /// # Safety
 /// `t` must be a non-empty CPU tensor of dtype `dtype`.
-pub unsafe fn float_slice(t: &Tensor, dtype: DType) -> FloatSlice<'_> {
+pub unsafe fn float_slice(op: Op, t: &Tensor, dtype: DType) -> Result<FloatSlice<'_>> {
     // SAFETY: the dtype names the element type.
     unsafe {
-        match dtype {
-            DType::F32 => FloatSlice::F32(row_major(t)),
-            DType::BF16 => FloatSlice::BF16(row_major(t)),
-            _ => FloatSlice::F16(row_major(t)),
-        }
+        Ok(match dtype {
+            DType::F32 => FloatSlice::F32(row_major(op, t)?),
+            DType::BF16 => FloatSlice::BF16(row_major(op, t)?),
+            _ => FloatSlice::F16(row_major(op, t)?),
+        })
     }
 }
 
@@ -125,10 +138,10 @@ pub unsafe fn float_slice_mut(t: &Tensor, dtype: DType) -> FloatSliceMut<'_> {
 }
 
 /// The (k, m) row-major transpose of an (m, k) row-major slice (the reference's column-wise copies).
-pub fn transpose<T: Copy>(xs: &[T], m: usize, k: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(m * k);
+pub fn transpose<T: Copy>(op: Op, xs: &[T], m: usize, k: usize) -> Result<Vec<T>> {
+    let mut out = buffer(op, m * k, "a transposed copy")?;
     for c in 0..k {
         out.extend((0..m).map(|r| xs[r * k + c]));
     }
-    out
+    Ok(out)
 }

@@ -39,6 +39,15 @@ fn count(v: &Value, key: &str) -> Result<usize, String> {
     field(v, key)?.as_u64().map(|n| n as usize).ok_or_else(|| format!("field '{key}' must be a non-negative integer"))
 }
 
+/// An optional field: absent (or null) gives None; present with the wrong type is an error, never
+/// the default (a policy with `min_features=-1` must not silently plan with 512).
+fn optional<T>(v: &Value, key: &str, get: fn(&Value) -> Option<T>, what: &str) -> Result<Option<T>, String> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => get(x).map(Some).ok_or_else(|| format!("field '{key}' must be {what}, got {x}")),
+    }
+}
+
 fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String>
 where
     T::Err: std::fmt::Display,
@@ -60,10 +69,12 @@ fn overrides(v: &Value, key: &str) -> Result<Vec<(String, Recipe)>, String> {
 
 fn policy(v: &Value) -> Result<Policy, String> {
     let d = Policy::default();
+    let precision = optional(v, "precision", |x| x.as_str().map(str::to_owned), "a string")?;
     Ok(Policy {
-        precision: v.get("precision").and_then(Value::as_str).map_or(Ok(d.precision), |s| parse(s, "precision"))?,
-        first_last_bf16: v.get("first_last_bf16").and_then(Value::as_bool).unwrap_or(d.first_last_bf16),
-        min_features: v.get("min_features").and_then(Value::as_u64).map_or(d.min_features, |n| n as usize),
+        precision: precision.map_or(Ok(d.precision), |s| parse(&s, "precision"))?,
+        first_last_bf16: optional(v, "first_last_bf16", Value::as_bool, "a bool")?.unwrap_or(d.first_last_bf16),
+        min_features: optional(v, "min_features", Value::as_u64, "a non-negative integer")?
+            .map_or(d.min_features, |n| n as usize),
         name_overrides: overrides(v, "name_overrides")?,
         type_overrides: overrides(v, "type_overrides")?,
     })
@@ -93,7 +104,8 @@ fn respond(request: &str) -> Result<Value, String> {
             let info = layer(l).map_err(|e| format!("layers[{i}]: {e}"))?;
             let d = decide(&policy, &info, arch);
             let mut out = json!({"recipe": d.recipe.to_string(), "emulated": d.emulated, "reason": d.reason, "rule": format!("{:?}", d.rule)});
-            if let Some(tokens) = l.get("tokens").and_then(Value::as_u64) {
+            let tokens = optional(l, "tokens", Value::as_u64, "a non-negative integer").map_err(|e| format!("layers[{i}]: {e}"))?;
+            if let Some(tokens) = tokens {
                 let gemms: serde_json::Map<String, Value> = Pass::ALL
                     .iter()
                     .map(|&pass| {
@@ -150,9 +162,11 @@ fn guardrail(request: &str) -> Result<Value, String> {
         amax_output: float(s, "amax_output")? as f32,
     };
     let d = GuardrailConfig::default();
-    let cfg = GuardrailConfig {
-        saturation_threshold: req.get("saturation_threshold").and_then(Value::as_f64).unwrap_or(d.saturation_threshold),
-    };
+    let threshold = optional(&req, "saturation_threshold", Value::as_f64, "a number")?;
+    if threshold.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
+        return Err(format!("field 'saturation_threshold' must be in [0, 1], got {}", req["saturation_threshold"]));
+    }
+    let cfg = GuardrailConfig { saturation_threshold: threshold.unwrap_or(d.saturation_threshold) };
     Ok(json!({ "fallback": check(&stats, &cfg).map(|f| f.reason) }))
 }
 

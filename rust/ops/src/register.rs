@@ -3,7 +3,8 @@
 
 use std::ffi::{c_char, CStr, CString};
 use std::panic::catch_unwind;
-use std::sync::{Mutex, OnceLock};
+use std::cell::RefCell;
+use std::sync::OnceLock;
 
 use crate::abi::{self, EXTENSION_BUILD_VERSION};
 use crate::dtype;
@@ -11,14 +12,16 @@ use crate::error::{Error, Result};
 use crate::ops::{all_cuda_specs, all_kernels};
 use crate::stack::c_message;
 
-/// The text of the last failure (or of the last compile-all report), read by Python.
-static LAST_MESSAGE: Mutex<Option<CString>> = Mutex::new(None);
+thread_local! {
+    /// The text of this thread's last failure (or compile-all report), read by Python right after
+    /// the call that set it. Per thread, so the pointer `deepwell_last_message` hands out stays
+    /// valid until this thread's next failing call, whatever other threads do.
+    static LAST_MESSAGE: RefCell<CString> = RefCell::new(CString::default());
+}
 static REGISTERED: OnceLock<()> = OnceLock::new();
 
 fn set_last_message(msg: &str) {
-    if let Ok(mut slot) = LAST_MESSAGE.lock() {
-        *slot = Some(c_message(msg));
-    }
+    LAST_MESSAGE.with(|slot| *slot.borrow_mut() = c_message(msg));
 }
 
 /// A possibly-NULL C string argument.
@@ -146,14 +149,11 @@ pub unsafe extern "C" fn deepwell_compile_all(nvrtc: *const c_char, archs: *cons
     })
 }
 
-/// The text of the last failure, or of the last compile-all report (empty if none). Borrowed;
-/// valid until the next call that sets it.
+/// This thread's last failure, or its last compile-all report (empty if none). Borrowed; valid
+/// until this thread's next call that sets it.
 #[no_mangle]
 pub extern "C" fn deepwell_last_message() -> *const c_char {
-    match LAST_MESSAGE.lock() {
-        Ok(slot) => slot.as_ref().map_or(c"".as_ptr(), |s| s.as_ptr()),
-        Err(_) => c"deepwell: message slot poisoned".as_ptr(),
-    }
+    LAST_MESSAGE.with(|slot| slot.borrow().as_ptr())
 }
 
 /// The crate version, e.g. "0.1.0".

@@ -196,7 +196,7 @@ impl Args {
 
     pub fn tensor(&mut self, name: &'static str) -> Result<Tensor> {
         match self.take(name)? {
-            Value::Tensor(Some(t)) => Ok(t),
+            Value::Tensor(Some(t)) => live_storage(self.op, name, t),
             Value::Tensor(None) => Err(Error::arg(self.op, name, "be a defined tensor", "an undefined tensor")),
             _ => Err(self.wrong_kind(name)),
         }
@@ -204,7 +204,7 @@ impl Args {
 
     pub fn opt_tensor(&mut self, name: &'static str) -> Result<Option<Tensor>> {
         match self.take(name)? {
-            Value::OptTensor(t) => Ok(t),
+            Value::OptTensor(t) => t.map(|t| live_storage(self.op, name, t)).transpose(),
             _ => Err(self.wrong_kind(name)),
         }
     }
@@ -255,4 +255,18 @@ impl Args {
 /// A C string for messages built from Rust strings (interior NULs replaced).
 pub fn c_message(s: &str) -> std::ffi::CString {
     std::ffi::CString::new(s.replace('\0', " ")).unwrap_or_default()
+}
+
+/// `t`, unless its elements reach past its storage (a freed or shrunk storage): kernels would read
+/// or write memory torch no longer owns.
+fn live_storage(op: Op, name: &'static str, t: Tensor) -> Result<Tensor> {
+    match t.storage_span() {
+        Some((needed, held)) if needed > held => Err(Error::arg(
+            op,
+            name,
+            format!("have a storage holding its elements ({needed} bytes)"),
+            format!("a storage of {held} bytes (freed or resized, e.g. by untyped_storage().resize_(0))"),
+        )),
+        _ => Ok(t),
+    }
 }

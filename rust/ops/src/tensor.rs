@@ -72,9 +72,19 @@ impl Tensor {
                 &mut out,
             )
         };
-        check(op, "aoti_torch_empty_strided", code)?;
+        let failed = || Error::Alloc {
+            op,
+            what: format!(
+                "a {} {dtype} tensor on {device} from torch's allocator (its reason, if any, is printed above)",
+                crate::check::shape_str(sizes)
+            ),
+            bytes: sizes.iter().map(|&s| s.max(0) as u128).product::<u128>() * dtype.size().unwrap_or(1) as u128,
+        };
+        if code != 0 {
+            return Err(failed());
+        }
         // SAFETY: success returns a new owning handle.
-        unsafe { Tensor::from_raw(out) }.ok_or(Error::Torch { op, call: "aoti_torch_empty_strided" })
+        unsafe { Tensor::from_raw(out) }.ok_or_else(failed)
     }
 
     /// A second owning handle to the same tensor (shares storage, metadata and version counter).
@@ -177,6 +187,23 @@ impl Tensor {
         // SAFETY: valid handle and out pointer; the pointer is borrowed from the tensor.
         unsafe { (api().aoti_torch_get_data_ptr)(self.raw(), &mut p) };
         p
+    }
+
+    /// (bytes the elements span from the storage's start, bytes the storage holds), when the shim
+    /// can tell. A tensor whose storage was freed or shrunk (`untyped_storage().resize_(0)`, FSDP2's
+    /// resharded parameters) spans more than its storage holds: reading it would fault.
+    pub fn storage_span(&self) -> Option<(u128, u128)> {
+        let a = api();
+        let (size_fn, offset_fn) = (a.aoti_torch_get_storage_size?, a.aoti_torch_get_storage_offset?);
+        let (mut size, mut offset) = (0i64, 0i64);
+        // SAFETY: valid handle and out pointers.
+        let ok = unsafe { size_fn(self.raw(), &mut size) == 0 && offset_fn(self.raw(), &mut offset) == 0 };
+        if !ok || self.numel() == 0 {
+            return None;
+        }
+        let last: i128 = self.sizes().iter().zip(self.strides()).map(|(&n, &s)| (n as i128 - 1) * s as i128).sum();
+        let elem = self.dtype().size()? as i128;
+        Some((((offset as i128 + last + 1) * elem).max(0) as u128, size.max(0) as u128))
     }
 
     /// True when the strides are the row-major strides of the sizes (size-1 dims ignored).

@@ -103,6 +103,9 @@ abi_table! {
         aoti_torch_dtype_float8_e5m2: fn() -> i32;
     }
     optional {
+        // In every torch with the stable ABI, but not needed to register: probed.
+        aoti_torch_get_storage_size: fn(AtenTensorHandle, *mut i64) -> AotiError;
+        aoti_torch_get_storage_offset: fn(AtenTensorHandle, *mut i64) -> AotiError;
         // 2.11+
         torch_dtype_float8_e8m0fnu: fn() -> i32;
         torch_dtype_float4_e2m1fn_x2: fn() -> i32;

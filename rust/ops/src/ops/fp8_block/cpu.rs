@@ -19,7 +19,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     // SAFETY: validated non-empty CPU float input; outputs fresh, contiguous, of the written sizes.
     unsafe {
         let (d, s) = (data.as_mut_slice::<u8>(), scale_inv.as_mut_slice::<f32>());
-        with_floats!(host::float_slice(&q.x, q.dtype), xs => fp8_block::fp8_block_quantize(xs, g.batch, g.rows, g.cols, g.br, g.bc, q.pow2, d, s));
+        with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => fp8_block::fp8_block_quantize(xs, g.batch, g.rows, g.cols, g.br, g.bc, q.pow2, d, s));
     }
     Ok(vec![data, scale_inv])
 }
@@ -40,9 +40,9 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
     unsafe {
         let [rd, rs, cd, cs] = &outs;
         let (rd, rs, cd, cs) = (rd.as_mut_slice(), rs.as_mut_slice(), cd.as_mut_slice(), cs.as_mut_slice());
-        with_floats!(host::float_slice(&q.x, q.dtype), xs => {
+        with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => {
             fp8_block::fp8_block_quantize(xs, 1, m, k, 1, b, q.pow2, rd, rs);
-            let xt = host::transpose(xs, m, k);
+            let xt = host::transpose(a.op(), xs, m, k)?;
             fp8_block::fp8_block_quantize(&xt, 1, k, m, 1, b, q.pow2, cd, cs);
         });
     }
@@ -55,7 +55,7 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let g = &q.g;
     // SAFETY: validated CPU inputs; `out` fresh and contiguous with data's numel.
     unsafe {
-        let (d, s) = (host::row_major::<u8>(&q.data), host::row_major::<f32>(&q.scale_inv));
+        let (d, s) = (host::row_major::<u8>(a.op(), &q.data)?, host::row_major::<f32>(a.op(), &q.scale_inv)?);
         with_floats_mut!(host::float_slice_mut(&out, q.out_dtype), o => fp8_block::fp8_block_dequantize(&d, &s, g.batch, g.rows, g.cols, g.br, g.bc, o));
     }
     Ok(vec![out])

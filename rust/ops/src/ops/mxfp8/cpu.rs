@@ -21,7 +21,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     // tensors of the sizes mxfp8_quantize writes.
     unsafe {
         let (d, s) = (data.as_mut_slice::<u8>(), scale.as_mut_slice::<u8>());
-        with_floats!(host::float_slice(&q.x, q.dtype), xs => mxfp8::mxfp8_quantize(xs, q.dims, q.mode, q.elem, d, s));
+        with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => mxfp8::mxfp8_quantize(xs, q.dims, q.mode, q.elem, d, s));
     }
     Ok(vec![data, scale])
 }
@@ -45,10 +45,10 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
     unsafe {
         let [rd, rs, cd, cs] = &outs;
         let (rd, rs, cd, cs) = (rd.as_mut_slice(), rs.as_mut_slice(), cd.as_mut_slice(), cs.as_mut_slice());
-        with_floats!(host::float_slice(&q.x, q.dtype), xs => {
+        with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => {
             mxfp8::mxfp8_quantize(xs, Dims3 { outer: m, k, inner: 1 }, q.mode, q.elem, rd, rs);
             if q.col_transposed {
-                let xt = host::transpose(xs, m, k);
+                let xt = host::transpose(a.op(), xs, m, k)?;
                 mxfp8::mxfp8_quantize(&xt, Dims3 { outer: k, k: m, inner: 1 }, q.mode, q.elem, cd, cs);
             } else {
                 mxfp8::mxfp8_quantize(xs, Dims3 { outer: 1, k: m, inner: k }, q.mode, q.elem, cd, cs);
@@ -77,7 +77,7 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let out = Tensor::empty(a.op(), q.data.sizes(), q.out_dtype, Device::Cpu)?;
     // SAFETY: validated 1-byte CPU inputs; `out` is fresh and contiguous with data's numel.
     unsafe {
-        let (d, s) = (host::row_major::<u8>(&q.data), host::row_major::<u8>(&q.scale));
+        let (d, s) = (host::row_major::<u8>(a.op(), &q.data)?, host::row_major::<u8>(a.op(), &q.scale)?);
         with_floats_mut!(host::float_slice_mut(&out, q.out_dtype), o => mxfp8::mxfp8_dequantize(&d, &s, q.dims, q.elem, o));
     }
     Ok(vec![out])

@@ -28,7 +28,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     // of the sizes nvfp4_quantize writes.
     unsafe {
         let (d, s) = (data.as_mut_slice::<u8>(), scale.as_mut_slice::<u8>());
-        let s_dec = with_floats!(host::float_slice(&q.x, q.dtype), xs => {
+        let s_dec = with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => {
             let g = amax.unwrap_or_else(|| nvfp4::nvfp4_global_amax(xs, q.k, q.hadamard));
             nvfp4::nvfp4_quantize(xs, q.rows, q.k, g, &opts, d, s)
         });
@@ -43,7 +43,7 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let out = Tensor::empty(a.op(), &q.out_shape, q.out_dtype, Device::Cpu)?;
     // SAFETY: validated 1-byte CPU inputs; `out` is fresh and contiguous with rows*k elements.
     unsafe {
-        let (d, s) = (host::row_major::<u8>(&q.data), host::row_major::<u8>(&q.scale));
+        let (d, s) = (host::row_major::<u8>(a.op(), &q.data)?, host::row_major::<u8>(a.op(), &q.scale)?);
         with_floats_mut!(host::float_slice_mut(&out, q.out_dtype), o => nvfp4::nvfp4_dequantize(&d, &s, s_dec, q.rows, q.k, o));
     }
     Ok(vec![out])
