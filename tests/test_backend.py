@@ -210,3 +210,33 @@ def test_a_weight_shared_across_sites_of_every_spelling():
     y = _compile(model, policy=policy)(x)
     assert [s.recipe for s in deepwell.last_plan().sites] == ["mxfp8"] * 4
     assert _rel(y.detach(), model(x).detach()) < 0.08
+
+
+class _Loop(torch.nn.Module):
+    def __init__(self, graph_break: bool):
+        super().__init__()
+        self.graph_break = graph_break
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(512, 512) for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+            if self.graph_break:
+                print(end="")  # Dynamo cannot trace print: a graph break inside the loop
+        return x
+
+
+@pytest.mark.parametrize("graph_break", [True, False])
+def test_optimize_warns_when_dynamo_skips_the_whole_frame(graph_break):
+    """A graph break inside a loop makes Dynamo run the frame eagerly: nothing is planned. The
+    backend is never called then, so deepwell.optimize checks the first call and says so."""
+    import warnings
+
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = deepwell.optimize(_Loop(graph_break), precision="mxfp8")
+        model(torch.randn(64, 512))
+        model(torch.randn(64, 512))
+    ours = [w for w in seen if "deepwell.optimize: the first call compiled no graph" in str(w.message)]
+    assert len(ours) == (1 if graph_break else 0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .policy import PrecisionPolicy
@@ -14,7 +16,37 @@ def optimize(model, precision: str = "auto", policy: PrecisionPolicy | None = No
     options = {"precision": precision, "verbose": verbose}
     if policy is not None:
         options["policy"] = policy
-    return torch.compile(model, backend="deepwell", options=options, **compile_kw)
+    compiled = torch.compile(model, backend="deepwell", options=options, **compile_kw)
+    if isinstance(compiled, torch.nn.Module) and any(p.dim() == 2 for p in model.parameters()):
+        _warn_if_nothing_is_planned(compiled)
+    return compiled
+
+
+def _warn_if_nothing_is_planned(compiled: torch.nn.Module) -> None:
+    """Warns once if the first call planned no graph: Dynamo skipped the frame (a graph break
+    inside a loop makes it run the whole forward eagerly), so no GEMM runs in low precision. The
+    backend itself cannot say so: it is never called for a skipped frame."""
+    from . import backend
+
+    def before(module, args, kwargs):
+        handles["graphs"] = backend.STATS["graphs"]
+
+    def after(module, args, kwargs, output):
+        for h in handles.pop("hooks"):
+            h.remove()
+        if backend.STATS["graphs"] == handles["graphs"]:
+            warnings.warn(
+                "deepwell.optimize: the first call compiled no graph, so nothing was planned and the model ran "
+                "in eager precision. Dynamo skips a frame with a graph break inside a for/while loop; "
+                "torch._dynamo.explain(model)(*inputs) lists the breaks.",
+                stacklevel=2,
+            )
+
+    handles: dict = {}
+    handles["hooks"] = [
+        compiled.register_forward_pre_hook(before, with_kwargs=True),
+        compiled.register_forward_hook(after, with_kwargs=True),
+    ]
 
 
 def optimize_for_blackwell(model, precision: str = "mxfp8", **kw):
