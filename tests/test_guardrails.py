@@ -1,4 +1,4 @@
-"""Guardrails: the Rust rule behind `deepwell_guardrail_check`, statistics collected from real layers,
+"""Guardrails: the Rust rule behind the `guardrail_check` entry, statistics collected from real layers,
 and the bf16 fallback of a deepwell.Linear triggered by an injected overflow, recorded in
 `deepwell.policy_report()`."""
 

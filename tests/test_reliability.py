@@ -115,7 +115,7 @@ def test_the_planner_refuses_wrong_types_in_the_json_request():
     """The Rust entry point itself: a present field of the wrong type is an error, not the default."""
     request = {"policy": {"min_features": -1}, "arch": "sm_90", "layers": []}
     with pytest.raises(ValueError, match="field 'min_features' must be a non-negative integer, got -1"):
-        _native.json_call("deepwell_policy_decide", request)
+        _native.call("policy_decide", request)
 
 
 @pytest.mark.parametrize("kwargs", [{"saturation_threshold": float("nan")}, {"saturation_threshold": 2.0}, {"interval": 0}])

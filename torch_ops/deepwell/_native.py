@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import json
 import operator
 import os
 import sys
@@ -58,26 +59,23 @@ def nvrtc_path() -> str | None:
 
 def _open(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
-    lib.deepwell_register.argtypes = [ctypes.c_char_p] * 4 + [ctypes.c_int]
-    lib.deepwell_register.restype = ctypes.c_int
-    lib.deepwell_compile_all.argtypes = [ctypes.c_char_p] * 2
-    lib.deepwell_compile_all.restype = ctypes.c_int
-    lib.deepwell_policy_decide.argtypes = [ctypes.c_char_p]
-    lib.deepwell_guardrail_check.argtypes = [ctypes.c_char_p]
-    lib.deepwell_arch_info.argtypes = [ctypes.c_char_p]
-    lib.deepwell_weight_cache_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
-    lib.deepwell_weight_cache_scope.argtypes = [ctypes.c_int]
-    lib.deepwell_manual_seed.argtypes = [ctypes.c_uint64]
-    lib.deepwell_manual_seed.restype = None
-    lib.deepwell_set_cpu_gemm_arch.argtypes = [ctypes.c_char_p]
-    returns_text = ("deepwell_last_message", "deepwell_version", "deepwell_kernel_table")
-    for name in (*returns_text, "deepwell_policy_decide", "deepwell_guardrail_check", "deepwell_arch_info"):
-        getattr(lib, name).restype = ctypes.c_char_p
+    lib.deepwell_call.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.deepwell_call.restype = ctypes.c_char_p
     return lib
 
 
-def _encode(s: str | None) -> bytes | None:
-    return None if s is None else s.encode()
+def _call(lib: ctypes.CDLL, name: str, request: dict | None, who: str):
+    """One call of the C API (rust/ops/src/capi.rs): JSON in, `{"ok": value}` or `{"error", "kind"}`
+    out; "invalid" requests raise ValueError, failed operations RuntimeError."""
+    answer = json.loads(lib.deepwell_call(name.encode(), json.dumps(request or {}).encode()).decode())
+    if "error" in answer:
+        raise (ValueError if answer.get("kind") == "invalid" else RuntimeError)(f"{who}: {answer['error']}")
+    return answer["ok"]
+
+
+def call(name: str, request: dict | None = None, who: str = "deepwell"):
+    """Calls the library's entry `name` (the list: `call("entries")`); errors name `who`."""
+    return _call(load(), name, request, who)
 
 
 def load() -> ctypes.CDLL:
@@ -90,9 +88,14 @@ def load() -> ctypes.CDLL:
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     libtorch_cuda = os.path.join(torch_lib, "libtorch_cuda.so")
     has_cuda = torch.version.cuda is not None and os.path.isfile(libtorch_cuda)
-    args = (os.path.join(torch_lib, "libtorch_cpu.so"), libtorch_cuda if has_cuda else None, nvrtc_path(), _env.CACHE_DIR)
-    if lib.deepwell_register(*map(_encode, args), int(_env.PRINT_COMPILE)) != 0:
-        raise RuntimeError(lib.deepwell_last_message().decode())
+    request = {
+        "libtorch_cpu": os.path.join(torch_lib, "libtorch_cpu.so"),
+        "libtorch_cuda": libtorch_cuda if has_cuda else None,
+        "nvrtc": nvrtc_path(),
+        "cache_dir": _env.CACHE_DIR,
+        "print_compile": bool(_env.PRINT_COMPILE),
+    }
+    _call(lib, "register", request, "deepwell")
     _lib = lib
     return lib
 
@@ -102,23 +105,17 @@ def compile_all(archs: list[str]) -> str:
     nvrtc = nvrtc_path()
     if nvrtc is None:
         raise RuntimeError("deepwell: NVRTC not found (install torch's CUDA wheel or set DEEPWELL_NVRTC)")
-    lib = load()
-    if lib.deepwell_compile_all(nvrtc.encode(), ",".join(archs).encode()) != 0:
-        raise RuntimeError(lib.deepwell_last_message().decode())
-    return lib.deepwell_last_message().decode()
+    return call("compile_all", {"nvrtc": nvrtc, "archs": archs})
 
 
 def version() -> str:
     """The Rust library's version."""
-    return load().deepwell_version().decode()
+    return call("version")
 
 
 def kernel_table() -> list[dict]:
     """Every kernel the library registered: op name, dispatch key, argument names and types."""
-    import json
-
-    text = load().deepwell_kernel_table().decode()
-    return [json.loads(line) for line in text.splitlines() if line]
+    return call("kernel_table")
 
 
 def manual_seed(seed: int) -> None:
@@ -128,7 +125,7 @@ def manual_seed(seed: int) -> None:
         seed = operator.index(seed)
     except TypeError:
         raise TypeError(f"deepwell.manual_seed: argument 'seed' must be an int, got {type(seed).__name__} {seed!r}") from None
-    load().deepwell_manual_seed(seed & (2**64 - 1))
+    call("manual_seed", {"seed": seed & (2**64 - 1)})
 
 
 class cpu_gemm_arch:
@@ -140,19 +137,11 @@ class cpu_gemm_arch:
         self.arch = arch
 
     def __enter__(self):
-        if load().deepwell_set_cpu_gemm_arch(self.arch.encode()) != 0:
-            raise ValueError(f"deepwell: unknown arch {self.arch!r}")
+        try:
+            call("set_cpu_gemm_arch", {"arch": self.arch})
+        except ValueError:
+            raise ValueError(f"deepwell: unknown arch {self.arch!r}") from None
         return self
 
     def __exit__(self, *exc):
-        load().deepwell_set_cpu_gemm_arch(None)
-
-
-def json_call(entry: str, request: dict, who: str = "deepwell") -> dict:
-    """Calls one of the library's JSON entry points; raises ValueError(f"{who}: <its error>")."""
-    import json
-
-    answer = json.loads(getattr(load(), entry)(json.dumps(request).encode()).decode())
-    if "error" in answer:
-        raise ValueError(f"{who}: {answer['error']}")
-    return answer
+        call("set_cpu_gemm_arch", {"arch": None})

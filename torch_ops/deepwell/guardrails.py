@@ -1,7 +1,7 @@
 """Run-time guardrails of low-precision layers: per-layer statistics collected on the device, and a
 fallback to bf16 when a layer's inputs or outputs go non-finite or its quantized input saturates
 beyond a threshold. The rule lives in Rust (deepwell_core::policy::guardrail::check, reached through
-`deepwell_guardrail_check`); every fallback is recorded with its reason and readable from
+the `guardrail_check` entry); every fallback is recorded with its reason and readable from
 `deepwell.policy_report()`.
 
 Cost: every `interval` steps a layer reduces its input and output once (non-finite counts, amax) and
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _native
+from . import _native, recipes
 
 ops = torch.ops.deepwell
 
@@ -46,18 +46,21 @@ def _clipped(x2: torch.Tensor, recipe: str, global_amax: torch.Tensor | None = N
     clips by construction; the counter guards against inputs and recipes where it can
     (`global_amax` below the true amax, as a stale per-tensor scale would be)."""
     f32 = torch.float32
+    elem = recipes.table()[recipe]["elem"]
+    if elem is None:
+        return torch.zeros((), dtype=torch.float64, device=x2.device)
     if recipe == "mxfp8":
         d, s = ops.mxfp8_quantize(x2)
-        dq, codes, top, half_ulp = ops.mxfp8_dequantize(d, s, -1, f32), d.view(torch.uint8) & 0x7F, 0x7E, 16 / 448
+        dq, codes = ops.mxfp8_dequantize(d, s, -1, f32), d.view(torch.uint8) & 0x7F
     elif recipe == "fp8_block":
         d, s = ops.fp8_block_quantize(x2, 1, 128)
-        dq, codes, top, half_ulp = ops.fp8_block_dequantize(d, s, 1, 128, f32), d.view(torch.uint8) & 0x7F, 0x7E, 16 / 448
-    elif recipe == "nvfp4":
+        dq, codes = ops.fp8_block_dequantize(d, s, 1, 128, f32), d.view(torch.uint8) & 0x7F
+    else:  # nvfp4: two E2M1 codes per byte, low nibble first
         d, s, g = ops.nvfp4_quantize(x2, global_amax)
         codes = torch.stack([d & 0x7, (d >> 4) & 0x7], dim=-1).reshape(x2.shape)
-        dq, top, half_ulp = ops.nvfp4_dequantize(d, s, g, f32), 0x7, 1 / 6
-    else:
-        return torch.zeros((), dtype=torch.float64, device=x2.device)
+        dq = ops.nvfp4_dequantize(d, s, g, f32)
+    # The largest magnitude's code, and half its ulp relative to it (E4M3: 16/448, E2M1: 1/6).
+    top, half_ulp = elem["max_code"], elem["half_ulp_at_max"] / elem["max"]
     clipped = (codes == top) & (x2.float().abs() > dq.abs() * (1 + half_ulp))
     return clipped.sum().double()
 
@@ -85,7 +88,7 @@ def check(stats: list[float], saturation_threshold: float) -> str | None:
     names = ("input_nonfinite", "output_nonfinite", "saturated", "numel", "amax_input", "amax_output")
     fields = {k: (int(v) if i < 4 else (v if math.isfinite(v) else str(v))) for i, (k, v) in enumerate(zip(names, stats))}
     request = {"stats": fields, "saturation_threshold": saturation_threshold}
-    return _native.json_call("deepwell_guardrail_check", request, "deepwell guardrail")["fallback"]
+    return _native.call("guardrail_check", request, "deepwell guardrail")["fallback"]
 
 
 @dataclass

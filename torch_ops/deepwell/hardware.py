@@ -1,5 +1,5 @@
 """`deepwell.probe()`: the devices deepwell sees, what each runs natively (from the Rust recipe
-table, `deepwell_arch_info`), and the links between GPUs."""
+table, the `arch_info` entry), and the links between GPUs."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class Hardware:
     def __str__(self) -> str:
         lines = [f"torch {self.torch_version}, CUDA {self.cuda_version}"]
         if not self.devices:
-            cpu = _native.json_call("deepwell_arch_info", {"arch": "cpu"})
+            cpu = _native.call("arch_info", {"arch": "cpu"})
             lines.append(f"no GPU: reference kernels on the CPU ({cpu['auto_reason']})")
         for d in self.devices:
             lines.append(
@@ -61,20 +61,15 @@ class Hardware:
         return "\n".join(lines)
 
 
-def _variant(major: int, minor: int) -> str:
-    """The NVRTC target deepwell builds for (rust/gpu/src/arch.rs): arch-specific `a` from sm_90 on."""
-    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
-
-
 def probe() -> Hardware:
     hw = Hardware()
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for i in range(n):
         p = torch.cuda.get_device_properties(i)
-        info = _native.json_call("deepwell_arch_info", {"arch": f"sm_{p.major}{p.minor}"})
+        info = _native.call("arch_info", {"arch": f"sm_{p.major}{p.minor}"})
         hw.devices.append(
             DeviceInfo(
-                i, p.name, info["arch"], _variant(p.major, p.minor), p.multi_processor_count, p.total_memory,
+                i, p.name, info["arch"], info["variant"], p.multi_processor_count, p.total_memory,
                 info["family"], info["native"], info["auto"], info["auto_reason"],
             )
         )

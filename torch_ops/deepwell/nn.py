@@ -6,17 +6,14 @@ from __future__ import annotations
 import torch
 
 from .guardrails import Guardrail, GuardrailConfig
-from .ops.linear import RECIPES
-from .policy import current_arch
+from . import recipes
+from .recipes import current_arch
 
 ops = torch.ops.deepwell
 
-#: `recipe="auto"`: the fastest native recipe of the device (DESIGN.md; deepwell_core auto_recipe).
-_AUTO = {"sm_90": "fp8_block", "sm_100": "mxfp8", "sm_103": "mxfp8", "sm_120": "mxfp8", "sm_121": "mxfp8"}
-
-
 def auto_recipe(arch: str | None = None) -> str:
-    return _AUTO.get(arch or current_arch(), "bf16")
+    """`recipe="auto"`: the fastest native recipe of the device (deepwell_core `auto_recipe`)."""
+    return recipes.auto(arch)
 
 
 class Linear(torch.nn.Linear):
@@ -41,9 +38,9 @@ class Linear(torch.nn.Linear):
         guardrails: bool = True,
         guardrail_config: GuardrailConfig | None = None,
     ):
-        if recipe not in (*RECIPES, "auto"):
+        if recipe not in (*recipes.names(), "auto"):
             # Here rather than at the first forward, where the op would name scaled_linear.
-            choices = ", ".join(repr(r) for r in (*RECIPES, "auto"))
+            choices = ", ".join(repr(r) for r in (*recipes.names(), "auto"))
             raise ValueError(f"deepwell.Linear: argument 'recipe' must be one of {choices}, got {recipe!r}")
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         planned = auto_recipe() if recipe == "auto" else recipe

@@ -1,37 +1,13 @@
 """The plan: one decision per GEMM site of a captured graph (recipe, each pass's GEMM kernel, and
-why), made by the Rust planner (`deepwell_policy_decide`, rust/core/src/policy) from the sites, the
-device and the user's policy. Printable as a table (`verbose=True` or DEEPWELL_PRINT_PLAN=1)."""
+why), made by the Rust planner (rust/core/src/policy, through the `policy_decide` entry of
+rust/ops/src/capi.rs) from the sites, the device and the user's policy. Printable as a table (`verbose=True` or DEEPWELL_PRINT_PLAN=1)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-import torch
-
-from .policy import LayerDecision, LayerInfo, PrecisionPolicy, current_arch
-
-# Role of a site from its qualified name (the last components), for the policy's defaults.
-_ROLE_PATTERNS = [
-    ("lm_head", re.compile(r"(^|\.)(lm_head|output|logits|classifier)$")),
-    ("router", re.compile(r"(^|\.)(router|gate|gating|w_gate)$")),
-    ("embedding", re.compile(r"(^|\.)(embed\w*|wte|wpe|tok_embeddings)$")),
-    ("experts", re.compile(r"(^|\.)experts(\.|$)")),
-    ("attention", re.compile(r"(^|\.)(attn|attention|self_attn|q_proj|k_proj|v_proj|o_proj|wq|wk|wv|wo|qkv|c_attn)(\.|$)")),
-    ("mlp", re.compile(r"(^|\.)(mlp|ffn|feed_forward|w1|w2|w3|gate_proj|up_proj|down_proj|fc1|fc2|c_fc|c_proj)(\.|$)")),
-]
-
-
-def role_of(name: str, module_type: str = "") -> str:
-    """embedding / attention / mlp / experts / router / norm / lm_head / other, from the name."""
-    if "Embedding" in module_type:
-        return "embedding"
-    if "Norm" in module_type:
-        return "norm"
-    for role, pattern in _ROLE_PATTERNS:
-        if pattern.search(name):
-            return role
-    return "other"
+from .policy import LayerDecision, LayerInfo, PrecisionPolicy
+from .recipes import current_arch, device_arch, role_of  # noqa: F401  (role_of: the planner's roles)
 
 
 @dataclass
@@ -104,14 +80,6 @@ class Plan:
                 for s in self.sites
             ],
         }
-
-
-def device_arch(device: str) -> str:
-    """The policy's arch name of a torch device string: "cpu", or "sm_90" for a Hopper "cuda:0"."""
-    if not device.startswith("cuda"):
-        return "cpu"
-    major, minor = torch.cuda.get_device_capability(torch.device(device))
-    return f"sm_{major}{minor}"
 
 
 def plan_sites(sites: list[Site], policy: PrecisionPolicy, arch: str | None = None) -> Plan:

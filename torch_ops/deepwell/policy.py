@@ -1,5 +1,6 @@
 """The precision policy: which recipe each GEMM site runs, and why. The decisions are made in Rust
-(rust/core/src/policy, reached through `deepwell_policy_decide`); this module is its typed front.
+(rust/core/src/policy, through the `policy_decide` entry of rust/ops/src/capi.rs); this module is
+its typed front.
 
 Defaults (DESIGN.md "Precision policy"): embeddings, norms, router gates and the LM head stay bf16;
 so do the first and last GEMM sites, shapes whose in/out features the recipe's block does not
@@ -16,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from . import _native
+from .recipes import current_arch
 
 ROLES = ("embedding", "attention", "mlp", "experts", "router", "norm", "lm_head", "other")
 
@@ -88,13 +88,6 @@ class PrecisionPolicy:
             "arch": arch or current_arch(),
             "layers": [{k: v for k, v in asdict(layer).items() if v is not None} for layer in layers],
         }
-        answer = _native.json_call("deepwell_policy_decide", request, "deepwell.PrecisionPolicy")
+        answer = _native.call("policy_decide", request, "deepwell.PrecisionPolicy")
         return [LayerDecision(**d) for d in answer["decisions"]]
 
-
-def current_arch() -> str:
-    """This machine's arch as the policy names it: "sm_90" for an H100, "cpu" without a GPU."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}"

@@ -19,7 +19,6 @@ graph is being captured.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 
 
 from . import _native
@@ -29,16 +28,12 @@ __all__ = ["clear_weight_cache", "microbatches", "weight_cache_info"]
 
 def weight_cache_info() -> dict[str, int]:
     """Live entries, hits (reuses) and misses (quantizations of a weight) since the process started."""
-    out = (ctypes.c_uint64 * 3)()
-    if _native.load().deepwell_weight_cache_stats(out) != 0:
-        raise RuntimeError("deepwell: reading the weight cache statistics failed")
-    return {"entries": out[0], "hits": out[1], "misses": out[2]}
+    return _native.call("weight_cache_stats")
 
 
 def clear_weight_cache() -> None:
     """Drops every cached weight operand (and the weight aliases they hold)."""
-    if _native.load().deepwell_weight_cache_clear() != 0:
-        raise RuntimeError("deepwell: clearing the weight cache failed")
+    _native.call("weight_cache_clear")
 
 
 @contextlib.contextmanager
@@ -47,17 +42,15 @@ def microbatches():
     optimizer steps and writes that move their version counter or storage, all of which deepwell
     sees. A write that bypasses those inside the scope (`w.data.add_()`) is not seen; outside any
     scope nothing is cached. Scopes nest; closing the outermost drops every entry."""
-    lib = _native.load()
-    if lib.deepwell_weight_cache_scope(1) != 0:
-        raise RuntimeError("deepwell.microbatches: opening the scope failed")
+    _native.call("weight_cache_scope", {"enter": True}, "deepwell.microbatches")
     try:
         yield
     finally:
-        lib.deepwell_weight_cache_scope(0)
+        _native.call("weight_cache_scope", {"enter": False}, "deepwell.microbatches")
 
 
 def _new_epoch(*_args) -> None:
-    _native.load().deepwell_weight_cache_new_epoch()
+    _native.call("weight_cache_new_epoch")
 
 
 def install_optimizer_hooks() -> None:

@@ -64,7 +64,7 @@ pub fn init(api: &Api) {
 }
 
 fn codes() -> &'static Codes {
-    CODES.get().expect("deepwell: dtype codes used before deepwell_register")
+    CODES.get().expect("deepwell: dtype codes used before the library registered its kernels")
 }
 
 impl DType {

@@ -10,12 +10,14 @@
 //! - `host`      CPU views of tensor memory for the reference kernels;
 //! - `cuda`      torch's stream, contiguous inputs and launch contexts for the CUDA kernels;
 //! - `ops/`      one module per op family, each with its specs and kernels;
-//! - `register`  the exported C entry points; `policy` the precision policy's JSON entry point.
+//! - `capi`      the one C function Python calls (`deepwell_call`: JSON in, JSON out) and its entries;
+//! - `register`  loading (kernel registration, compile-all); `policy` the planner and guardrail entries.
 //!
 //! The maths lives in `deepwell-core`; this crate only validates, allocates and routes.
 
 pub mod abi;
 pub mod aten;
+pub mod capi;
 pub mod check;
 pub mod cuda;
 pub mod dtype;

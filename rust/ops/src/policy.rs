@@ -1,52 +1,38 @@
-//! `deepwell_policy_decide`: the precision policy of deepwell-core behind a JSON-in, JSON-out C
-//! entry point, for `torch_ops/deepwell/policy.py` (and the compile backend's planner later).
+//! The C API entries of the precision policy, the recipe table and the guardrails (`capi.rs`): the
+//! decisions of deepwell-core, for the Python package, which keeps none of its own.
 //!
-//! Request: `{"policy": {"precision": "auto", "first_last_bf16": true, "min_features": 512,
-//! "name_overrides": [["glob", "recipe"], ...], "type_overrides": [["Linear", "bf16"], ...]},
-//! "arch": "sm_90" | "cpu", "layers": [{"name", "module_type", "role", "index", "count",
-//! "in_features", "out_features", "tokens" (optional)}, ...]}`.
-//! Response: `{"decisions": [{"recipe", "emulated", "reason", "rule", "gemms"}, ...]}` or
-//! `{"error": "..."}`; `gemms` (with `tokens` given) maps each pass (fprop, dgrad, wgrad) to
-//! `{"backend", "emulated", "reason"}` from the GEMM dispatch table.
+//! `policy_decide` — request: `{"policy": {"precision": "auto", "first_last_bf16": true,
+//! "min_features": 512, "name_overrides": [["glob", "recipe"], ...], "type_overrides": [["Linear",
+//! "bf16"], ...]}, "arch": "sm_90" | "cpu", "layers": [{"name", "module_type", "role", "index",
+//! "count", "in_features", "out_features", "tokens" (optional)}, ...]}`; answer: `{"decisions":
+//! [{"recipe", "emulated", "reason", "rule", "gemms"}, ...]}`, where `gemms` (with `tokens` given)
+//! maps each pass (fprop, dgrad, wgrad) to `{"backend", "emulated", "reason"}` from the GEMM
+//! dispatch table.
 //!
-//! `deepwell_arch_info`: what the recipe table says about a device, for `deepwell.probe()`.
-//! Request: `{"arch": "sm_90"}`. Response: `{"arch", "family", "native": [recipes], "auto", "auto_reason"}`.
+//! `arch_info` — `{"arch": "sm_90"}` -> `{"arch", "family", "variant" (the NVRTC target, e.g.
+//! "sm_90a"; null for "cpu"), "native": [recipes], "auto", "auto_reason"}`, for `deepwell.probe()`,
+//! `deepwell.Linear(recipe="auto")`.
 //!
-//! `deepwell_guardrail_check`: the run-time guardrail (deepwell_core::policy::guardrail) for
-//! `torch_ops/deepwell/guardrails.py`. Request: `{"stats": {"input_nonfinite", "output_nonfinite",
-//! "saturated", "numel", "amax_input", "amax_output"}, "saturation_threshold": 1e-3}` (amaxes may be
-//! the strings "nan", "inf", "-inf"). Response: `{"fallback": null | "reason"}` or `{"error": "..."}`.
-
-use std::cell::RefCell;
-use std::ffi::{c_char, CStr, CString};
-use std::panic::catch_unwind;
+//! `recipes` — every recipe's block along K and element format (`recipes_entry`).
+//!
+//! `roles` — the role of each `[name, module_type]` site (deepwell_core `Role::of_module`).
+//!
+//! `guardrail_check` — the run-time guardrail (deepwell_core::policy::guardrail): `{"stats":
+//! {"input_nonfinite", "output_nonfinite", "saturated", "numel", "amax_input", "amax_output"},
+//! "saturation_threshold": 1e-3}` (amaxes may be the strings "nan", "inf", "-inf") -> `{"fallback":
+//! null | "reason"}`.
+//!
+//! A present field of the wrong type is refused, never replaced by its default.
 
 use deepwell_core::policy::{
     auto_recipe, check, decide, gemm_backend, native_recipes, Arch, GemmShape, GuardrailConfig, LayerInfo, LayerStats,
     Pass, Policy, Recipe, Role,
 };
+use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
 use serde_json::{json, Value};
 
-fn field<'a>(v: &'a Value, key: &str) -> Result<&'a Value, String> {
-    v.get(key).ok_or_else(|| format!("missing field '{key}'"))
-}
-
-fn text(v: &Value, key: &str) -> Result<String, String> {
-    field(v, key)?.as_str().map(str::to_owned).ok_or_else(|| format!("field '{key}' must be a string"))
-}
-
-fn count(v: &Value, key: &str) -> Result<usize, String> {
-    field(v, key)?.as_u64().map(|n| n as usize).ok_or_else(|| format!("field '{key}' must be a non-negative integer"))
-}
-
-/// An optional field: absent (or null) gives None; present with the wrong type is an error, never
-/// the default (a policy with `min_features=-1` must not silently plan with 512).
-fn optional<T>(v: &Value, key: &str, get: fn(&Value) -> Option<T>, what: &str) -> Result<Option<T>, String> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(x) => get(x).map(Some).ok_or_else(|| format!("field '{key}' must be {what}, got {x}")),
-    }
-}
+use crate::capi::fields::{count, get as field, optional, text};
+use crate::capi::Answer;
 
 fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String>
 where
@@ -92,11 +78,11 @@ fn layer(v: &Value) -> Result<LayerInfo, String> {
     })
 }
 
-fn respond(request: &str) -> Result<Value, String> {
-    let req: Value = serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
+/// `policy_decide` (see the module docs).
+pub fn decide_entry(req: &Value) -> Answer {
     let policy = policy(req.get("policy").unwrap_or(&Value::Null))?;
-    let arch: Arch = parse(&text(&req, "arch")?, "arch")?;
-    let layers = field(&req, "layers")?.as_array().ok_or("'layers' must be a list")?;
+    let arch: Arch = parse(&text(req, "arch")?, "arch")?;
+    let layers = field(req, "layers")?.as_array().ok_or("'layers' must be a list")?;
     let decisions: Vec<Value> = layers
         .iter()
         .enumerate()
@@ -122,24 +108,47 @@ fn respond(request: &str) -> Result<Value, String> {
     Ok(json!({ "decisions": decisions }))
 }
 
-fn arch_info(request: &str) -> Result<Value, String> {
-    let req: Value = serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
-    let arch: Arch = parse(&text(&req, "arch")?, "arch")?;
+/// `arch_info` (see the module docs).
+pub fn arch_info_entry(req: &Value) -> Answer {
+    let arch: Arch = parse(&text(req, "arch")?, "arch")?;
     let (auto, why) = auto_recipe(arch);
     let native: Vec<String> = native_recipes(arch).iter().map(|r| r.to_string()).collect();
-    Ok(
-        json!({"arch": arch.to_string(), "family": arch.family().name(), "native": native, "auto": auto.to_string(), "auto_reason": why}),
-    )
+    let variant = arch.0.and_then(|(major, minor)| deepwell_gpu::arch::nvrtc_arch(major as i32, minor as i32).ok());
+    Ok(json!({
+        "arch": arch.to_string(), "family": arch.family().name(), "variant": variant,
+        "native": native, "auto": auto.to_string(), "auto_reason": why,
+    }))
 }
 
-/// Describes a device's recipes (see the module docs).
-///
-/// # Safety
-/// `request` must be NULL or a NUL-terminated UTF-8 string.
-#[no_mangle]
-pub unsafe extern "C" fn deepwell_arch_info(request: *const c_char) -> *const c_char {
-    // SAFETY: forwarded from the caller.
-    unsafe { answer(request, arch_info) }
+/// `recipes`: each recipe's name, block along K, and its element format's largest finite value,
+/// that value's code (sign bit clear) and half its ulp: what the guardrails' clip counter and the
+/// fake kernels' shape checks need, from the one table.
+pub fn recipes_entry(_: &Value) -> Answer {
+    let rows: Vec<Value> = Recipe::ALL
+        .iter()
+        .map(|&r| {
+            let elem = match r {
+                Recipe::Mxfp8 | Recipe::Fp8Block => json!({"name": "e4m3", "max": E4M3_MAX, "max_code": 0x7E, "half_ulp_at_max": 16.0}),
+                Recipe::Nvfp4 => json!({"name": "e2m1", "max": E2M1_MAX, "max_code": 0x7, "half_ulp_at_max": 1.0}),
+                Recipe::Bf16 => Value::Null,
+            };
+            json!({"name": r.as_str(), "block_k": r.block_k(), "low_precision": r.is_low_precision(), "elem": elem})
+        })
+        .collect();
+    Ok(Value::Array(rows))
+}
+
+/// `roles`: each [name, module_type] site's role (deepwell_core `Role::of_module`).
+pub fn roles_entry(req: &Value) -> Answer {
+    let sites = field(req, "sites")?.as_array().ok_or("field 'sites' must be a list of [name, module_type]")?;
+    let roles = sites
+        .iter()
+        .map(|s| match s.as_array().map(Vec::as_slice) {
+            Some([Value::String(name), Value::String(ty)]) => Ok(json!(Role::of_module(name, ty).as_str())),
+            _ => Err(format!("'sites' entries must be [name, module_type] pairs of strings, got {s}")),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(Value::Array(roles))
 }
 
 /// A float field, also accepting the strings JSON cannot carry as numbers ("nan", "inf", "-inf").
@@ -150,9 +159,9 @@ fn float(v: &Value, key: &str) -> Result<f64, String> {
     }
 }
 
-fn guardrail(request: &str) -> Result<Value, String> {
-    let req: Value = serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
-    let s = field(&req, "stats")?;
+/// `guardrail_check` (see the module docs).
+pub fn guardrail_entry(req: &Value) -> Answer {
+    let s = field(req, "stats")?;
     let stats = LayerStats {
         input_nonfinite: count(s, "input_nonfinite")? as u64,
         output_nonfinite: count(s, "output_nonfinite")? as u64,
@@ -162,58 +171,10 @@ fn guardrail(request: &str) -> Result<Value, String> {
         amax_output: float(s, "amax_output")? as f32,
     };
     let d = GuardrailConfig::default();
-    let threshold = optional(&req, "saturation_threshold", Value::as_f64, "a number")?;
+    let threshold = optional(req, "saturation_threshold", Value::as_f64, "a number")?;
     if threshold.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
-        return Err(format!("field 'saturation_threshold' must be in [0, 1], got {}", req["saturation_threshold"]));
+        return Err(format!("field 'saturation_threshold' must be in [0, 1], got {}", req["saturation_threshold"]).into());
     }
     let cfg = GuardrailConfig { saturation_threshold: threshold.unwrap_or(d.saturation_threshold) };
     Ok(json!({ "fallback": check(&stats, &cfg).map(|f| f.reason) }))
-}
-
-thread_local! {
-    static RESPONSE: RefCell<CString> = RefCell::new(CString::default());
-}
-
-/// Answers `handler(request)` as a JSON string owned by this thread (valid until its next call).
-///
-/// # Safety
-/// `request` must be NULL or a NUL-terminated UTF-8 string.
-unsafe fn answer(request: *const c_char, handler: fn(&str) -> Result<Value, String>) -> *const c_char {
-    let answer = if request.is_null() {
-        json!({"error": "request is NULL"})
-    } else {
-        // SAFETY: guaranteed by the caller.
-        let text = unsafe { CStr::from_ptr(request) }.to_string_lossy().into_owned();
-        match catch_unwind(|| handler(&text)) {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => json!({ "error": e }),
-            Err(_) => json!({"error": "internal panic (a bug in deepwell)"}),
-        }
-    };
-    let c = crate::stack::c_message(&answer.to_string());
-    RESPONSE.with(|slot| {
-        *slot.borrow_mut() = c;
-        slot.borrow().as_ptr()
-    })
-}
-
-/// Checks one layer's statistics against the guardrails (see the module docs).
-///
-/// # Safety
-/// `request` must be NULL or a NUL-terminated UTF-8 string.
-#[no_mangle]
-pub unsafe extern "C" fn deepwell_guardrail_check(request: *const c_char) -> *const c_char {
-    // SAFETY: forwarded from the caller.
-    unsafe { answer(request, guardrail) }
-}
-
-/// Decides every layer of the request (see the module docs). Returns a JSON string owned by this
-/// thread, valid until the thread's next call. Never unwinds: bad requests answer `{"error"}`.
-///
-/// # Safety
-/// `request` must be NULL or a NUL-terminated UTF-8 string.
-#[no_mangle]
-pub unsafe extern "C" fn deepwell_policy_decide(request: *const c_char) -> *const c_char {
-    // SAFETY: forwarded from the caller.
-    unsafe { answer(request, respond) }
 }

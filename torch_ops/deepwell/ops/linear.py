@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import recipes
 from . import _checks, _nondiff
 from ._library import define
 
-RECIPES = ("mxfp8", "nvfp4", "fp8_block", "bf16")
-#: Elements per scale along K; both weight dims must be multiples (each is some pass's K).
-BLOCK_K = {"mxfp8": 32, "nvfp4": 16, "fp8_block": 128}
 
 define("scaled_linear(Tensor x, Tensor weight, Tensor? bias, str recipe, int? seed=None) -> Tensor")
 define("mxfp8_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
@@ -37,7 +35,7 @@ define(
 
 def _check_layer(op: str, x, weight, recipe: str, others=()) -> list[int]:
     """Mirrors `Layer::new` in rust/ops/src/ops/linear/mod.rs; returns y's shape."""
-    _checks.choice(op, "recipe", recipe, RECIPES)
+    _checks.choice(op, "recipe", recipe, recipes.names())
     _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
     _checks.same_device(op, ("x", x), ("weight", weight), *others)
@@ -51,7 +49,7 @@ def _check_layer(op: str, x, weight, recipe: str, others=()) -> list[int]:
             f"deepwell.{op}: x has {x.shape[-1]} features (shape {_checks.shape_str(x.shape)}) but weight has "
             f"in_features {k} (shape {_checks.shape_str(weight.shape)})"
         )
-    block = BLOCK_K.get(recipe)
+    block = recipes.block_k(recipe)
     if block is not None:
         _checks.divisible(op, "weight", weight, 1, block, f"{recipe} quantizes along in_features in blocks of {block}")
         _checks.divisible(

@@ -52,6 +52,48 @@ impl Role {
         }
     }
 
+    /// The role of a module from its qualified name and class, as the planner classifies sites and
+    /// `deepwell.capture` tags modules. The class decides embeddings and norms; otherwise the name's
+    /// components, in this order: the last component names an LM head (`lm_head`, `output`,
+    /// `logits`, `classifier`), a router (`router`, `gate`, `gating`, `w_gate`) or an embedding
+    /// (`embed*`, `wte`, `wpe`, `tok_embeddings`); any component names experts (`experts`),
+    /// attention (`attn`, `q_proj`, `wq`, `c_attn`, ...) or an MLP (`mlp`, `w1`, `up_proj`,
+    /// `c_fc`, ...) — the spellings of LLaMA, Hugging Face, GPT-2 and Mixtral/DeepSeek checkpoints.
+    pub fn of_module(name: &str, module_type: &str) -> Role {
+        const LM_HEAD: &[&str] = &["lm_head", "output", "logits", "classifier"];
+        const ROUTER: &[&str] = &["router", "gate", "gating", "w_gate"];
+        const EMBEDDING: &[&str] = &["wte", "wpe", "tok_embeddings"];
+        const ATTENTION: &[&str] =
+            &["attn", "attention", "self_attn", "q_proj", "k_proj", "v_proj", "o_proj", "wq", "wk", "wv", "wo", "qkv", "c_attn"];
+        const MLP: &[&str] = &[
+            "mlp", "ffn", "feed_forward", "w1", "w2", "w3", "gate_proj", "up_proj", "down_proj", "fc1", "fc2", "c_fc", "c_proj",
+        ];
+        if module_type.contains("Embedding") {
+            return Role::Embedding;
+        }
+        if module_type.contains("Norm") {
+            return Role::Norm;
+        }
+        let parts: Vec<&str> = name.split('.').collect();
+        let last = parts.last().copied().unwrap_or("");
+        let any = |set: &[&str]| parts.iter().any(|p| set.contains(p));
+        if LM_HEAD.contains(&last) {
+            Role::LmHead
+        } else if ROUTER.contains(&last) {
+            Role::Router
+        } else if EMBEDDING.contains(&last) || (last.starts_with("embed") && last.chars().all(|c| c.is_alphanumeric() || c == '_')) {
+            Role::Embedding
+        } else if parts.contains(&"experts") {
+            Role::Experts
+        } else if any(ATTENTION) {
+            Role::Attention
+        } else if any(MLP) {
+            Role::Mlp
+        } else {
+            Role::Other
+        }
+    }
+
     /// The reason rule 3 gives, or `None` for roles that take the recipe.
     pub(super) fn keeps_bf16(self) -> Option<&'static str> {
         match self {
@@ -93,4 +135,34 @@ pub struct LayerInfo {
     pub in_features: usize,
     /// The weight's output features (dgrad's K).
     pub out_features: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Role;
+
+    #[test]
+    fn roles_of_the_usual_checkpoint_names() {
+        let cases = [
+            ("layers.0.attention.wq", "Linear", Role::Attention),
+            ("model.layers.3.self_attn.q_proj", "Linear", Role::Attention),
+            ("transformer.h.1.attn.c_attn", "Conv1D", Role::Attention),
+            ("layers.1.feed_forward.w2", "Linear", Role::Mlp),
+            ("transformer.h.1.mlp.c_proj", "Conv1D", Role::Mlp),
+            ("model.layers.0.block_sparse_moe.experts.3.w1", "Linear", Role::Experts),
+            ("model.layers.0.block_sparse_moe.gate", "Linear", Role::Router),
+            ("model.layers.0.mlp.gate", "Linear", Role::Router),
+            ("output", "Linear", Role::LmHead),
+            ("lm_head", "Linear", Role::LmHead),
+            ("tok_embeddings", "Embedding", Role::Embedding),
+            ("model.embed_tokens", "Linear", Role::Embedding),
+            ("transformer.wte", "Parameter", Role::Embedding),
+            ("layers.0.attention_norm", "RMSNorm", Role::Norm),
+            ("blocks.0.proj", "Linear", Role::Other),
+            ("", "Parameter", Role::Other),
+        ];
+        for (name, ty, want) in cases {
+            assert_eq!(Role::of_module(name, ty), want, "{name} ({ty})");
+        }
+    }
 }

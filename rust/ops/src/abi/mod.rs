@@ -169,5 +169,5 @@ pub fn init(libtorch_cpu: &str) -> Result<&'static Api> {
 
 /// The resolved table. Kernels only run after `init` succeeded (they are registered by it).
 pub fn api() -> &'static Api {
-    API.get().expect("deepwell: ABI table used before deepwell_register")
+    API.get().expect("deepwell: ABI table used before the library registered its kernels")
 }

@@ -34,8 +34,10 @@ use std::sync::RwLock;
 
 use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe};
 use deepwell_gpu::KernelSpec;
+use serde_json::Value;
 
 use crate::aten;
+use crate::capi::{fields, Answer};
 use crate::check;
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
@@ -94,11 +96,6 @@ pub fn cuda_specs() -> Vec<KernelSpec> {
     epilogue::specs()
 }
 
-pub use weight_cache::{
-    deepwell_weight_cache_clear, deepwell_weight_cache_new_epoch, deepwell_weight_cache_scope,
-    deepwell_weight_cache_stats,
-};
-
 // ---------------------------------------------------------------------------------------------
 // Stochastic-rounding seeds
 
@@ -112,11 +109,12 @@ fn next_seed() -> u64 {
     SEED_BASE.load(Ordering::Relaxed) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// C entry point: restarts the seed sequence of stochastic rounding from `seed`.
-#[no_mangle]
-pub extern "C" fn deepwell_manual_seed(seed: u64) {
+/// `manual_seed`: `{"seed": u64}` restarts the seed sequence of stochastic rounding.
+pub fn manual_seed_entry(req: &Value) -> Answer {
+    let seed = fields::get(req, "seed")?.as_u64().ok_or("field 'seed' must be an integer in [0, 2^64)")?;
     SEED_BASE.store(seed, Ordering::Relaxed);
     SEED_COUNTER.store(0, Ordering::Relaxed);
+    Ok(Value::Null)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -140,27 +138,13 @@ struct Layer {
 /// paths of GPUs we do not have on the CPU (`scaled_mm_model.rs`); CUDA calls never read it.
 static CPU_GEMM_ARCH: RwLock<Option<Arch>> = RwLock::new(None);
 
-/// C entry point: CPU calls dispatch as on `arch` ("sm_100", ...); NULL or "" or "cpu" restores the
-/// CPU's own table. Returns 1 for an arch it cannot parse.
-///
-/// # Safety
-/// `arch` must be NULL or a NUL-terminated string.
-#[no_mangle]
-pub unsafe extern "C" fn deepwell_set_cpu_gemm_arch(arch: *const std::ffi::c_char) -> i32 {
-    // SAFETY: guaranteed by the caller.
-    let s = if arch.is_null() {
-        String::new()
-    } else {
-        unsafe { std::ffi::CStr::from_ptr(arch) }.to_string_lossy().into_owned()
-    };
-    let parsed = if s.is_empty() { Ok(Arch::CPU) } else { s.parse::<Arch>() };
-    match parsed {
-        Ok(a) => {
-            *CPU_GEMM_ARCH.write().unwrap_or_else(|p| p.into_inner()) = (a != Arch::CPU).then_some(a);
-            0
-        }
-        Err(_) => 1,
-    }
+/// `set_cpu_gemm_arch`: `{"arch": "sm_100"}` makes CPU calls dispatch as on that GPU; null, ""
+/// or "cpu" restores the CPU's own table. (What `deepwell._native.cpu_gemm_arch` sets for tests.)
+pub fn cpu_gemm_arch_entry(req: &Value) -> Answer {
+    let name = fields::opt_text(req, "arch")?.unwrap_or_default();
+    let arch = if name.is_empty() { Arch::CPU } else { name.parse::<Arch>().map_err(|e| e.to_string())? };
+    *CPU_GEMM_ARCH.write().unwrap_or_else(|p| p.into_inner()) = (arch != Arch::CPU).then_some(arch);
+    Ok(Value::Null)
 }
 
 fn arch_of(op: Op, device: Device) -> Result<Arch> {

@@ -10,7 +10,7 @@
 //! on its own:
 //! - the scope that made it is still open (closing it drops every entry);
 //! - no optimizer step happened since (torch's global optimizer step hooks call
-//!   `deepwell_weight_cache_new_epoch`, which drops every entry; deepwell/weight_cache.py);
+//!   the `weight_cache_new_epoch` entry, which drops every entry; deepwell/weight_cache.py);
 //! - the same storage: the key holds the data pointer, sizes, strides, dtype and device, and the
 //!   entry holds an *alias* of the weight (its own TensorImpl on the same storage), so the storage
 //!   cannot be freed and its address handed to another tensor while the entry lives; `w.data = t`
@@ -30,9 +30,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use deepwell_core::policy::Recipe;
+use serde_json::{json, Value};
 
 use super::operand::{Form, Operand};
 use crate::aten;
+use crate::capi::{fields, Answer};
 use crate::dtype::{DType, Device};
 use crate::error::{Op, Result};
 use crate::tensor::Tensor;
@@ -200,64 +202,41 @@ pub fn stats() -> (u64, u64, u64) {
     (n as u64, HITS.load(Ordering::Relaxed), MISSES.load(Ordering::Relaxed))
 }
 
-/// C entry point: writes (entries, hits, misses) to `out[0..3]`.
-///
-/// # Safety
-/// `out` must point to three writable u64.
-#[no_mangle]
-pub unsafe extern "C" fn deepwell_weight_cache_stats(out: *mut u64) -> i32 {
-    let Ok((n, h, m)) = std::panic::catch_unwind(stats) else { return 1 };
-    if out.is_null() {
-        return 1;
-    }
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        *out = n;
-        *out.add(1) = h;
-        *out.add(2) = m;
-    }
-    0
+/// `weight_cache_stats`: `{"entries", "hits", "misses"}`.
+pub fn stats_entry(_: &Value) -> Answer {
+    let (entries, hits, misses) = stats();
+    Ok(json!({ "entries": entries, "hits": hits, "misses": misses }))
 }
 
-/// C entry point: drops every cached weight operand.
-#[no_mangle]
-pub extern "C" fn deepwell_weight_cache_clear() -> i32 {
-    std::panic::catch_unwind(clear).map_or(1, |_| 0)
+/// `weight_cache_clear` and `weight_cache_new_epoch` (an optimizer is about to step or has
+/// stepped: every cached operand may be stale): drop every entry.
+pub fn clear_entry(_: &Value) -> Answer {
+    clear();
+    Ok(Value::Null)
 }
 
-/// C entry point: an optimizer is about to step or has stepped; every cached operand is stale.
-#[no_mangle]
-pub extern "C" fn deepwell_weight_cache_new_epoch() -> i32 {
-    deepwell_weight_cache_clear()
-}
-
-/// C entry point: opens (`enter` != 0) or closes a reuse scope. Closing the outermost scope drops
-/// every entry; closing with none open is an error (returns 1).
-#[no_mangle]
-pub extern "C" fn deepwell_weight_cache_scope(enter: i32) -> i32 {
-    let run = || {
+/// `weight_cache_scope`: `{"enter": true}` opens a reuse scope, `{"enter": false}` closes one.
+/// Closing the outermost drops every entry; closing with none open is refused.
+pub fn scope_entry(req: &Value) -> Answer {
+    let dropped = {
         let mut s = lock();
-        if enter != 0 {
+        if fields::flag(req, "enter")? {
             s.depth += 1;
-            return (true, HashMap::new());
-        }
-        match s.depth {
-            0 => (false, HashMap::new()),
-            1 => {
-                s.depth = 0;
-                (true, s.invalidate())
-            }
-            _ => {
-                s.depth -= 1;
-                (true, HashMap::new())
+            HashMap::new()
+        } else {
+            match s.depth {
+                0 => return Err("no reuse scope is open".into()),
+                1 => {
+                    s.depth = 0;
+                    s.invalidate()
+                }
+                _ => {
+                    s.depth -= 1;
+                    HashMap::new()
+                }
             }
         }
     };
-    match std::panic::catch_unwind(run) {
-        Ok((ok, dropped)) => {
-            drop(dropped); // after the lock
-            i32::from(!ok)
-        }
-        Err(_) => 1,
-    }
+    drop(dropped); // after the lock
+    Ok(Value::Null)
 }
