@@ -40,8 +40,12 @@ pub enum Error {
     Gpu { op: Op, source: deepwell_gpu::GpuError },
 
     /// A Rust panic caught at the FFI boundary: a bug in deepwell, reported instead of aborting.
-    #[error("{op}: internal error (please report): {msg}")]
+    #[error("{op}: internal error (a panic; please report): {msg}")]
     Panic { op: Op, msg: String },
+
+    /// A state deepwell's own invariants exclude (a bug, not bad input), found without panicking.
+    #[error("{op}: internal error (please report): {msg}")]
+    Internal { op: Op, msg: String },
 
     /// Loading or registering the library.
     #[error("deepwell: {0}")]

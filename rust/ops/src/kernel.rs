@@ -92,7 +92,7 @@ pub unsafe fn run(spec: &'static OpSpec, body: Body, stack: *mut StableIValue, n
             let mut args = unsafe { Args::decode(op, spec, stack) };
             let outputs = body(&mut args)?;
             if outputs.len() != spec.returns {
-                return Err(Error::Panic { op, msg: format!("kernel returned {} outputs", outputs.len()) });
+                return Err(Error::Internal { op, msg: format!("kernel returned {} outputs", outputs.len()) });
             }
             Ok(outputs)
             // `args` drops here: every input handle not moved into an output is released.

@@ -184,14 +184,14 @@ impl Args {
     }
 
     fn take(&mut self, name: &'static str) -> Result<Value> {
-        self.values.iter_mut().find(|(n, _)| *n == name).and_then(|(_, v)| v.take()).ok_or_else(|| Error::Panic {
+        self.values.iter_mut().find(|(n, _)| *n == name).and_then(|(_, v)| v.take()).ok_or_else(|| Error::Internal {
             op: self.op,
             msg: format!("argument '{name}' not in the spec or taken twice"),
         })
     }
 
     fn wrong_kind(&self, name: &'static str) -> Error {
-        Error::Panic { op: self.op, msg: format!("argument '{name}' taken with the wrong kind") }
+        Error::Internal { op: self.op, msg: format!("argument '{name}' taken with the wrong kind") }
     }
 
     pub fn tensor(&mut self, name: &'static str) -> Result<Tensor> {

@@ -35,7 +35,7 @@ pub fn run(op: Op, a: Operand, b: Operand, bias: Option<Tensor>, out: DType) -> 
             Operand::Mx { data: a, scale: sa, global: ga, scaling: ta },
             Operand::Mx { data: b, scale: sb, global: gb, scaling: tb },
         ) => scaled(op, a, b, mx_scales(sa, ga, ta), mx_scales(sb, gb, tb), bias, out),
-        _ => Err(Error::Panic { op, msg: "GEMM operands of different forms".into() }),
+        _ => Err(Error::Internal { op, msg: "GEMM operands of different forms".into() }),
     }
 }
 

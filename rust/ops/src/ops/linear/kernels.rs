@@ -18,7 +18,7 @@ fn run<const N: usize>(device: Device, cpu: Body, cuda: Body, mut args: Args) ->
         other => return Err(Error::Unsupported { op, what: format!("no kernels for {other}") }),
     };
     let got = outputs.len();
-    outputs.try_into().map_err(|_| Error::Panic { op, msg: format!("a quantizer returned {got} tensors, not {N}") })
+    outputs.try_into().map_err(|_| Error::Internal { op, msg: format!("a quantizer returned {got} tensors, not {N}") })
 }
 
 /// MXFP8 along `dim` (rceil scales, E4M3): (data, scale).

@@ -245,6 +245,6 @@ fn check_form(op: Op, recipe: Recipe, form: Form) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Panic { op, msg: format!("no {form:?} operands for recipe {recipe}") })
+        Err(Error::Internal { op, msg: format!("no {form:?} operands for recipe {recipe}") })
     }
 }

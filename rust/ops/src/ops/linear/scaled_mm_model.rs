@@ -35,7 +35,7 @@ pub fn scaled_mm(
 fn decode(op: Op, data: Tensor, scales: Scales) -> Result<Tensor> {
     let (rows, cols) = (data.sizes()[0], data.sizes()[1]);
     let mut tensors = scales.tensors.into_iter();
-    let scale = tensors.next().ok_or(Error::Panic { op, msg: "no scale".into() })?;
+    let scale = tensors.next().ok_or(Error::Internal { op, msg: "no scale".into() })?;
     match scales.recipes.first().copied() {
         // BlockWise1x128: (rows, K/128), M-major.
         Some(4) => k::fp8_block_dequantize(op, data, aten::contiguous(op, scale)?, (1, 128), DType::F32),
@@ -50,9 +50,9 @@ fn decode(op: Op, data: Tensor, scales: Scales) -> Result<Tensor> {
         Some(2) => {
             let packed = aten::view_dtype(op, data, DType::U8)?;
             let natural = k::unswizzle_scales(op, scale, rows, cols * 2 / 16)?;
-            let global = tensors.next().ok_or(Error::Panic { op, msg: "NVFP4 without its global scale".into() })?;
+            let global = tensors.next().ok_or(Error::Internal { op, msg: "NVFP4 without its global scale".into() })?;
             k::nvfp4_dequantize(op, packed, natural, global, DType::F32)
         }
-        other => Err(Error::Panic { op, msg: format!("no CPU model for scaling {other:?}") }),
+        other => Err(Error::Internal { op, msg: format!("no CPU model for scaling {other:?}") }),
     }
 }
