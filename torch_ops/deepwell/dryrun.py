@@ -15,11 +15,13 @@ depend on are freed, so they count only when they outgrow the activations:
   GEMM: nothing is cached across calls outside `deepwell.microbatches()` (weight_cache.py);
 - transient: the largest saved tensor twice (a gradient being formed next to its input).
 
-Time: each site's three GEMMs at the rate of its kernel on the device, plus the quantizers' bytes
-(activations, gradients, and the weight twice: for fprop and for dgrad) at the device's copy
-bandwidth, plus everything else approximated as the memory traffic of the
-saved activations (read once, written once). Rates are measured H100 numbers (ANCHORS.md and
-benchmarks/results/bench_linear-*); other devices get them too, labelled as such.
+Time: the Rust cost model (rust/core/src/policy/cost.rs, the `step_cost` entry): each pass of each
+site at the rate of the kernel the dispatch table picks for it on the plan's device (native
+recipes at their block-scaled rates, emulated ones as bf16 GEMMs plus dequantization traffic), the
+quantizers' bytes (activations, gradients, and the weight twice: for fprop and for dgrad) and
+everything else approximated as the memory traffic of the saved activations (read once, written
+once) at copy bandwidth. Rates: measured on an H100 for Hopper, the B200 datasheet for Blackwell,
+Hopper's (labelled as borrowed) elsewhere.
 """
 
 from __future__ import annotations
@@ -29,12 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from . import _native
 from .engine import Engine
-
-#: H100 SXM rates (TFLOP/s, TB/s): bf16 cuBLAS, cuBLASLt FP8 blockwise 1x128 x 128x128 and
-#: 1x128 x 1x128, and device-copy bandwidth (ANCHORS.md; bench_linear on 2026-11-22).
-RATES = {"bf16": 690.0, "fp8_fprop": 1150.0, "fp8_wgrad": 900.0, "copy_tbps": 3.0}
-
 
 @dataclass
 class Estimate:
@@ -87,10 +85,6 @@ def _saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple) -> tu
     return sum(seen.values()), max(seen.values(), default=0)
 
 
-def _gemm_ms(m: int, n: int, k: int, rate_tflops: float) -> float:
-    return 2.0 * m * n * k / (rate_tflops * 1e12) * 1e3
-
-
 def dryrun(engine: Engine) -> Estimate:
     """The estimate for one training step of `engine` on its example inputs' shapes."""
     model, plan = engine.model, engine.plan
@@ -98,32 +92,20 @@ def dryrun(engine: Engine) -> Estimate:
     weights = sum(p.numel() * p.element_size() for p in params)
     activations, largest = _saved_activation_bytes(model, engine.ir.example_inputs)
     quantized = 0
-    step = bf16 = 0.0
-    copy_bps = RATES["copy_tbps"] * 1e12
     for s in plan.sites:
-        m, k, n = s.tokens, s.in_features, s.out_features
-        dense = sum(_gemm_ms(*shape, RATES["bf16"]) for shape in ((m, n, k), (m, k, n), (n, k, m)))
-        bf16 += dense
-        recipe = s.recipe
+        n, k = s.out_features, s.in_features
         native = s.decision is not None and not s.decision.emulated
-        if recipe == "bf16":
-            step += dense
-            continue
-        if recipe == "fp8_block" and native:
-            step += 2 * _gemm_ms(m, n, k, RATES["fp8_fprop"]) + _gemm_ms(n, k, m, RATES["fp8_wgrad"])
-            quantized = max(quantized, n * k + 4 * (n // 128) * (k // 128))
-            # x rows (fwd), x rowcol (bwd), dy rowcol: bf16 read + fp8 written, per copy; W
-            # quantized in the forward and again (plus an FP8 transpose) in the backward.
-            qbytes = m * k * (2 + 1) + m * k * (2 + 2) + m * n * (2 + 2) + n * k * (3 + 3 + 2)
-        else:
-            step += dense  # emulation: bf16 GEMMs on dequantized operands
-            quantized = max(quantized, n * k * 2)
-            # quantize (2 -> 1 byte) then dequantize (1 -> 2 bytes) of x twice, dy twice, W twice.
-            qbytes = (2 * (m * k + m * n) + 2 * n * k) * (3 + 3)
-        step += qbytes / copy_bps * 1e3
-    # Everything else: the saved activations' traffic, the same in both precisions.
-    other = 2 * activations / copy_bps * 1e3
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+        if s.recipe == "fp8_block" and native:
+            quantized = max(quantized, n * k + 4 * (n // 128) * (k // 128))  # FP8 data + fp32 tile scales
+        elif native and s.recipe != "bf16":
+            quantized = max(quantized, n * k)  # MX/NV data and scales: at most a byte per element
+        elif s.recipe != "bf16":
+            quantized = max(quantized, n * k * 2)  # emulated: a dequantized bf16 copy
+    sites = [
+        {"tokens": s.tokens, "in_features": s.in_features, "out_features": s.out_features, "recipe": s.recipe}
+        for s in plan.sites
+    ]
+    cost = _native.call("step_cost", {"arch": plan.arch, "sites": sites, "other_bytes": 2 * activations}, "deepwell.dryrun")
     return Estimate(
         weights=weights,
         gradients=weights,
@@ -131,7 +113,7 @@ def dryrun(engine: Engine) -> Estimate:
         activations=activations,
         quantized_weights=quantized,
         transient=2 * largest,
-        step_ms=step + other,
-        bf16_step_ms=bf16 + other,
-        rates_from=f"H100 rates (this machine: {gpu})",
+        step_ms=cost["step_ms"],
+        bf16_step_ms=cost["bf16_step_ms"],
+        rates_from=f"{cost['rates_from']}; plan for {plan.arch}",
     )

@@ -65,6 +65,7 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("arch_info", policy::arch_info_entry, "{arch} -> {arch, family, variant, native, auto, auto_reason}"),
     ("recipes", policy::recipes_entry, "{} -> [{name, block_k, low_precision, elem_max, ...}]"),
     ("roles", policy::roles_entry, "{sites: [[name, module_type], ...]} -> [role]"),
+    ("step_cost", policy::step_cost_entry, "{arch, sites: [{tokens, in_features, out_features, recipe}], other_bytes} -> {step_ms, bf16_step_ms, rates_from}"),
     ("guardrail_check", policy::guardrail_entry, "{stats, saturation_threshold?} -> {fallback}"),
     ("weight_cache_stats", weight_cache::stats_entry, "{} -> {entries, hits, misses}"),
     ("weight_cache_clear", weight_cache::clear_entry, "{} -> null"),

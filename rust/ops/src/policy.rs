@@ -24,6 +24,7 @@
 //!
 //! A present field of the wrong type is refused, never replaced by its default.
 
+use deepwell_core::policy::cost::{self, SiteCost};
 use deepwell_core::policy::{
     auto_recipe, check, decide, gemm_backend, native_recipes, Arch, GemmShape, GuardrailConfig, LayerInfo, LayerStats,
     Pass, Policy, Recipe, Role,
@@ -149,6 +150,35 @@ pub fn roles_entry(req: &Value) -> Answer {
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok(Value::Array(roles))
+}
+
+/// `step_cost`: the cost model's predicted step time (deepwell_core `cost::step_ms`) of the
+/// sites on `arch`, plus `other_bytes` of memory traffic (everything that is not a GEMM site) at
+/// the device's copy bandwidth; the same for the sites all in bf16.
+pub fn step_cost_entry(req: &Value) -> Answer {
+    let arch: Arch = parse(&text(req, "arch")?, "arch")?;
+    let sites = field(req, "sites")?.as_array().ok_or("field 'sites' must be a list")?;
+    let sites = sites
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let site = || -> Result<SiteCost, String> {
+                Ok(SiteCost {
+                    tokens: count(s, "tokens")?,
+                    in_features: count(s, "in_features")?,
+                    out_features: count(s, "out_features")?,
+                    recipe: parse(&text(s, "recipe")?, "recipe")?,
+                })
+            };
+            site().map_err(|e| format!("sites[{i}]: {e}"))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let other_bytes = optional(req, "other_bytes", Value::as_f64, "a number of bytes")?.unwrap_or(0.0);
+    let (rates, own) = cost::rates(arch);
+    let other_ms = other_bytes / (rates.copy_tbps * 1e12) * 1e3;
+    let (ms, bf16) = cost::step_ms(&sites, arch);
+    let source = if own { rates.source.to_owned() } else { format!("{} (no rates for {arch}: borrowed)", rates.source) };
+    Ok(json!({"step_ms": ms + other_ms, "bf16_step_ms": bf16 + other_ms, "rates_from": source}))
 }
 
 /// A float field, also accepting the strings JSON cannot carry as numbers ("nan", "inf", "-inf").

@@ -11,6 +11,7 @@
 //! | [`layer`] | what the planner says about a site: [`Role`], [`LayerInfo`] |
 //! | [`decide`](mod@decide) | per-site rules: [`Policy`] + [`LayerInfo`] -> [`LayerDecision`] |
 //! | [`guardrail`] | run-time fallback to bf16 from per-layer statistics: [`check`] |
+//! | [`cost`] | predicted step time of a plan on a device (dryrun): [`cost::step_ms`] |
 //!
 //! The flow (DESIGN.md "Data flow of torch.compile"): the backend summarises each GEMM site as a
 //! [`LayerInfo`]; [`decide`](fn@decide) picks its recipe from the [`Policy`] and the device's
@@ -18,6 +19,7 @@
 //! layer to bf16.
 
 pub mod arch;
+pub mod cost;
 pub mod decide;
 pub mod dispatch;
 pub mod gemm;
