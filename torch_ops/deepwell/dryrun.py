@@ -18,7 +18,7 @@ depend on are freed, so they count only when they outgrow the activations:
 Time: each site's three GEMMs at the rate of its kernel on the device, plus the quantizers' bytes
 (activations, gradients, and the weight twice: for fprop and for dgrad) at the device's copy
 bandwidth, plus everything else approximated as the memory traffic of the
-saved activations (read once, written once). Rates are measured H100 numbers (ANCHORS.md and
+saved activations (read once, written once). Rates are measured H100 numbers (docs/BASELINES.md and
 benchmarks/results/bench_linear-*); other devices get them too, labelled as such.
 """
 
@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .engine import Engine
 
 #: H100 SXM rates (TFLOP/s, TB/s): bf16 cuBLAS, cuBLASLt FP8 blockwise 1x128 x 128x128 and
-#: 1x128 x 1x128, and device-copy bandwidth (ANCHORS.md; bench_linear on 2026-11-22).
+#: 1x128 x 1x128, and device-copy bandwidth (docs/BASELINES.md; bench_linear on 2026-11-22).
 RATES = {"bf16": 690.0, "fp8_fprop": 1150.0, "fp8_wgrad": 900.0, "copy_tbps": 3.0}
 
 

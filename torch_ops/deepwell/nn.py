@@ -11,7 +11,7 @@ from .policy import current_arch
 
 ops = torch.ops.deepwell
 
-#: `recipe="auto"`: the fastest native recipe of the device (DESIGN.md; deepwell_core auto_recipe).
+#: `recipe="auto"`: the fastest native recipe of the device (docs/DESIGN.md; deepwell_core auto_recipe).
 _AUTO = {"sm_90": "fp8_block", "sm_100": "mxfp8", "sm_103": "mxfp8", "sm_120": "mxfp8", "sm_121": "mxfp8"}
 
 
