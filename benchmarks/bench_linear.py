@@ -54,7 +54,7 @@ def microbatch_ms(x, w, dy, recipe) -> float:
 
 
 def blockwise_gemms(x, w, dy):
-    """The three fp8_block GEMMs alone (sm_90 layouts, ANCHORS.md), operands quantized beforehand."""
+    """The three fp8_block GEMMs alone (sm_90 layouts, docs/BASELINES.md), operands quantized beforehand."""
     ST = F.ScalingType
     mm = F.scaled_mm
 

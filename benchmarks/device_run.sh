@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (shared/DEVICE.md): no cargo there, so the library built here travels in
-# .device/ (name it in `carry`). Steps, in order, as arguments (default: all):
+# Runs on a GPU machine without a Rust toolchain: no cargo there, so the library built here travels in
+# .device/libdeepwell.so (copy it there). Steps, in order, as arguments (default: all):
 #   info      GPU, torch, NVRTC
 #   compile   python -m deepwell.kernels --compile-all for the device's arch
 #   tests     the whole pytest suite (GPU tests included)
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
 #   train     benchmarks/bench_train_step.py      (train-quick: 4 layers)
-# Logs and JSON go to $OUT (the device tool brings that folder back).
+# Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/deepwell-out}

@@ -1,6 +1,6 @@
 // Shared device helpers: element loads/stores, the format casts and the scale rules.
 // Bit-exact twins of rust/core/src/formats.rs (see that file for the reasoning behind each rule);
-// shared/NUMERICS.md is the contract. No CUDA toolkit headers: NVRTC sees only deepwell's files.
+// docs/NUMERICS.md is the contract. No CUDA toolkit headers: NVRTC sees only deepwell's files.
 #pragma once
 
 typedef unsigned char uint8_t;
@@ -163,7 +163,7 @@ template <> struct Fp8<1> {
 };
 
 // ---------------------------------------------------------------------------------------------
-// E8M0 scales (NUMERICS.md "MXFP8" steps 2-4).
+// E8M0 scales (docs/NUMERICS.md "MXFP8" steps 2-4).
 
 __device__ __forceinline__ float e8m0_to_f32(uint8_t b) {
     if (b == 0xFF) return __uint_as_float(0x7FFFFFFFu);

@@ -1,9 +1,9 @@
 // FP8 block-scaled kernels (DeepSeek-V3 style; Hopper's block-scaled GEMM): quantize in 1x128,
 // 128x1 or 128x128 blocks, rows + transposed columns in one pass, and dequantize.
-// Contract: shared/NUMERICS.md "FP8 block"; bit-exact twin of rust/core/src/fp8_block.rs.
+// Contract: docs/NUMERICS.md "FP8 block"; bit-exact twin of rust/core/src/fp8_block.rs.
 // Signatures and launch shapes: INTERFACE.md "fp8_block.cuh" (THREADS = 256, any grid size works).
 //
-// Per block (NUMERICS.md "FP8 block"):
+// Per block (docs/NUMERICS.md "FP8 block"):
 //   amax = NaN-propagating max |x|;  scale = __fdiv_rn(448, amax)  (amax 0/Inf/NaN -> 1,
 //   Inf scale -> FLT_MAX, pow2 -> bits & 0xFF800000);  scale_inv = __fdiv_rn(1, scale);
 //   q = cast_e4m3_rne_satfinite(__fmul_rn(x, scale)).  Dequantize: Out(e4m3(q) * scale_inv).
@@ -66,7 +66,7 @@ __device__ __forceinline__ void store_chunk(uint8_t* p, const uint32_t* w, int n
     }
 }
 
-// NUMERICS.md "FP8 block": the quantization scale of a block (rust fp8_block_scale).
+// docs/NUMERICS.md "FP8 block": the quantization scale of a block (rust fp8_block_scale).
 __device__ __forceinline__ float block_scale(float amax, int pow2) {
     if (amax == 0.0f || !is_finite_amax(amax)) return 1.0f;  // amax is |.|: +0, finite, Inf or NaN
     float s = __fdiv_rn(448.0f, amax);                        // correctly rounded, like Rust's `/`

@@ -1,8 +1,8 @@
 // MXFP8 kernels: quantize along the last dim, along any other dim, rows + columns in one pass, and
-// dequantize. Contract: shared/NUMERICS.md "MXFP8"; bit-exact twin of rust/core/src/mxfp8.rs.
+// dequantize. Contract: docs/NUMERICS.md "MXFP8"; bit-exact twin of rust/core/src/mxfp8.rs.
 // Signatures and launch shapes: INTERFACE.md "mxfp8.cuh" (THREADS = 256, any grid size works).
 //
-// Per block of 32 (NUMERICS.md MXFP8 steps 1-5):
+// Per block of 32 (docs/NUMERICS.md MXFP8 steps 1-5):
 //   amax = NaN-propagating max |x|;  e = mx_scale_byte<Mode, Elem>(amax)  (rceil or floor);
 //   q = cast_rne_satfinite(x * 2^(127-e))  (__fmul_rn, multiplier from mx_inv_scale);
 //   a block holding NaN/Inf gets e = 0xFF and every element byte Fp8<Elem>::NAN_CODE (step 5).
@@ -96,7 +96,7 @@ __device__ __forceinline__ uint32_t encode4(float a, float b, float c, float d) 
     return static_cast<uint32_t>(Fp8<Elem>::encode2(a, b)) | (static_cast<uint32_t>(Fp8<Elem>::encode2(c, d)) << 16);
 }
 
-// NUMERICS.md MXFP8 step 5: bytes of a non-finite block become the NaN code. `mask` has 0xFF in
+// docs/NUMERICS.md MXFP8 step 5: bytes of a non-finite block become the NaN code. `mask` has 0xFF in
 // every byte that belongs to such a block.
 template <int Elem>
 __device__ __forceinline__ uint32_t nan_fix(uint32_t w, uint32_t mask) {
@@ -434,7 +434,7 @@ __device__ __forceinline__ void rowcol_body(const void* x, int64_t m, int64_t k,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dequantize: out = Out(decode(q) * e8m0(s)), the product in fp32 (NUMERICS.md MXFP8 step 4).
+// Dequantize: out = Out(decode(q) * e8m0(s)), the product in fp32 (docs/NUMERICS.md MXFP8 step 4).
 // Element e of the (outer * k, inner) view has row = e / inner, i = e % inner and scale
 // scale[(row / 32) * inner + i] (k % 32 == 0, so row / 32 = o * k/32 + kk/32). Vector path: a
 // thread piece is P = 16 / sizeof(Out) elements (P fp8 bytes in, one 16-byte store out), pieces

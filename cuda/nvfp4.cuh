@@ -1,8 +1,8 @@
 // NVFP4 kernels: global amax, quantize (1x16 or 16x16 scales, RNE or stochastic, optional
 // 16-point Hadamard) and dequantize. Bit-exact twins of rust/core/src/nvfp4.rs, hadamard.rs and
-// rng.rs (NUMERICS.md "NVFP4"); the launch contract is cuda/INTERFACE.md.
+// rng.rs (docs/NUMERICS.md "NVFP4"); the launch contract is cuda/INTERFACE.md.
 //
-// fp32 order (NUMERICS.md NVFP4 steps 1-4, as nvfp4.rs computes it). Every multiply/add is an
+// fp32 order (docs/NUMERICS.md NVFP4 steps 1-4, as nvfp4.rs computes it). Every multiply/add is an
 // explicit __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn, so no a*b+c is ever contracted into an FMA
 // that would skip a rounding the reference performs (whatever --fmad says).
 //   S_enc = min(2688 / g, FLT_MAX), g = |global amax|; g = 0, Inf or NaN -> 1.  S_dec = 1 / S_enc.

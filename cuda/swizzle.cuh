@@ -1,4 +1,4 @@
-// Blackwell block-scale layout: 128x4 tiles (NUMERICS.md "Transposes and layouts";
+// Blackwell block-scale layout: 128x4 tiles (docs/NUMERICS.md "Transposes and layouts";
 // rust/core/src/swizzle.rs). A (rows, cols) byte matrix is padded with 0 to
 // (round_up(rows, 128), round_up(cols, 4)) and stored tile by tile, row-major over tiles; inside a
 // tile, row r lives in 32-row band (r % 128) / 32 and each 16-byte line holds rows r, r+32, r+64,

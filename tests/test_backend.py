@@ -1,4 +1,4 @@
-"""torch.compile(model, backend="deepwell") on a LLaMA-style decoder (tests/llama.py), on the CPU
+"""torch.compile(model, backend="deepwell") on a LLaMA-style decoder (deepwell.models.Llama), on the CPU
 with emulated recipes: no graph breaks, the plan's defaults and overrides, the rewrite into
 deepwell ops, compiled training within the recipe's tolerance of eager, no recompilation."""
 

@@ -342,7 +342,7 @@ def test_linear_bad_recipe(recipe):
 
 
 # ---------------------------------------------------------------------------------------------
-# nonfinite-: special scales follow IEEE products; special amaxes follow NUMERICS.md.
+# nonfinite-: special scales follow IEEE products; special amaxes follow docs/NUMERICS.md.
 
 SPECIALS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "zero": 0.0}
 f32 = torch.float32
@@ -389,7 +389,7 @@ def test_mxfp8_nan_block_scale(v):
 
 @pytest.mark.parametrize("v", ["nan", "inf", "-inf"], ids=lambda v: f"nonfinite-nvfp4_quantize-amax-{v}")
 def test_nvfp4_special_global_amax(v):
-    """NUMERICS.md: a global amax of 0, ±Inf or NaN gives S_enc = 1."""
+    """docs/NUMERICS.md: a global amax of 0, ±Inf or NaN gives S_enc = 1."""
     kw = good_call("nvfp4_quantize")
     want = call("nvfp4_quantize", dict(kw, global_amax=torch.tensor([0.0])))
     assert_same(call("nvfp4_quantize", dict(kw, global_amax=torch.tensor([SPECIALS[v]]))), want, v)

@@ -158,7 +158,8 @@ def test_side_stream_is_followed():
 
 
 def test_after_linear_under_cuda_graphs():
-    """STYLE.md item 10: an op right after an nn.Linear under reduce-overhead compile (CUDA graphs)."""
+    """Launch on the caller's stream (docs/DESIGN.md "Conventions"): an op right after an nn.Linear
+    under reduce-overhead compile (CUDA graphs)."""
     lin = torch.nn.Linear(256, 256, device="cuda", dtype=torch.bfloat16)
 
     def f(x):
@@ -181,7 +182,7 @@ def test_mixed_devices_are_rejected():
 
 
 def test_numerics_vectors_on_the_gpu():
-    """NUMERICS.md's MXFP8 table, on the device (the CPU side is checked against it in test_mxfp8)."""
+    """docs/NUMERICS.md's MXFP8 table, on the device (the CPU side is checked against it in test_mxfp8)."""
     from test_mxfp8 import F32_VECTORS
 
     for value, rceil, floor in F32_VECTORS:

@@ -1,5 +1,5 @@
 """deepwell.fp8_block_quantize / fp8_block_dequantize on CPU: bit-exact against the float64 model of
-NUMERICS.md "FP8 block", for 1x128, 128x1 and 128x128 blocks."""
+docs/NUMERICS.md "FP8 block", for 1x128, 128x1 and 128x128 blocks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """deepwell.mxfp8_quantize / mxfp8_dequantize on CPU: bit-exact against the float64 model of
-NUMERICS.md (tests/reference), the NUMERICS.md vectors, edge cases, strides and every dim."""
+docs/NUMERICS.md (tests/reference), the docs/NUMERICS.md vectors, edge cases, strides and every dim."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_non_contiguous_inputs(make, gen):
             check_against_model(x, dim, "rceil", "e4m3")
 
 
-# NUMERICS.md "MXFP8" test vectors: a block of 32 equal values -> (scale byte, element byte).
+# docs/NUMERICS.md "MXFP8" test vectors: a block of 32 equal values -> (scale byte, element byte).
 F32_VECTORS = [
     # input bits or value, rceil (scale, elem), floor (scale, elem)
     (0.0, (0, 0x00), (0, 0x00)),

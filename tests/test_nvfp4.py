@@ -1,5 +1,5 @@
 """deepwell.nvfp4_quantize / nvfp4_dequantize on CPU: bit-exact against the float64 model, the
-NUMERICS.md vector, 2D blocks, stochastic rounding, the Hadamard transform and edge cases."""
+docs/NUMERICS.md vector, 2D blocks, stochastic rounding, the Hadamard transform and edge cases."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_two_d_blocks_share_one_scale_per_tile(gen):
     _, scale, _ = deepwell.nvfp4_quantize(x, block_2d=True)
     s = bytes_of(scale).reshape(2, 16, 4)
     assert (s == s[:, :1, :]).all()
-    # ... so the 2-D quantization of W^T is the transpose of that of W (NUMERICS.md "Transposes").
+    # ... so the 2-D quantization of W^T is the transpose of that of W (docs/NUMERICS.md "Transposes").
     d1 = deepwell.nvfp4_dequantize(*deepwell.nvfp4_quantize(x, block_2d=True), torch.float32)
     d2 = deepwell.nvfp4_dequantize(*deepwell.nvfp4_quantize(x.t().contiguous(), block_2d=True), torch.float32)
     assert torch.equal(d1, d2.t())

@@ -1,5 +1,5 @@
 """Tests of the float64 reference model itself (tests/reference), against every test vector of
-/work/shared/NUMERICS.md, a few extra vectors of shared/reference/formats.md Sec 9, torch's own
+docs/NUMERICS.md (its further MXFP8 vectors from torchao included), torch's own
 float8 casts, and sanity properties (error bounds, swizzle round trip, SR unbiasedness)."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_cast_specials():
 
 
 def test_e2m1_ties():
-    """NUMERICS.md NVFP4 step 3: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; > 5 -> 6."""
+    """docs/NUMERICS.md NVFP4 step 3: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4; > 5 -> 6."""
     x = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.0001, 7.0, 1e30, math.inf]
     want = [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, 6.0, 6.0]
     assert list(ref.decode_e2m1(ref.cast_e2m1(x))) == want
@@ -120,7 +120,7 @@ def test_e2m1_ties():
 # ----------------------------------------------------------------------------- MXFP8
 BF16 = torch.bfloat16
 F32_MAX_BITS = 0x7F7FFFFF
-# (block input, rceil (scale, data[0]), floor (scale, data[0])) -- NUMERICS.md MXFP8 test vectors
+# (block input, rceil (scale, data[0]), floor (scale, data[0])) -- docs/NUMERICS.md MXFP8 test vectors
 MX_VECTORS = [
     ("zero", block(0.0), (0, 0x00), (0, 0x00)),
     ("2^-126", block(2.0**-126), (0, 0x40), (0, 0x40)),
@@ -136,7 +136,7 @@ MX_VECTORS = [
     ("0x43FFFFFF", block(bits_f32(0x43FFFFFF)), (128, 0x78), (127, 0x7E)),
     ("0x43FFFFFF bf16", block(bits_f32(0x43FFFFFF), BF16), (128, 0x78), (128, 0x78)),
     ("-0.0 with 1.0s", block(1.0, first=-0.0), (119, 0x80), (119, 0x80)),
-    # shared/reference/formats.md Sec 9
+    # docs/NUMERICS.md "MXFP8": the further vectors (torchao)
     ("max with 1.0s", block(1.0, first=bits_f32(F32_MAX_BITS)), (247, 0x78), (246, 0x7E)),
     ("2^-149 with 1.0s", block(1.0, first=-(2.0**-149)), (119, 0x80), (119, 0x80)),
     ("2^-149", block(2.0**-149), (0, 0x00), (0, 0x00)),
@@ -188,7 +188,7 @@ def test_mxfp8_e5m2():
 
 
 def _rceil_bit_rule(d: np.ndarray) -> np.ndarray:
-    """NUMERICS.md's literal wording on fp32 bits, for checking ref.e8m0_rceil."""
+    """docs/NUMERICS.md's literal wording on fp32 bits, for checking ref.e8m0_rceil."""
     b = f32_bits(d)
     exp, man = (b >> 23) & 0xFF, b & 0x7FFFFF
     inc = np.where(exp == 0, man > 0x400000, man != 0)
@@ -217,7 +217,7 @@ def test_floor_equals_exponent_field():
 
 def test_rceil_multiply_not_divide():
     """fp32(1/448) is not exact; the rule multiplies by it. Check both round the same way near
-    448 * 2^k (shared/reference/formats.md Sec 8 item 2) so the |x|/s <= 448 bound holds."""
+    448 * 2^k (docs/NUMERICS.md "MXFP8" step 2) so the |x|/s <= 448 bound holds."""
     r = np.float32(1 / 448)
     assert float(r) != 1 / 448
     base = np.float32(448.0)
@@ -250,7 +250,7 @@ OVERFLOW_EDGE = 248 * 2.0**120  # midpoint of 240 and 256 (E4M3 neighbours) time
 
 
 def test_dequantize_overflows_near_flt_max():
-    """Not in NUMERICS.md, but implied by its 'fp32 max -> 247 / 0x78' row: 0x78 * 2^(247-127) =
+    """Implied by docs/NUMERICS.md's 'fp32 max -> 247 / 0x78' row (and stated there): 0x78 * 2^(247-127) =
     256 * 2^120 = 2^128, which is +Inf in fp32 (and bf16). Every |x| >= 248 * 2^120 rounds there.
     FP8 block with pow2 scales has the same edge (scale 2^-120 for amax = FLT_MAX)."""
     below = np.nextafter(np.float32(OVERFLOW_EDGE), np.float32(0))
@@ -278,7 +278,7 @@ def test_mxfp8_dims():
 
 # ----------------------------------------------------------------------------- NVFP4
 def test_nvfp4_vector():
-    """NUMERICS.md: global_amax = 10: S_enc = 268.8; block amax 10 -> sb 448 (0x7E), 10 -> 6;
+    """docs/NUMERICS.md: global_amax = 10: S_enc = 268.8; block amax 10 -> sb 448 (0x7E), 10 -> 6;
     block amax 0.5 -> sb 22 (0x5B); block amax 0 -> sb 0 and data 0."""
     x = np.zeros(48, np.float32)
     x[3], x[16 + 5], x[16 + 6] = 10.0, 0.5, -0.25

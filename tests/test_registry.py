@@ -46,7 +46,7 @@ def test_rust_specs_match_python_schemas():
 
 
 def test_every_op_has_a_benchmark():
-    """STYLE.md item 1: each op is measured by some script in benchmarks/."""
+    """docs/DESIGN.md "Conventions": each op is measured by some script in benchmarks/."""
     import glob
     import os
 

@@ -1,4 +1,4 @@
-"""deepwell.swizzle_scales / unswizzle_scales: the 128x4 tiled layout of NUMERICS.md, against the
+"""deepwell.swizzle_scales / unswizzle_scales: the 128x4 tiled layout of docs/NUMERICS.md, against the
 model, round trips on shapes that are not multiples of 128 or 4, and torch's own reference."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Independent float64 reference model of /work/shared/NUMERICS.md (see numerics.py).
+"""Independent float64 reference model of docs/NUMERICS.md (see numerics.py).
 
     from tests.reference import numerics as ref
     data, scale = ref.mxfp8_quantize(x.float().numpy())

@@ -1,4 +1,4 @@
-"""Element formats and fp32 arithmetic of the float64 reference model (NUMERICS.md "Element formats").
+"""Element formats and fp32 arithmetic of the float64 reference model (docs/NUMERICS.md "Element formats").
 
 Independence from the Rust codecs is deliberate: no cast here touches bit patterns. Each format's
 value table is built by decoding every code from its definition (sign, biased exponent, mantissa),
@@ -8,7 +8,7 @@ neighbours. Ties go to the even code (adjacent codes differ by one, so exactly o
 and an even code has an even mantissa: round-to-nearest-even).
 
 Casts take float64 arrays (float32 values widened exactly, or any float64 value) and round once
-from that exact value. Rule set (NUMERICS.md, first paragraph): RNE, satfinite (every |x| above
+from that exact value. Rule set (docs/NUMERICS.md, first paragraph): RNE, satfinite (every |x| above
 the largest finite value, Inf included, becomes that value), signed zero kept (a negative value
 that rounds to zero gives the negative-zero code), subnormals kept.
 """
@@ -67,7 +67,7 @@ def sub32(a, b) -> np.ndarray:
 
 
 def amax(x, axis=None) -> np.ndarray:
-    """max |x|, NaN-propagating (API.md abs_max: NaN wins, then Inf). numpy's max propagates NaN."""
+    """max |x|, NaN-propagating (rust/core/API.md abs_max: NaN wins, then Inf). numpy's max propagates NaN."""
     return np.max(np.abs(np.asarray(x, np.float64)), axis=axis)
 
 
@@ -128,9 +128,9 @@ class MiniFloat:
 
 # E4M3 (float8_e4m3fn): bias 7, max 448, subnormals m*2^-9, no Inf, NaN = 0x7F/0xFF.
 E4M3 = MiniFloat("e4m3", 4, 3, 7, ieee_specials=False, nan_codes=(0x7F, 0xFF), cast_nan_code=0x7F)
-# E5M2 (float8_e5m2): bias 15, max 57344, IEEE Inf/NaN; a NaN input casts to 0x7F (API.md).
+# E5M2 (float8_e5m2): bias 15, max 57344, IEEE Inf/NaN; a NaN input casts to 0x7F (rust/core/API.md).
 E5M2 = MiniFloat("e5m2", 5, 2, 15, ieee_specials=True, nan_codes=(), cast_nan_code=0x7F)
-# E2M1 (fp4): bias 1, values {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign; NaN -> 0 (API.md; the
+# E2M1 (fp4): bias 1, values {0, .5, 1, 1.5, 2, 3, 4, 6}, bit 3 = sign; NaN -> 0 (rust/core/API.md; the
 # quantizers never cast a NaN to E2M1).
 E2M1 = MiniFloat("e2m1", 2, 1, 1, ieee_specials=False, nan_codes=(), cast_nan_code=0)
 
@@ -156,7 +156,7 @@ def decode_e5m2(codes) -> np.ndarray:
 
 def cast_e2m1(x) -> np.ndarray:
     """4-bit codes in uint8 (bit 3 = sign). Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2,
-    3.5->4, 5->4; above 5 -> 6 (NUMERICS.md NVFP4 step 3)."""
+    3.5->4, 5->4; above 5 -> 6 (docs/NUMERICS.md NVFP4 step 3)."""
     return E2M1.cast(x)
 
 

@@ -1,4 +1,4 @@
-"""Independent float64 model of /work/shared/NUMERICS.md (+ the decisions of rust/core/API.md).
+"""Independent float64 model of docs/NUMERICS.md (+ the decisions of rust/core/API.md).
 
 The oracle the Rust reference quantizers and the CUDA kernels are tested against. Everything is
 numpy; inputs are float32 arrays (bf16/fp16 widened by the caller) or torch tensors (converted with
@@ -76,7 +76,7 @@ def _frexp(x):
 def e8m0_rceil(d) -> np.ndarray:
     """E8M0 byte of the rceil rule from d = fp32(amax * fp32(1/max)) (finite, >= 0).
 
-    NUMERICS.md's bit rule ("biased exponent of d, +1 if the mantissa is non-zero; for an
+    docs/NUMERICS.md's bit rule ("biased exponent of d, +1 if the mantissa is non-zero; for an
     fp32-subnormal d +1 only if mantissa > 0x400000; d == 0 -> 0; cap 254") equals
     ``e = clamp(ceil(log2 d) + 127, 0, 254)`` with d == 0 -> 0:
       * normal d = 1.m * 2^E: biased exponent E+127, and ceil(log2 d) = E + [m != 0];
@@ -102,10 +102,10 @@ def e8m0_floor(block_amax, emax: int) -> np.ndarray:
 
 
 def mxfp8_scale_byte(block_amax, scale_mode: str = "rceil", elem: str = "e4m3") -> np.ndarray:
-    """E8M0 scale byte from an fp32 block amax (NaN-propagating); NUMERICS.md MXFP8 step 2.
+    """E8M0 scale byte from an fp32 block amax (NaN-propagating); docs/NUMERICS.md MXFP8 step 2.
     rceil: e8m0_rceil(fp32(amax * fp32(1/max))) -- multiply by the fp32 reciprocal, not divide.
     floor: e8m0_floor(amax, emax), emax = 8 (E4M3) or 15 (E5M2).
-    Non-finite amax (the block holds NaN or Inf) -> 0xFF (NUMERICS.md step 5, API.md)."""
+    Non-finite amax (the block holds NaN or Inf) -> 0xFF (docs/NUMERICS.md step 5, rust/core/API.md)."""
     fmt = _elem(elem)
     a = np.asarray(block_amax, np.float32).astype(np.float64)
     finite = np.isfinite(a)
@@ -129,12 +129,12 @@ def _to_blocks(x, dim: int, block: int):
 
 
 def mxfp8_quantize(x, dim: int = -1, scale_mode: str = "rceil", elem: str = "e4m3"):
-    """MXFP8, 1x32 blocks along `dim` (NUMERICS.md MXFP8).
+    """MXFP8, 1x32 blocks along `dim` (docs/NUMERICS.md MXFP8).
 
     Returns (data uint8 codes, x's shape; scale uint8 E8M0 bytes, x's shape with `dim` / 32).
     q = cast_rne_satfinite(fp32(x * 2^(127-e))); the power of two is exact (2^-127 for e = 254 is
     an fp32 subnormal, 2^127 for e = 0). A block holding NaN/Inf: scale 0xFF and every element byte
-    is the element NaN 0x7F (API.md; NUMERICS.md step 5).
+    is the element NaN 0x7F (rust/core/API.md; docs/NUMERICS.md step 5).
     """
     fmt = _elem(elem)
     x = as_f32(x)
@@ -151,8 +151,8 @@ def mxfp8_quantize(x, dim: int = -1, scale_mode: str = "rceil", elem: str = "e4m
 
 
 def mxfp8_dequantize(data, scale, dim: int = -1, elem: str = "e4m3") -> np.ndarray:
-    """x' = fp32(decode(q) * 2^(e-127)); byte 0 -> 2^-127, 0xFF -> NaN (NUMERICS.md MXFP8 step 4).
-    Returns float32; a bf16/fp16 output is this value rounded once more (API.md)."""
+    """x' = fp32(decode(q) * 2^(e-127)); byte 0 -> 2^-127, 0xFF -> NaN (docs/NUMERICS.md MXFP8 step 4).
+    Returns float32; a bf16/fp16 output is this value rounded once more (rust/core/API.md)."""
     fmt = _elem(elem)
     data = np.asarray(data)
     dim = dim % data.ndim
@@ -166,7 +166,7 @@ def mxfp8_dequantize(data, scale, dim: int = -1, elem: str = "e4m3") -> np.ndarr
 def fp8_block_scale(block_amax, pow2: bool = True) -> np.ndarray:
     """scale = fp32(448 / amax) (correctly rounded division); amax 0, Inf or NaN -> 1; an Inf
     scale (tiny amax) -> FLT_MAX; pow2: round DOWN to a power of two, 2^floor(log2 scale)
-    (NUMERICS.md "FP8 block"). Inf -> FLT_MAX happens before pow2, so it then gives 2^127."""
+    (docs/NUMERICS.md "FP8 block"). Inf -> FLT_MAX happens before pow2, so it then gives 2^127."""
     a = np.asarray(block_amax, np.float32).astype(np.float64)
     ok = np.isfinite(a) & (a != 0)
     s = div32(448.0, np.where(ok, a, 1.0)).astype(np.float64)
@@ -188,11 +188,11 @@ def _fp8_tiles(x, br: int, bc: int):
 
 
 def fp8_block_quantize(x, block_rows: int = 1, block_cols: int = 128, pow2: bool = True):
-    """DeepSeek-style FP8 blocks on (..., R, C) (NUMERICS.md "FP8 block").
+    """DeepSeek-style FP8 blocks on (..., R, C) (docs/NUMERICS.md "FP8 block").
 
     Returns (data uint8 E4M3 codes, x's shape; scale_inv float32 (..., R/br, C/bc)) with
     q = cast_e4m3(fp32(x * scale)) and scale_inv = fp32(1 / scale). NaN elements cast to 0x7F;
-    +-Inf elements (their block has scale 1) saturate to +-448 (API.md)."""
+    +-Inf elements (their block has scale 1) saturate to +-448 (rust/core/API.md)."""
     x = as_f32(x)
     t = _fp8_tiles(x, block_rows, block_cols).astype(np.float64)
     s = fp8_block_scale(amax(t, axis=(-3, -1)), pow2)
@@ -218,7 +218,7 @@ def swizzled_len(rows: int, cols: int) -> int:
 
 
 def swizzle_offset(r, c, cols: int):
-    """Blackwell 128x4 tiles (NUMERICS.md "Transposes and layouts"):
+    """Blackwell 128x4 tiles (docs/NUMERICS.md "Transposes and layouts"):
     ((r/128) * ceil(C/4) + c/4) * 512 + (r%32) * 16 + ((r%128)/32) * 4 + (c%4)."""
     r, c = np.asarray(r, np.int64), np.asarray(c, np.int64)
     tiles_per_row = -(-cols // 4)

@@ -1,4 +1,4 @@
-"""NVFP4 part of the float64 reference model (NUMERICS.md "NVFP4"; API.md nvfp4/hadamard/rng).
+"""NVFP4 part of the float64 reference model (docs/NUMERICS.md "NVFP4"; rust/core/API.md nvfp4/hadamard/rng).
 
 Two-level scaling: fp32 per-tensor S_dec = 1/S_enc, E4M3 per-16 block scale sb, E2M1 elements.
 Every fp32 operation is float64 rounded to fp32 (see formats.f32). Options: 16x16 2D blocks,
@@ -28,7 +28,7 @@ from .formats import (
 NVFP4_BLOCK = 16
 E4M3_NAN = 0x7F
 
-# ----------------------------------------------------------------------------- Hadamard (API.md)
+# ----------------------------------------------------------------------------- Hadamard (rust/core/API.md)
 # H = (1/4) * diag(s) * H16, H16 the Sylvester (natural-order) Hadamard matrix, s fixed.
 HADAMARD_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float64)
 
@@ -41,7 +41,7 @@ def hadamard_matrix() -> np.ndarray:
 
 
 def hadamard16(x) -> np.ndarray:
-    """y = H v on every 16-element chunk of the last dim, with API.md's fp32 op order: in-place
+    """y = H v on every 16-element chunk of the last dim, with rust/core/API.md's fp32 op order: in-place
     butterflies h = 1, 2, 4, 8, each (a, b) -> (fp32(a+b), fp32(a-b)) for j in each 2h-group's
     first half, b = v[j+h]; then v[i] = fp32(v[i] * (0.25 * s[i])). Returns float32."""
     x = as_f32(x)
@@ -59,7 +59,7 @@ def hadamard16(x) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-# ----------------------------------------------------------------------------- RNG (API.md rng.rs)
+# ----------------------------------------------------------------------------- RNG (rust/core/API.md rng.rs)
 _M64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
 
@@ -85,9 +85,9 @@ def sr_bits_array(seed: int, index) -> np.ndarray:
 
 
 def e2m1_stochastic(v, bits) -> np.ndarray:
-    """Stochastic E2M1 rounding of v = fp32(x * enc) (API.md): |v| >= 6 -> 6; otherwise lo <= |v| < hi
-    are neighbours on the grid, t = (|v| - lo) / (hi - lo) (exact: Sterbenz and a power-of-two
-    divisor), u = (bits >> 8) * 2^-24; hi if u < t else lo; sign kept (so -0.0 -> code 8).
+    """Stochastic E2M1 rounding of v = fp32(x * enc) (rust/core/API.md): |v| >= 6 -> 6; otherwise
+    lo <= |v| < hi are neighbours on the grid, t = (|v| - lo) / (hi - lo) (exact: Sterbenz and a
+    power-of-two divisor), u = (bits >> 8) * 2^-24; hi if u < t else lo; sign kept (so -0.0 -> code 8).
     P(hi) = t up to 2^-24, hence E[result] = |v|: unbiased. NaN -> 0 (never reached)."""
     v = np.asarray(v, np.float64)
     bits = np.asarray(bits).astype(np.int64)
@@ -105,7 +105,7 @@ def e2m1_stochastic(v, bits) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- NVFP4
 def nvfp4_encode_scale(global_amax) -> np.float32:
-    """S_enc = min(fp32(448*6 / global_amax), FLT_MAX); global_amax 0, Inf or NaN -> 1 (API.md)."""
+    """S_enc = min(fp32(448*6 / global_amax), FLT_MAX); global_amax 0, Inf or NaN -> 1 (rust/core/API.md)."""
     g = np.float32(global_amax)
     if g == 0 or not np.isfinite(g):
         return np.float32(1.0)
@@ -128,7 +128,7 @@ def nvfp4_block_scale(block_amax, s_enc) -> np.ndarray:
 
 
 def nvfp4_quantize(x, global_amax=None, block_2d: bool = False, stochastic_seed=None, hadamard: bool = False):
-    """NVFP4 along the last dim (NUMERICS.md NVFP4 steps 1-6; API.md nvfp4_quantize).
+    """NVFP4 along the last dim (docs/NUMERICS.md NVFP4 steps 1-6; rust/core/API.md nvfp4_quantize).
 
     x (..., K), K % 16 == 0; leading dims are flattened into rows (the Rust API's (rows, k) view).
     Returns (data uint8 (..., K/2), element 2i in the low nibble; scale uint8 E4M3 (..., K/16);
@@ -191,7 +191,7 @@ def nvfp4_unpack(data) -> np.ndarray:
 
 
 def nvfp4_dequantize(data, scale, s_dec) -> np.ndarray:
-    """x' = fp32(fp32(e2m1(q) * float(sb)) * S_dec), left to right (API.md). Scale 0x7F -> NaN."""
+    """x' = fp32(fp32(e2m1(q) * float(sb)) * S_dec), left to right (rust/core/API.md). Scale 0x7F -> NaN."""
     q = nvfp4_unpack(data)
     k = q.shape[-1]
     qb = q.reshape(q.shape[:-1] + (k // 16, 16))

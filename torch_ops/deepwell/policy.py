@@ -2,7 +2,7 @@
 (rust/core/src/policy, through the `policy_decide` entry of rust/ops/src/capi.rs); this module is
 its typed front.
 
-Defaults (DESIGN.md "Precision policy"): embeddings, norms, router gates and the LM head stay bf16;
+Defaults (docs/DESIGN.md "Precision policy"): embeddings, norms, router gates and the LM head stay bf16;
 so do the first and last GEMM sites, shapes whose in/out features the recipe's block does not
 divide, and GEMMs with fewer than `min_features` in or out features. Everything else runs the
 policy's precision ("auto" = the fastest native recipe of the device: fp8_block on Hopper, mxfp8 on

@@ -1,6 +1,6 @@
 //! High-precision element types a quantizer reads and a dequantizer writes.
 //!
-//! NUMERICS.md preamble: "All arithmetic is in fp32 on the fp32 value of the input (bf16/fp16
+//! docs/NUMERICS.md preamble: "All arithmetic is in fp32 on the fp32 value of the input (bf16/fp16
 //! inputs are widened exactly)". `to_f32` is therefore exact for every implementor, and
 //! `from_f32` rounds to nearest even (NaN stays NaN), matching `__float2bfloat16_rn` /
 //! `__float2half_rn` on the device.
@@ -58,7 +58,7 @@ mod tests {
     fn bf16_widening_is_exact_and_narrowing_is_rne() {
         let x = bf16::from_bits(0x4060); // 3.5
         assert_eq!(x.to_f32(), 3.5);
-        // fp32 0x40600001 (3.5 + 1 ulp) rounds to 3.5 in bf16 (NUMERICS.md's bf16 trap row).
+        // fp32 0x40600001 (3.5 + 1 ulp) rounds to 3.5 in bf16 (docs/NUMERICS.md's bf16 trap row).
         assert_eq!(<bf16 as Element>::from_f32(f32::from_bits(0x4060_0001)).to_bits(), 0x4060);
         // 0x43FFFFFF (just below 512) rounds up to 512.
         assert_eq!(<bf16 as Element>::from_f32(f32::from_bits(0x43FF_FFFF)).to_f32(), 512.0);

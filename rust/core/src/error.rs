@@ -1,4 +1,4 @@
-//! The crate's one error enum (STYLE.md §7): structured variants, a `Result` alias.
+//! The crate's one error enum (docs/DESIGN.md "Conventions"): structured variants, a `Result` alias.
 //!
 //! The numeric kernels themselves do not return errors: slice lengths and shapes are
 //! preconditions that the FFI layer validates first, checked here with `assert!` (a panic is

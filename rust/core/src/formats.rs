@@ -1,5 +1,5 @@
 //! Scalar codecs for every element and scale format: the ground truth the quantizers, the
-//! CUDA kernels and the tests are checked against (NUMERICS.md "Element formats").
+//! CUDA kernels and the tests are checked against (docs/NUMERICS.md "Element formats").
 //!
 //! Encoders work on the fp32 bit pattern directly, never through f16 or f64, so there is one
 //! rounding only: round-to-nearest-even with saturation to the finite range (`satfinite`),
@@ -212,7 +212,7 @@ pub fn e2m1_to_f32(c: u8) -> f32 {
 }
 
 /// E8M0 scale byte -> fp32: `2^(b-127)`; byte 0 is the fp32 subnormal 2^-127 (0x00400000), 0xFF
-/// is NaN (OCP MX v1.0 §5.4; NUMERICS.md MXFP8 step 4).
+/// is NaN (OCP MX v1.0 §5.4; docs/NUMERICS.md MXFP8 step 4).
 #[inline(always)]
 pub fn e8m0_to_f32(b: u8) -> f32 {
     match b {

@@ -1,6 +1,6 @@
 //! FP8 block scaling (DeepSeek-V3 style; Hopper's native block-scaled GEMM): fp32 scales per
 //! 1x128 block (activations, gradients) or 128x128 block (weights), E4M3 elements
-//! (Transformer Engine `recipe_common.cuh`; NUMERICS.md "FP8 block").
+//! (Transformer Engine `recipe_common.cuh`; docs/NUMERICS.md "FP8 block").
 //!
 //! `scale = 448 / amax` (correctly rounded fp32 division); amax 0, Inf or NaN -> scale 1; an Inf
 //! scale (tiny amax) -> FLT_MAX; with `pow2` the scale is rounded down to a power of two by

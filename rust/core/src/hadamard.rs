@@ -1,5 +1,5 @@
 //! The 16-point random Hadamard transform of the NVFP4 recipe (arXiv 2509.25149 §4.2;
-//! NUMERICS.md NVFP4 step 6): `H = (1/4) * diag(s) * H16`, `H16` the Sylvester Hadamard matrix
+//! docs/NUMERICS.md NVFP4 step 6): `H = (1/4) * diag(s) * H16`, `H16` the Sylvester Hadamard matrix
 //! (`H16[i][j] = (-1)^popcount(i & j)`), `s` one fixed sign vector shared by every layer (the
 //! one Transformer Engine ships). `H` is orthogonal (`H * H^T = I`), so the wgrad GEMM
 //! `(X H)(H^T Y)` equals `X Y` up to rounding; `H * H` is not the identity.

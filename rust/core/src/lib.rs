@@ -1,7 +1,7 @@
 //! deepwell-core: deepwell's number formats, CPU reference quantizers and precision policy: no torch,
 //! no CUDA.
 //!
-//! Every function is bit-exact to `shared/NUMERICS.md`, the contract the CUDA kernels meet too;
+//! Every function is bit-exact to `docs/NUMERICS.md`, the contract the CUDA kernels meet too;
 //! each module's docs restate the rules it implements. All arithmetic is fp32 on the exactly
 //! widened input; element casts are round-to-nearest-even with saturation to the finite range,
 //! signed zero kept, subnormals never flushed.

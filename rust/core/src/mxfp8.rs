@@ -1,5 +1,5 @@
 //! MXFP8: blocks of 32 along the quantized dim, one E8M0 scale each, E4M3 (or E5M2) elements
-//! (OCP MX v1.0; NUMERICS.md "MXFP8").
+//! (OCP MX v1.0; docs/NUMERICS.md "MXFP8").
 //!
 //! Scale byte `e` from the block's `amax` (NaN-propagating, NaN wins over Inf):
 //! - `rceil` (default; NVIDIA's MXFP8 recipe, arXiv 2506.08027, cuBLAS, Transformer Engine):
@@ -16,7 +16,7 @@
 //! (e = 254 gives the fp32 subnormal 2^-127, e = 0 gives 2^127). Dequantize:
 //! `x' = float(q) * 2^(e-127)` in fp32.
 //!
-//! Special values (a project decision, NUMERICS.md MXFP8 step 5): a block holding NaN or ±Inf
+//! Special values (a project decision, docs/NUMERICS.md MXFP8 step 5): a block holding NaN or ±Inf
 //! gets scale byte 0xFF and every element byte the element format's NaN (0x7F for both E4M3 and
 //! E5M2), so the whole block dequantizes to NaN and the guardrails see it. Transformer Engine
 //! instead saturates Inf and lets a NaN element pass without poisoning its block.

@@ -1,5 +1,5 @@
 //! NVFP4: blocks of 16 along k, an E4M3 block scale, an fp32 per-tensor scale, E2M1 elements
-//! (arXiv 2509.25149; Transformer Engine's `core_nvfp4.cuh`; NUMERICS.md "NVFP4"). fp32 order:
+//! (arXiv 2509.25149; Transformer Engine's `core_nvfp4.cuh`; docs/NUMERICS.md "NVFP4"). fp32 order:
 //!
 //! 1. `S_enc = min(448 * 6 / global_amax, FLT_MAX)`; global amax 0, ±Inf or NaN -> `S_enc = 1`.
 //!    `S_dec = 1 / S_enc` is the per-tensor scale the quantizer returns.

@@ -1,5 +1,5 @@
 //! Counter-based random bits and E2M1 stochastic rounding (NVFP4 gradients; arXiv 2509.25149
-//! §4.3; NUMERICS.md NVFP4 step 6).
+//! §4.3; docs/NUMERICS.md NVFP4 step 6).
 //!
 //! The bits for an element depend only on (seed, flat element index), never on thread
 //! scheduling, so a quantization is deterministic for a seed and the CUDA kernel can reproduce

@@ -3,7 +3,7 @@
 //! Quantizing a contiguous row-major tensor along any dim `d` needs no transpose: with
 //! `outer = prod(shape[..d])`, `k = shape[d]`, `inner = prod(shape[d+1..])`, element
 //! `(o, j, i)` sits at `(o * k + j) * inner + i`. Blocks run along `k`; `inner == 1` is the
-//! common, contiguous last-dim case (NUMERICS.md "Transposes and layouts": scales come out in
+//! common, contiguous last-dim case (docs/NUMERICS.md "Transposes and layouts": scales come out in
 //! the natural layout, the shape of x with the quantized dim divided by the block).
 
 /// A contiguous row-major tensor viewed as (outer, k, inner), `k` being the quantized dim.

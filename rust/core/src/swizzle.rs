@@ -1,5 +1,5 @@
 //! Blackwell block-scale layout: scales in 128x4 tiles, as cuBLASLt / tcgen05 block-scaled GEMMs
-//! and `F.scaled_mm` with `SwizzleType.SWIZZLE_32_4_4` read them (NUMERICS.md "Transposes and
+//! and `F.scaled_mm` with `SwizzleType.SWIZZLE_32_4_4` read them (docs/NUMERICS.md "Transposes and
 //! layouts"; TE `swizzle.cuh`; torchao `to_blocked`).
 //!
 //! A (rows, cols) scale matrix is padded to (round_up(rows, 128), round_up(cols, 4)) with 0 and

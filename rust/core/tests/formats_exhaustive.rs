@@ -1,4 +1,4 @@
-//! Exhaustive and property checks of the scalar casts (NUMERICS.md "Element formats").
+//! Exhaustive and property checks of the scalar casts (docs/NUMERICS.md "Element formats").
 
 mod common;
 
@@ -54,7 +54,7 @@ fn e2m1_grid_and_ties() {
         assert_eq!(f32_to_e2m1(g), c as u8);
         assert_eq!(f32_to_e2m1(-g), c as u8 | 8);
     }
-    // NUMERICS.md NVFP4 step 3 ties.
+    // docs/NUMERICS.md NVFP4 step 3 ties.
     for (x, want) in [(0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0), (5.0, 4.0)] {
         assert_eq!(e2m1_to_f32(f32_to_e2m1(x)), want, "tie {x}");
         assert_eq!(e2m1_to_f32(f32_to_e2m1(-x)), -want, "tie -{x}");

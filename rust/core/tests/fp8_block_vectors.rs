@@ -1,4 +1,4 @@
-//! NUMERICS.md FP8-block rules: scale specials, power-of-two rounding, layouts.
+//! docs/NUMERICS.md FP8-block rules: scale specials, power-of-two rounding, layouts.
 
 use deepwell_core::*;
 

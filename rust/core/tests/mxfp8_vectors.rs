@@ -1,4 +1,4 @@
-//! NUMERICS.md MXFP8 test vectors (and formats.md §9's extra rows), every one in both scale
+//! docs/NUMERICS.md MXFP8 test vectors (the further ones included), every one in both scale
 //! modes, for fp32 and bf16 inputs.
 
 use deepwell_core::*;

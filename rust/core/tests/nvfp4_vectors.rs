@@ -1,4 +1,4 @@
-//! NUMERICS.md NVFP4 vectors and special values.
+//! docs/NUMERICS.md NVFP4 vectors and special values.
 
 use deepwell_core::*;
 

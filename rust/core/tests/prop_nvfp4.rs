@@ -131,7 +131,7 @@ proptest! {
     }
 }
 
-/// Per-block scalar model of NUMERICS.md NVFP4 steps 1-5 (no threads, no tables).
+/// Per-block scalar model of docs/NUMERICS.md NVFP4 steps 1-5 (no threads, no tables).
 fn nvfp4_model(x: &[f32], rows: usize, k: usize, gamax: f32, opts: Nvfp4Options) -> (Vec<u8>, Vec<u8>) {
     let s_enc = nvfp4_encode_scale(gamax);
     let s_dec = 1.0 / s_enc;

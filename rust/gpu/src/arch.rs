@@ -1,5 +1,5 @@
 //! Pure decisions about the device: which NVRTC target to build for and how big a grid to launch.
-//! No GPU needed; unit-tested below (STYLE.md item 6).
+//! No GPU needed; unit-tested below (docs/DESIGN.md "Conventions").
 
 /// The NVRTC `--gpu-architecture` for a compute capability. Arch-specific targets ("a") where they
 /// exist (sm_90a, sm_100a, sm_101a, sm_103a, sm_120a, sm_121a), so a cubin may use every feature of

@@ -1,4 +1,4 @@
-//! The on-disk JIT cache (STYLE.md item 4). Content-addressed: the key hashes every header's
+//! The on-disk JIT cache (docs/DESIGN.md "Conventions"). Content-addressed: the key hashes every header's
 //! source, the name expression, the arch, the NVRTC version and the options, so a change to any of
 //! them compiles anew and stale entries are never used. Entries are written into a temporary
 //! directory and renamed into place (atomic on one filesystem, safe with many processes); an

@@ -1,4 +1,4 @@
-//! Kernel sources are data inside the crate (STYLE.md item 2): every header of ../../cuda, embedded
+//! Kernel sources are data inside the crate (docs/DESIGN.md "Conventions"): every header of ../../cuda, embedded
 //! at build time and indexed by a closed enum. A kernel is one template specialization of one
 //! header, named by an NVRTC name expression; the generated translation unit is two lines.
 

@@ -1,5 +1,5 @@
-//! Calling ATen ops from Rust through `torch_call_dispatcher` (shared/reference/torch_integration.md
-//! §1e): GEMMs (`mm`, `linear`, `_scaled_mm_v2`), dtype casts, copies and the version counter.
+//! Calling ATen ops from Rust through `torch_call_dispatcher` (docs/DESIGN.md "Calling ATen ops"):
+//! GEMMs (`mm`, `linear`, `_scaled_mm_v2`), dtype casts, copies and the version counter.
 //!
 //! Rules of the call: the stack holds every schema argument in order, defaulted ones included; every
 //! argument is consumed (tensor handles, optional boxes and lists are freed by libtorch, even on

@@ -1,5 +1,5 @@
 //! Argument validation shared by the ops. Each check returns an `Error::Arg` that names the op, the
-//! argument, what was expected and what was given (DESIGN.md "Conventions"). The fake kernels in
+//! argument, what was expected and what was given (docs/DESIGN.md "Conventions"). The fake kernels in
 //! `torch_ops/deepwell/ops/*.py` mirror these checks so meta tensors fail the same way.
 
 use crate::dtype::{DType, Device};

@@ -1,6 +1,6 @@
 //! The boxed-kernel trampoline and the one function that raises into Python.
 //!
-//! Rules (shared/reference/torch_integration.md §1f, RFC 2945):
+//! Rules (docs/DESIGN.md "Errors"; Rust RFC 2945):
 //! - kernels are `extern "C-unwind"`, so the C++ exception thrown by `aoti_torch_check` may unwind
 //!   through them, and `panic = "unwind"` stays on in every profile;
 //! - everything that can panic (decoding, the kernel body, dropping the inputs) runs inside

@@ -1,7 +1,7 @@
 //! deepwell's shared library: registers `torch.ops.deepwell.*` kernels with PyTorch's dispatcher
 //! through the LibTorch stable C ABI, with no link-time dependency on torch or CUDA.
 //!
-//! Layout (DESIGN.md "How Rust reaches PyTorch"):
+//! Layout (docs/DESIGN.md "How Rust reaches PyTorch"):
 //! - `abi/`      the shim function table, resolved at load time from the libtorch torch loaded;
 //! - `tensor`    owning tensor handles; `stack` decodes boxed arguments; `kernel` is the
 //!   trampoline and the one raising function (the audited FFI seam);

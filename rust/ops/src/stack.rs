@@ -1,7 +1,7 @@
 //! Decoding the boxed argument stack into owned Rust values.
 //!
 //! libtorch fills `stack[0..num_args)` in schema order and hands the kernel ownership of every value
-//! (shared/reference/torch_integration.md §1b): tensors are owning handles, `str` is a string handle,
+//! (docs/DESIGN.md "The boxed kernel's stack"): tensors are owning handles, `str` is a string handle,
 //! `T?` is 0 or a heap box holding the T. `Args::decode` takes ownership of all of them at once, so
 //! whatever the kernel does next, every handle is released exactly once by Drop.
 
@@ -125,7 +125,7 @@ impl Args {
             .map(|(i, &(name, kind))| {
                 // SAFETY: i < num_args, guaranteed by the caller.
                 let v = unsafe { *stack.add(i) };
-                // SAFETY: each kind's encoding is documented in torch_integration.md §1b.
+                // SAFETY: each kind's encoding is documented in docs/DESIGN.md "The boxed kernel's stack".
                 let value = unsafe {
                     match kind {
                         Kind::Tensor => Value::Tensor(Tensor::from_raw(v as _)),

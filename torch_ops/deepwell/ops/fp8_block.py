@@ -1,8 +1,8 @@
 """Block-scaled FP8 (DeepSeek-V3 style, Hopper's native block-scaled GEMM): schema, fake kernel,
 Python wrapper.
 
-Kernels: rust/ops/src/ops/fp8_block.rs (CPU reference); maths: rust/core/src/fp8_block.rs; rules:
-shared/NUMERICS.md "FP8 block".
+Kernels: rust/ops/src/ops/fp8_block/ (CPU reference: cpu.rs); maths: rust/core/src/fp8_block.rs; rules:
+docs/NUMERICS.md "FP8 block".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """MXFP8 quantization (OCP MX v1.0 blocks of 32, E8M0 scales): schema, fake kernel, Python wrapper.
 
-Kernels: rust/ops/src/ops/mxfp8.rs (CPU reference); maths: rust/core/src/mxfp8.rs; bit-exact rules:
-shared/NUMERICS.md "MXFP8".
+Kernels: rust/ops/src/ops/mxfp8/ (CPU reference: cpu.rs); maths: rust/core/src/mxfp8.rs; bit-exact rules:
+docs/NUMERICS.md "MXFP8".
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """NVFP4 quantization (E2M1 elements, E4M3 scales per 16, an fp32 per-tensor scale): schema, fake
 kernel, Python wrapper.
 
-Kernels: rust/ops/src/ops/nvfp4.rs (CPU reference); maths: rust/core/src/nvfp4.rs; bit-exact rules:
-shared/NUMERICS.md "NVFP4" (the NVFP4 training recipe of arXiv 2509.25149).
+Kernels: rust/ops/src/ops/nvfp4/ (CPU reference: cpu.rs); maths: rust/core/src/nvfp4.rs; bit-exact rules:
+docs/NUMERICS.md "NVFP4" (the NVFP4 training recipe of arXiv 2509.25149).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Blackwell's 128x4 tiled scale layout (what cuBLASLt block-scaled GEMMs and
 `F.scaled_mm(..., swizzle=SWIZZLE_32_4_4)` read): schema, fake kernel, Python wrapper.
 
-Kernels: rust/ops/src/ops/swizzle.rs; layout: shared/NUMERICS.md "Transposes and layouts".
+Kernels: rust/ops/src/ops/swizzle/; layout: docs/NUMERICS.md "Transposes and layouts".
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 //! The device a plan is made for, and which recipes run natively on it.
 //!
-//! Sources: cuBLASLt's scaling modes per compute capability (shared/reference/hopper_perf.md §4:
+//! Sources: cuBLASLt's scaling modes per compute capability (cuBLAS docs, "Narrow precision":
 //! `VEC128_32F` / `BLK128x128_32F` are CC 9.0, `VEC32_UE8M0` / `VEC16_UE4M3` are CC 10.0+); torch's
-//! `_check_deepseek_support` accepts blockwise 1x128 / 128x128 on **sm_90 only** (hopper_perf.md
-//! §3); MXFP8 `F.scaled_mm` on sm_90 fails with `CUBLAS_STATUS_NOT_SUPPORTED` (ANCHORS.md);
-//! TE's device gating (formats.md §1.1, §2.8).
+//! `_check_deepseek_support` accepts blockwise 1x128 / 128x128 on **sm_90 only** (ATen's
+//! `ScaledBlas.cpp`); MXFP8 `F.scaled_mm` on sm_90 fails with `CUBLAS_STATUS_NOT_SUPPORTED` (docs/BASELINES.md);
+//! Transformer Engine's device gating (its `quantization.py`); docs/DESIGN.md "Recipes and hardware".
 //!
 //! | family | compute capability | native recipes | `auto` |
 //! |---|---|---|---|
@@ -17,7 +17,7 @@
 //! | CPU | none | none: everything runs as the reference | bf16 |
 //!
 //! sm_120/121 follow cuBLAS ("CC 10.0+") rather than Transformer Engine, which refuses MXFP8 there
-//! (formats.md §1.1). Capabilities that deepwell has no table entry for get bf16 only: a decision
+//! (docs/DESIGN.md "Recipes"). Capabilities that deepwell has no table entry for get bf16 only: a decision
 //! table never claims a native path nobody has validated. The blockwise path on sm_90 also needs
 //! torch built with cuBLASLt >= 12.9 (the cu130 wheel); that is a property of the build, which the
 //! probe checks, not of the architecture.
@@ -161,8 +161,8 @@ pub fn is_emulated(recipe: Recipe, arch: Arch) -> bool {
 /// (mxfp8 on Blackwell, fp8_block on Hopper), else bf16.
 ///
 /// On Blackwell nvfp4 has the higher peak, but auto picks mxfp8: NVFP4 training needs its extra
-/// machinery (RHT, stochastic rounding, selective bf16 layers; formats.md §4.2) to match bf16,
-/// while MXFP8 with RCEIL scales matches bf16 as is (formats.md §4.1).
+/// machinery (RHT, stochastic rounding, selective bf16 layers; arXiv 2509.25149) to match bf16,
+/// while MXFP8 with RCEIL scales matches bf16 as is (arXiv 2506.08027).
 pub fn auto_recipe(arch: Arch) -> (Recipe, String) {
     let family = arch.family();
     match native_recipes(arch).first() {

@@ -4,7 +4,7 @@
 //! does not model launch overheads, attention, norms or the optimizer (the caller adds those as
 //! memory traffic).
 //!
-//! Rates come from the device's [`ArchFamily`]: measured on an H100 for Hopper (shared ANCHORS:
+//! Rates come from the device's [`ArchFamily`]: measured on an H100 for Hopper (docs/BASELINES.md:
 //! cuBLAS bf16 ~690 TFLOP/s, cuBLASLt FP8 1x128 x 128x128 ~1150, 1x128 x 1x128 ~900, copy ~3.0
 //! TB/s); the B200 datasheet's dense peaks for sm_100/103, labelled as such (no Blackwell GPU has
 //! run deepwell). Other devices get Hopper's numbers, and the answer says so.

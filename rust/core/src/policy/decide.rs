@@ -1,4 +1,4 @@
-//! The precision policy: one recipe per GEMM site, with the reason (DESIGN.md "Precision policy").
+//! The precision policy: one recipe per GEMM site, with the reason (docs/DESIGN.md "Precision policy").
 //!
 //! [`decide`] applies these rules in order; the first that fires decides:
 //!
@@ -6,9 +6,9 @@
 //!    qualified module name ([`glob_match`]).
 //! 2. **Type override**: the first `(type, recipe)` of `type_overrides` equal to the module type.
 //! 3. **Role**: embeddings, norms, router gates and the LM head stay bf16 (TE and the NVFP4 paper
-//!    keep them high precision, formats.md §1.5, §4.2).
+//!    keep them high precision; docs/DESIGN.md "Precision policy").
 //! 4. **First / last site**: the first and last GEMM sites stay bf16 when `first_last_bf16`
-//!    (Megatron's `--first-last-layers-bf16`, formats.md §1.5).
+//!    (Megatron-Core's `--first-last-layers-bf16`).
 //! 5. **Precision**: the policy's recipe; `auto` resolves with [`auto_recipe`]. bf16 ends here.
 //! 6. **Block divisibility**: `in_features` (fprop's K) and `out_features` (dgrad's K; also the
 //!    weight's second tile dim for fp8_block's 128x128 blocks) must be multiples of the recipe's

@@ -83,7 +83,7 @@ fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
         return Some(format!("N={} not a multiple of 16 (_scaled_mm_v2)", s.n));
     }
     // Blockwise on sm_90: the 1x128 scale of A is M-major with leading dimension M, which
-    // cuBLASLt wants 16-byte aligned: M a multiple of 4 (hopper_perf.md §3, §4).
+    // cuBLASLt wants 16-byte aligned: M a multiple of 4 (docs/DESIGN.md "GEMM backends").
     if recipe == Recipe::Fp8Block && s.m % 4 != 0 {
         return Some(format!("M={} not a multiple of 4 (cuBLASLt VEC128 scales)", s.m));
     }
@@ -114,12 +114,12 @@ fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
 /// 2. A native cell whose kernel rejects the shape becomes `Emulated` (exact, same numerics):
 ///    `_scaled_mm_v2` needs K and N multiples of 16 (nvfp4: K % 32, two codes per byte), and the
 ///    sm_90 blockwise mode needs M % 4 (its 1x128 scales are M-major, 16-byte aligned;
-///    shared/reference/hopper_perf.md §3, §4) and, for fprop and dgrad, K % 512 (the 128x128
+///    docs/DESIGN.md "GEMM backends") and, for fprop and dgrad, K % 512 (the 128x128
 ///    weight scales' leading dimension K/128, also 16-byte aligned).
 ///
 /// Why these cells: cuBLASLt allows VEC128 x BLK128x128 and VEC128 x VEC128 but never
-/// BLK128x128 x BLK128x128, and wgrad's operands (dy, x) are both 1x128 (hopper_perf.md §4);
-/// dgrad reuses the weight's 128x128 tiles, whose transpose is exact (formats.md §1.4).
+/// BLK128x128 x BLK128x128, and wgrad's operands (dy, x) are both 1x128 (cuBLAS docs, "Narrow precision");
+/// dgrad reuses the weight's 128x128 tiles, whose transpose is exact (docs/NUMERICS.md "Transposes and layouts").
 pub fn gemm_backend(recipe: Recipe, arch: Arch, pass: Pass, shape: GemmShape) -> GemmChoice {
     let Some(block) = recipe.block_k() else {
         let backend = plain_matmul(arch);

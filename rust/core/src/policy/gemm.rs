@@ -8,8 +8,8 @@
 //! | dgrad | `dx = dy W` | tokens | in | out | dy row-wise, W column-wise |
 //! | wgrad | `dW = dy^T x` | out | in | tokens | dy column-wise, x column-wise |
 //!
-//! (DESIGN.md "Recipes and hardware"; TE's fprop = X_row W_row, dgrad = dY_row W_col,
-//! wgrad = X_col dY_col, formats.md §1.2.)
+//! (docs/DESIGN.md "Recipes and hardware"; TE's fprop = X_row W_row, dgrad = dY_row W_col,
+//! wgrad = X_col dY_col.)
 
 use crate::error::{CoreError, Result};
 use std::fmt;

@@ -1,5 +1,5 @@
 //! Guardrails: when a quantized layer's run-time statistics say it should fall back to bf16
-//! (DESIGN.md "Precision policy": "a layer that overflows or produces non-finite values falls back
+//! (docs/DESIGN.md "Precision policy": "a layer that overflows or produces non-finite values falls back
 //! to BF16 (and the plan records why)").
 //!
 //! The counters are collected on the device per layer and step; this module only decides. A layer

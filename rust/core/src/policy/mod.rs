@@ -1,5 +1,5 @@
 //! The precision policy and the GEMM dispatch table: pure decisions, no torch, no CUDA
-//! (STYLE.md §6). Every decision carries a human-readable reason, which the plan prints.
+//! (docs/DESIGN.md "Conventions"). Every decision carries a human-readable reason, which the plan prints.
 //!
 //! | module | what |
 //! |---|---|
@@ -13,7 +13,7 @@
 //! | [`guardrail`] | run-time fallback to bf16 from per-layer statistics: [`check`] |
 //! | [`cost`] | predicted step time of a plan on a device (dryrun): [`cost::step_ms`] |
 //!
-//! The flow (DESIGN.md "Data flow of torch.compile"): the backend summarises each GEMM site as a
+//! The flow (docs/DESIGN.md "Data flow of torch.compile"): the backend summarises each GEMM site as a
 //! [`LayerInfo`]; [`decide`](fn@decide) picks its recipe from the [`Policy`] and the device's
 //! [`Arch`]; [`gemm_backend`] picks the kernel of each pass; at run time [`check`] may demote a
 //! layer to bf16.

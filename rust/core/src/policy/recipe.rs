@@ -1,10 +1,10 @@
-//! The recipes deepwell offers and the user's precision choice (DESIGN.md "Recipes and hardware").
+//! The recipes deepwell offers and the user's precision choice (docs/DESIGN.md "Recipes and hardware").
 //!
 //! | recipe | elements | scales | block along K |
 //! |---|---|---|---|
-//! | `mxfp8` | E4M3 | E8M0 per 1x32 (OCP MX v1.0, formats.md §3) | 32 |
-//! | `nvfp4` | E2M1 | E4M3 per 1x16 + fp32 per tensor (formats.md §1.3) | 16 |
-//! | `fp8_block` | E4M3 | fp32 per 1x128 (activations, grads) / 128x128 (weights) (formats.md §1.4) | 128 |
+//! | `mxfp8` | E4M3 | E8M0 per 1x32 (OCP MX v1.0; docs/NUMERICS.md "MXFP8") | 32 |
+//! | `nvfp4` | E2M1 | E4M3 per 1x16 + fp32 per tensor (arXiv 2509.25149; docs/NUMERICS.md "NVFP4") | 16 |
+//! | `fp8_block` | E4M3 | fp32 per 1x128 (activations, grads), 128x128 (weights); docs/NUMERICS.md "FP8 block" | 128 |
 //! | `bf16` | bf16 | none | none |
 
 use crate::error::{CoreError, Result};

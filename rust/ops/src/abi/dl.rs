@@ -2,7 +2,7 @@
 //!
 //! torch loads `libtorch_cpu.so` with RTLD_LOCAL, so its symbols are not visible to a library loaded
 //! later; `dlopen(path, RTLD_NOW | RTLD_NOLOAD)` returns a handle to the copy already in the process
-//! without loading a second one (shared/reference/torch_integration.md §3, option 2).
+//! without loading a second one (docs/DESIGN.md "How Rust reaches PyTorch").
 
 use std::ffi::{c_void, CStr, CString};
 

@@ -1,6 +1,6 @@
 //! The LibTorch stable C ABI, as a table of function pointers resolved once at registration.
 //!
-//! This module and `kernel.rs` are the whole FFI seam (STYLE.md item 8). Signatures mirror
+//! This module and `kernel.rs` are the whole FFI seam (docs/DESIGN.md "Conventions"). Signatures mirror
 //! `torch/csrc/inductor/aoti_torch/c/shim.h` and `torch/csrc/stable/c/shim.h` (torch 2.10+). The
 //! 2.10 set is mandatory; newer shims are `Option`s probed with dlsym.
 

@@ -54,7 +54,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
         .i64(g.rows as i64)
         .i64(g.cols as i64)
         .i32(q.pow2 as i32);
-    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
+    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in cuda/INTERFACE.md; torch's stream.
     unsafe {
         dev.launch(&quantize_spec(q.dtype, g.br, g.bc), cuda::grid(dev, blocks, per_cta), THREADS, 0, stream, p)
             .map_err(cuda::gpu_err(op))?;
@@ -82,7 +82,7 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
         .ptr(ptr(&rs))
         .ptr(ptr(&cd))
         .ptr(ptr(&cs));
-    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
+    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in cuda/INTERFACE.md; torch's stream.
     unsafe {
         dev.launch(&rowcol_spec(q.dtype), cuda::grid(dev, tiles, 1), THREADS, 0, stream, p)
             .map_err(cuda::gpu_err(op))?;
@@ -106,7 +106,7 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
         .i64(g.rows as i64)
         .i64(g.cols as i64);
     let numel = (g.batch * g.rows * g.cols) as u64;
-    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
+    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in cuda/INTERFACE.md; torch's stream.
     unsafe {
         dev.launch(
             &dequantize_spec(q.out_dtype, g.br, g.bc),

@@ -1,5 +1,5 @@
 //! `deepwell.fp8_block_quantize`, `fp8_block_quantize_rowcol` and `fp8_block_dequantize`
-//! (NUMERICS.md "FP8 block"). Schemas: torch_ops/deepwell/ops/fp8_block.py. Checks here, shared by
+//! (docs/NUMERICS.md "FP8 block"). Schemas: torch_ops/deepwell/ops/fp8_block.py. Checks here, shared by
 //! the CPU reference (`cpu.rs`, maths in rust/core/src/fp8_block.rs) and CUDA (`cuda.rs`,
 //! cuda/fp8_block.cuh).
 //!

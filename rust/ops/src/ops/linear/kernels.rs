@@ -89,7 +89,7 @@ pub fn fp8_block_dequantize(op: Op, data: Tensor, scale: Tensor, block: (i64, i6
     Ok(out)
 }
 
-/// NVFP4 options of one operand (NUMERICS.md "NVFP4").
+/// NVFP4 options of one operand (docs/NUMERICS.md "NVFP4").
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Nvfp4Options {
     /// 16x16 blocks (weights) instead of 1x16.

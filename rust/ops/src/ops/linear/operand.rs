@@ -52,7 +52,7 @@ pub enum Operand {
     /// Dequantized NVFP4 values without their per-tensor decode scale `global` (a 0-d fp32 tensor),
     /// which the GEMM applies after accumulation, as cuBLASLt applies NVFP4's alpha.
     DenseScaled { values: Tensor, global: Tensor },
-    /// FP8 data (rows, K) and fp32 scales laid out as `_scaled_mm_v2` wants them on sm_90 (ANCHORS.md):
+    /// FP8 data (rows, K) and fp32 scales laid out as `_scaled_mm_v2` wants them on sm_90 (docs/BASELINES.md):
     /// 1x128: shape (rows, K/128), strides (1, rows); 128x128: shape (K/128, rows/128), strides
     /// (1, K/128).
     Blockwise { data: Tensor, scale: Tensor, scaling: ScalingType },

@@ -1,5 +1,5 @@
-//! How each recipe quantizes each operand of each pass (DESIGN.md "Recipes and hardware", formats
-//! in NUMERICS.md), producing the operand form the pass's backend reads (`operand.rs`).
+//! How each recipe quantizes each operand of each pass (docs/DESIGN.md "Recipes and hardware", formats
+//! in docs/NUMERICS.md), producing the operand form the pass's backend reads (`operand.rs`).
 //!
 //! | recipe | x (activations) | W (weights) | dy (gradients) |
 //! |---|---|---|---|
@@ -13,7 +13,7 @@
 //! Hadamard transform on both wgrad operands (x^T and dy^T along the tokens). Every operand is
 //! quantized along its GEMM's K; the wgrad operands along the token dim M (`along_m`). A column-wise
 //! copy is re-quantized from the high-precision tensor, never transposed from the row-wise one
-//! (NUMERICS.md "Transposes"), except for 2-D blocks, where the two are identical.
+//! (docs/NUMERICS.md "Transposes"), except for 2-D blocks, where the two are identical.
 
 use deepwell_core::policy::{Recipe, ScalingType};
 
@@ -129,7 +129,7 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
 
 /// The weight's two operands: W (N, K) along K for fprop, and W^T (K, N) along N for dgrad, made
 /// from one quantization where they coincide: dense values and 2-D blocks (fp8_block 128x128,
-/// NVFP4 16x16) give W^T's operand as the transpose of W's (NUMERICS.md "Transposes"), as a view
+/// NVFP4 16x16) give W^T's operand as the transpose of W's (docs/NUMERICS.md "Transposes"), as a view
 /// for dense GEMMs or an FP8 transpose copy for cuBLASLt; MXFP8's 1x32 blocks quantize W along N
 /// (dim 0) instead, read through a transposed view.
 pub fn weight_pair(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) -> Result<(Operand, Operand)> {

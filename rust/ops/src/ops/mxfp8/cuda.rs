@@ -74,7 +74,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let (outer, k, inner) = (q.dims.outer as i64, q.dims.k as i64, q.dims.inner as i64);
     let n_blocks = (q.dims.numel() / MX_BLOCK) as u64;
     // SAFETY: x, data and scale are contiguous CUDA tensors on `dev` with the sizes each kernel
-    // indexes (INTERFACE.md); the launch is ordered on torch's current stream.
+    // indexes (cuda/INTERFACE.md); the launch is ordered on torch's current stream.
     unsafe {
         let launch = if inner == 1 {
             let p = Params::new().ptr(ptr(&x)).ptr(ptr(&data)).ptr(ptr(&scale)).i64(n_blocks as i64);
@@ -124,7 +124,7 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
         .ptr(ptr(&rs))
         .ptr(ptr(&cd))
         .ptr(ptr(&cs));
-    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
+    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in cuda/INTERFACE.md; torch's stream.
     unsafe {
         dev.launch(
             &rowcol_spec(q.dtype, q.mode, q.elem, q.col_transposed),
@@ -155,7 +155,7 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
     let (outer, k, inner) = (q.dims.outer as i64, q.dims.k as i64, q.dims.inner as i64);
     let p = Params::new().ptr(ptr(&data)).ptr(ptr(&scale)).ptr(ptr(&out)).i64(outer).i64(k).i64(inner);
     let numel = q.dims.numel() as u64;
-    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
+    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in cuda/INTERFACE.md; torch's stream.
     unsafe {
         dev.launch(
             &dequantize_spec(q.out_dtype, q.elem),

@@ -1,4 +1,4 @@
-//! `deepwell.mxfp8_quantize`, `mxfp8_quantize_rowcol` and `mxfp8_dequantize` (NUMERICS.md "MXFP8").
+//! `deepwell.mxfp8_quantize`, `mxfp8_quantize_rowcol` and `mxfp8_dequantize` (docs/NUMERICS.md "MXFP8").
 //! Schemas: torch_ops/deepwell/ops/mxfp8.py. Argument checks live here, shared by the CPU
 //! reference (`cpu.rs`, maths in rust/core/src/mxfp8.rs) and the CUDA kernels (`cuda.rs`,
 //! cuda/mxfp8.cuh), so both backends accept and reject exactly the same inputs.

@@ -85,7 +85,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
         .i64(q.k as i64)
         .u64(q.seed.unwrap_or(0));
     let spec = quantize_spec(q.dtype, q.block_2d, q.seed.is_some(), q.hadamard);
-    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
+    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in cuda/INTERFACE.md; torch's stream.
     unsafe {
         dev.launch(&spec, cuda::grid(dev, blocks, u64::from(THREADS)), THREADS, 0, stream, p)
             .map_err(cuda::gpu_err(op))?;
@@ -109,7 +109,7 @@ pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
         .i64(q.rows as i64)
         .i64(q.k as i64);
     let numel = (q.rows * q.k) as u64;
-    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in INTERFACE.md; torch's stream.
+    // SAFETY: contiguous CUDA tensors on `dev` of the sizes in cuda/INTERFACE.md; torch's stream.
     unsafe {
         dev.launch(
             &dequantize_spec(q.out_dtype),

@@ -1,4 +1,4 @@
-//! `deepwell.nvfp4_quantize` / `nvfp4_dequantize` (NUMERICS.md "NVFP4"). Schemas:
+//! `deepwell.nvfp4_quantize` / `nvfp4_dequantize` (docs/NUMERICS.md "NVFP4"). Schemas:
 //! torch_ops/deepwell/ops/nvfp4.py. Checks here, shared by the CPU reference (`cpu.rs`, maths in
 //! rust/core/src/nvfp4.rs) and CUDA (`cuda.rs`, cuda/nvfp4.cuh).
 

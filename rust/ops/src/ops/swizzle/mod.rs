@@ -1,5 +1,5 @@
 //! `deepwell.swizzle_scales` / `unswizzle_scales`: Blackwell's 128x4 tiled scale layout
-//! (NUMERICS.md "Transposes and layouts"). Schemas: torch_ops/deepwell/ops/swizzle.py.
+//! (docs/NUMERICS.md "Transposes and layouts"). Schemas: torch_ops/deepwell/ops/swizzle.py.
 //!
 //! The swizzled tensor is 1-D (round_up(rows,128) * round_up(cols,4) bytes, padding 0): its bytes are
 //! in the order cuBLASLt and `F.scaled_mm(..., swizzle=SWIZZLE_32_4_4)` read them.
