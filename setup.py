@@ -24,6 +24,6 @@ setup(
     extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
     # The only registration of the torch.compile backend (registering it in code as well makes
     # Dynamo fail with "duplicate name"): torch.compile(m, backend="deepwell") needs no import.
-    entry_points={"torch_dynamo_backends": ["deepwell = deepwell.backend:backend"]},
+    entry_points={"torch_dynamo_backends": ["deepwell = deepwell.plan.backend:backend"]},
     zip_safe=False,
 )

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import deepwell
-import deepwell.backend
+import deepwell.plan.backend
 from _common import environment, header, time_ms, write_json
 from deepwell.models import Llama
 
@@ -58,7 +58,7 @@ def main() -> None:
     layers = 4 if args.quick else 16
     env = environment()
     header(f"bench_train_step: LLaMA d={DIM} x {layers} layers, {BATCH}x{SEQ} tokens, AdamW", env)
-    deepwell.backend.ensure_registered()
+    deepwell.plan.backend.ensure_registered()
     g = torch.Generator(device="cuda").manual_seed(1)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
     targets = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
@@ -79,9 +79,9 @@ def main() -> None:
     plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision="auto")
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
-    planning_before = deepwell.backend.STATS["planning_s"]
+    planning_before = deepwell.plan.backend.STATS["planning_s"]
     first, ms, peak = run(model, engine, tokens, targets, args.steps)
-    planning = deepwell.backend.STATS["planning_s"] - planning_before
+    planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
     recipes = sorted({s.recipe for s in plan.sites})
     rows.append({"what": f"deepwell auto ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
                  "first_call_s": first, "peak_bytes": peak, "predicted_peak_bytes": estimate.peak_bytes,

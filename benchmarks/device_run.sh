@@ -2,7 +2,7 @@
 # Runs on a GPU machine without a Rust toolchain: no cargo there, so the library built here travels in
 # .device/libdeepwell.so (copy it there). Steps, in order, as arguments (default: all):
 #   info      GPU, torch, NVRTC
-#   compile   python -m deepwell.kernels --compile-all for the device's arch
+#   compile   python -m deepwell.cli.kernels --compile-all for the device's arch
 #   tests     the whole pytest suite (GPU tests included)
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
@@ -26,7 +26,7 @@ for step in $steps; do
             python3 -c 'import torch, deepwell, deepwell._native as n; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(), n.nvrtc_path())'
             ;;
         compile)
-            python3 -m deepwell.kernels --compile-all --arch sm_90a 2>&1 | tee "$OUT/compile.log" || status=1
+            python3 -m deepwell.cli.kernels --compile-all --arch sm_90a 2>&1 | tee "$OUT/compile.log" || status=1
             ;;
         tests)
             python3 -m pytest tests -p no:cacheprovider --maxfail=30 -rf 2>&1 | tee "$OUT/tests.log" | tail -60 || status=1

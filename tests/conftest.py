@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import deepwell  # (defines and registers torch.ops.deepwell)
-import deepwell.backend
+import deepwell.plan.backend
 
 
 # `pip install` registers the torch.compile backend through its entry point; a source checkout on
 # PYTHONPATH (development, the GPU machine) has none.
-deepwell.backend.ensure_registered()
+deepwell.plan.backend.ensure_registered()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import deepwell
-from deepwell import backend as dw_backend
+from deepwell.plan import backend as dw_backend
 from deepwell.models import Llama
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN = 1000, 512, 2, 8, 1024
@@ -58,7 +58,7 @@ def test_the_rewritten_graph_calls_deepwell_ops():
     seen = []
 
     def spy(gm, example_inputs, **kw):
-        from deepwell.backend import plan_graph, rewrite
+        from deepwell.plan.backend import plan_graph, rewrite
 
         plan, found = plan_graph(gm, {"precision": "fp8_block"})
         rewrite(gm, found)
@@ -141,7 +141,7 @@ def test_cuda_auto_runs_the_native_recipe_and_trains():
     out.float().square().mean().backward()
     plan = deepwell.last_plan()
     auto = deepwell.probe().devices[0].auto_recipe
-    assert plan.arch == deepwell.policy.current_arch()
+    assert plan.arch == deepwell.plan.recipes.current_arch()
     assert all(s.recipe == auto for s in plan.sites[1:-1])
     tol = 0.02 if auto == "bf16" else 0.08
     assert _rel(out.detach().float(), ref.detach().float()) < tol

@@ -11,7 +11,7 @@ import torch
 
 import deepwell
 from _util import same_bits
-from deepwell import guardrails as g
+from deepwell.nn import guardrails as g
 
 OK = [0, 0, 0, 1000, 3.0, 10.0]
 

@@ -21,26 +21,26 @@ from .ops import (
 )
 
 from .api import optimize, optimize_for_blackwell
-from .dryrun import Estimate, dryrun
-from .engine import IR, Engine, autoplan, capture, compile
-from .hardware import Hardware, probe, print_hardware_info
-from .plan import Plan
-from .guardrails import GuardrailConfig, format_report, policy_report
-from .nn import Linear
-from .policy import LayerDecision, LayerInfo, PrecisionPolicy
+from .plan.dryrun import Estimate, dryrun
+from .plan.engine import IR, Engine, autoplan, capture, compile
+from .plan.hardware import Hardware, probe, print_hardware_info
+from .plan.sites import Plan
+from .nn.guardrails import GuardrailConfig, format_report, policy_report
+from .nn.linear import Linear
+from .plan.policy import LayerDecision, LayerInfo, PrecisionPolicy
 
 _native.load()
 
 from ._native import manual_seed  # noqa: E402
-from .weight_cache import clear_weight_cache, microbatches, weight_cache_info  # noqa: E402
-from . import weight_cache as _weight_cache  # noqa: E402
+from .nn.weight_cache import clear_weight_cache, microbatches, weight_cache_info  # noqa: E402
+from .nn import weight_cache as _weight_cache  # noqa: E402
 
 _weight_cache.install_optimizer_hooks()
 
 
 def last_plan():
     """The plan of the graph the `deepwell` backend compiled last (None before any)."""
-    from .backend import last_plan as _last
+    from .plan.backend import last_plan as _last
 
     return _last()
 

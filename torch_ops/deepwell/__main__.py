@@ -3,7 +3,7 @@ short training run of a LLaMA-style model through the `deepwell` torch.compile b
 
 from __future__ import annotations
 
-from .report import main
+from .cli.report import main
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from .policy import PrecisionPolicy
+from .plan.policy import PrecisionPolicy
 
 
 def optimize(model, precision: str = "auto", policy: PrecisionPolicy | None = None, verbose: bool = False, **compile_kw):
@@ -26,7 +26,7 @@ def _warn_if_nothing_is_planned(compiled: torch.nn.Module) -> None:
     """Warns once if the first call planned no graph: Dynamo skipped the frame (a graph break
     inside a loop makes it run the whole forward eagerly), so no GEMM runs in low precision. The
     backend itself cannot say so: it is never called for a skipped frame."""
-    from . import backend
+    from .plan import backend
 
     def before(module, args, kwargs):
         handles["graphs"] = backend.STATS["graphs"]

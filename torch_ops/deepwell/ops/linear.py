@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import recipes
+from ..plan import recipes
 from . import _checks, _nondiff
 from ._library import define
 

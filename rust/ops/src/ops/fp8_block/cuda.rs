@@ -22,7 +22,7 @@ fn dequantize_spec(out: DType, br: usize, bc: usize) -> KernelSpec {
     KernelSpec::new(Header::Fp8Block, format!("deepwell::fp8_block_dequantize<{}, {br}, {bc}>", float_tag(out)))
 }
 
-/// Every kernel these ops can launch (for `python -m deepwell.kernels --compile-all`).
+/// Every kernel these ops can launch (for `python -m deepwell.cli.kernels --compile-all`).
 pub fn specs() -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {

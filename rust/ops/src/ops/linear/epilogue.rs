@@ -15,7 +15,7 @@ fn spec(out: DType, bias: DType) -> KernelSpec {
     KernelSpec::new(Header::Linear, format!("deepwell::linear_epilogue<{}, {}>", float_tag(out), float_tag(bias)))
 }
 
-/// Every epilogue kernel (for `python -m deepwell.kernels --compile-all`).
+/// Every epilogue kernel (for `python -m deepwell.cli.kernels --compile-all`).
 pub fn specs() -> Vec<KernelSpec> {
     let floats = [DType::F32, DType::BF16, DType::F16];
     floats.iter().flat_map(|&o| floats.iter().map(move |&b| spec(o, b))).collect()

@@ -10,7 +10,7 @@
 //! on its own:
 //! - the scope that made it is still open (closing it drops every entry);
 //! - no optimizer step happened since (torch's global optimizer step hooks call
-//!   the `weight_cache_new_epoch` entry, which drops every entry; deepwell/weight_cache.py);
+//!   the `weight_cache_new_epoch` entry, which drops every entry; torch_ops/deepwell/nn/weight_cache.py);
 //! - the same storage: the key holds the data pointer, sizes, strides, dtype and device, and the
 //!   entry holds an *alias* of the weight (its own TensorImpl on the same storage), so the storage
 //!   cannot be freed and its address handed to another tensor while the entry lives; `w.data = t`

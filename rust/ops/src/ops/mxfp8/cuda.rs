@@ -45,7 +45,7 @@ fn dequantize_spec(out: DType, elem: Fp8Elem) -> KernelSpec {
     KernelSpec::new(Header::Mxfp8, format!("deepwell::mxfp8_dequantize<{}, {}>", float_tag(out), elem_arg(elem)))
 }
 
-/// Every kernel these ops can launch (for `python -m deepwell.kernels --compile-all`).
+/// Every kernel these ops can launch (for `python -m deepwell.cli.kernels --compile-all`).
 pub fn specs() -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for input in [DType::F32, DType::BF16, DType::F16] {

@@ -25,7 +25,7 @@ fn dequantize_spec(out: DType) -> KernelSpec {
     KernelSpec::new(Header::Nvfp4, format!("deepwell::nvfp4_dequantize<{}>", float_tag(out)))
 }
 
-/// Every kernel these ops can launch (for `python -m deepwell.kernels --compile-all`).
+/// Every kernel these ops can launch (for `python -m deepwell.cli.kernels --compile-all`).
 pub fn specs() -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {

@@ -19,7 +19,7 @@ fn unswizzle_spec() -> KernelSpec {
     KernelSpec::new(Header::Swizzle, "deepwell::unswizzle_scales<0>")
 }
 
-/// Every kernel these ops can launch (for `python -m deepwell.kernels --compile-all`).
+/// Every kernel these ops can launch (for `python -m deepwell.cli.kernels --compile-all`).
 pub fn specs() -> Vec<KernelSpec> {
     vec![swizzle_spec(), unswizzle_spec()]
 }

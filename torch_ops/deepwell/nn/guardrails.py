@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _native, recipes
+from .. import _native
+from ..plan import recipes
 
 ops = torch.ops.deepwell
 

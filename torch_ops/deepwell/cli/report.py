@@ -1,7 +1,7 @@
 """The main job (`python -m deepwell`): print the library and hardware deepwell found; quantize real
 tensors (an nn.Linear weight and a heavy-tailed activation) in every format, on the GPU when there is
 one, with the error statistics of each (ms = quantize + dequantize); then train a small LLaMA-style
-model with the `deepwell` torch.compile backend (deepwell.demo)."""
+model with the `deepwell` torch.compile backend (deepwell.cli.demo)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from . import _native
+from .. import _native
 from .demo import train_demo
-from .hardware import probe
-from .ops import (
+from ..plan.hardware import probe
+from ..ops import (
     fp8_block_dequantize,
     fp8_block_quantize,
     mxfp8_dequantize,

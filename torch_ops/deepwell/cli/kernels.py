@@ -1,4 +1,4 @@
-"""`python -m deepwell.kernels --compile-all --arch sm_90a,sm_100a,sm_120a`: compiles every CUDA
+"""`python -m deepwell.cli.kernels --compile-all --arch sm_90a,sm_100a,sm_120a`: compiles every CUDA
 kernel deepwell can launch, for each arch, with NVRTC and no GPU; exits non-zero on any failure."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import _native
+from .. import _native
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deepwell.kernels", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m deepwell.cli.kernels", description=__doc__)
     parser.add_argument("--compile-all", action="store_true", help="compile every kernel")
     parser.add_argument("--arch", default="sm_90a,sm_100a,sm_120a", help="comma-separated NVRTC archs")
     args = parser.parse_args(argv)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from .guardrails import Guardrail, GuardrailConfig
-from . import recipes
-from .recipes import current_arch
+from ..plan import recipes
+from ..plan.recipes import current_arch
 
 ops = torch.ops.deepwell
 
@@ -23,7 +23,7 @@ class Linear(torch.nn.Linear):
         recipe: the quantization recipe; "auto" picks the device's fastest native one.
         name: the layer's name in `deepwell.policy_report()` (default: its id).
         guardrails: collect statistics and fall back to bf16 on non-finite values or saturation
-            (deepwell.guardrails); `guardrail_config` sets the threshold and interval.
+            (deepwell.nn.guardrails); `guardrail_config` sets the threshold and interval.
     """
 
     def __init__(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 
 
-from . import _native
+from .. import _native
 
 __all__ = ["clear_weight_cache", "microbatches", "weight_cache_info"]
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from . import _native
+from .. import _native
 
 
 @dataclass

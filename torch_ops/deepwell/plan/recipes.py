@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from . import _native
+from .. import _native
 
 
 @functools.cache

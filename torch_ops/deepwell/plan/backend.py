@@ -5,7 +5,7 @@ without `import deepwell`. For each graph Dynamo captures it
 1. summarises every GEMM of an activation with a parameter weight (`F.linear`, `x @ w.t()`,
    `torch.mm`/`torch.addmm` with `w.t()`, `x @ w` with w (in, out)): the owning module's qualified
    name and type, role, in/out features and tokens per call;
-2. asks the Rust planner for a decision per site (deepwell.plan; the policy from the options);
+2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options);
 3. rewrites the sites whose recipe is not bf16 into `torch.ops.deepwell.scaled_linear` (autograd
    registered: the backward GEMMs follow the same recipe), leaving bf16 sites as they are;
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops.
@@ -30,7 +30,7 @@ import torch
 
 import deepwell  # noqa: F401  (the ops and their fake kernels exist before tracing)
 
-from .plan import Plan, Site, plan_sites, role_of
+from .sites import Plan, Site, plan_sites, role_of
 from .policy import LayerDecision, PrecisionPolicy
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)

@@ -12,9 +12,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import backend
-from .api import optimize
-from .models import Llama
+from ..plan import backend
+from ..api import optimize
+from ..models import Llama
 
 
 def train_demo(device: torch.device, steps: int = 30) -> list[float]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .hardware import Hardware
-from .plan import Plan, Site, plan_sites, role_of
+from .sites import Plan, Site, plan_sites, role_of
 from .policy import PrecisionPolicy
 
 

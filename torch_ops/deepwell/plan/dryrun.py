@@ -12,7 +12,7 @@ depend on are freed, so they count only when they outgrow the activations:
   fake tensors (no device memory) under `saved_tensors_hooks`, each storage counted once;
 - quantized weights: the largest site's weight operand (FP8 data + scales natively; a dequantized
   bf16 copy for emulated recipes). Each call quantizes its weight and frees the operand after its
-  GEMM: nothing is cached across calls outside `deepwell.microbatches()` (weight_cache.py);
+  GEMM: nothing is cached across calls outside `deepwell.microbatches()` (nn/weight_cache.py);
 - transient: the largest saved tensor twice (a gradient being formed next to its input).
 
 Time: the Rust cost model (rust/core/src/policy/cost.rs, the `step_cost` entry): each pass of each
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import _native
+from .. import _native
 from .engine import Engine
 
 @dataclass

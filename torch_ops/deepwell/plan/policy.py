@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import _native
+from .. import _native
 from .recipes import current_arch
 
 ROLES = ("embedding", "attention", "mlp", "experts", "router", "norm", "lm_head", "other")

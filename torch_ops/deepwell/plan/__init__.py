@@ -1,0 +1,13 @@
+"""Planning: which recipe each GEMM site runs and what a training step will cost. The decisions are
+Rust's (rust/core/src/policy, through the C API); these modules are their typed fronts.
+
+| module | what |
+|---|---|
+| `recipes` | the recipe table, each device's auto recipe and NVRTC target, site roles (from Rust) |
+| `policy` | `PrecisionPolicy`, `LayerInfo`, `LayerDecision`: the per-site decision |
+| `sites` | `Site`, `Plan` (a graph's decisions, printable), `plan_sites` |
+| `backend` | the `deepwell` torch.compile backend: find GEMM sites, plan, rewrite, hand to Inductor |
+| `hardware` | `probe()`: the devices, their native recipes and links |
+| `engine` | the step API: `capture`, `autoplan`, `compile` |
+| `dryrun` | `dryrun(engine)`: predicted peak memory and step time |
+"""
