@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use crate::abi::{self, EXTENSION_BUILD_VERSION};
 use crate::dtype;
 use crate::error::{Error, Result};
-use crate::ops::{all_cuda_specs, all_kernels};
+use crate::ops::all_kernels;
 use crate::stack::c_message;
 
 thread_local! {
@@ -134,9 +134,9 @@ pub unsafe extern "C" fn deepwell_compile_all(nvrtc: *const c_char, archs: *cons
             .split(',')
             .map(|a| deepwell_gpu::arch::parse_arch(a.trim()).map_err(Error::Load))
             .collect::<Result<_>>()?;
-        let specs = all_cuda_specs();
+        let kernels = deepwell_gpu::kernels::all();
         let start = std::time::Instant::now();
-        let built = deepwell_gpu::compile_all(&nvrtc, &specs, &archs).map_err(|e| Error::Load(e.to_string()))?;
+        let built = deepwell_gpu::compile_all(&nvrtc, &kernels, &archs).map_err(|e| Error::Load(e.to_string()))?;
         let mut report = Vec::new();
         for arch in &archs {
             let mine: Vec<_> = built.iter().filter(|(_, a, _)| a == arch).collect();

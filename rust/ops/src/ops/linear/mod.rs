@@ -33,7 +33,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe};
-use deepwell_gpu::KernelSpec;
 
 use crate::aten;
 use crate::check;
@@ -88,10 +87,6 @@ pub fn kernels() -> Vec<Kernel> {
         v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
     }
     v
-}
-
-pub fn cuda_specs() -> Vec<KernelSpec> {
-    epilogue::specs()
 }
 
 pub use weight_cache::{
