@@ -12,7 +12,7 @@
 // path (16-byte loads) or the same index arithmetic with scalar accesses, so views with any
 // storage offset are correct.
 //
-// Work per CTA and loop iteration (for the grid size; Rust caps it at 8 * SMs):
+// Work per CTA and loop iteration (rust/gpu/src/kernels/fp8_block.rs mirrors it; grid capped at one wave):
 //   quantize, rowcol: one 128 x 128 tile (quantize (1,128) tiles the flat tensor as (n/128, 128))
 //   dequantize:       THREADS * DQ_UNROLL pieces of 16 / sizeof(Out) elements (8192 for 16-bit out,
 //                     4096 for fp32)

@@ -11,7 +11,7 @@
 // path (16-byte loads, 4/8/16-byte stores) or the same index arithmetic with scalar accesses, so
 // views with any storage offset are correct.
 //
-// Work per CTA and loop iteration (for the grid size; Rust caps it at 8 * SMs):
+// Work per CTA and loop iteration (rust/gpu/src/kernels/mxfp8.rs mirrors it; grid capped at one wave):
 //   rows:    THREADS / 4 * ROWS_UNROLL = 256 blocks of 32 (8192 elements)
 //   cols:    THREADS items, an item = 32 rows x MX_COLS_V = 4 inner positions (vector path) or 1
 //   rowcol:  one 128 x 128 tile (RC_TILE)

@@ -324,9 +324,9 @@ __device__ __forceinline__ int64_t div64(int64_t a, int64_t b) {
 // ---------------------------------------------------------------------------------------------
 // Global amax (nvfp4.rs nvfp4_global_amax): NaN-propagating max |x| as fp32 bits, of the
 // Hadamard-transformed values when Hadamard = 1. One 16-element block per thread per grid-stride
-// step (Rust: per_block = 256 * 16 elements); warp max by shuffles, one atomicMax per warp into
-// the word Rust zeroed. With Hadamard = 0 a tail of n % 16 elements is read one by one (Rust never
-// passes one: k % 16 == 0); with Hadamard = 1 it is ignored.
+// step (THREADS blocks per CTA: rust/gpu/src/kernels/nvfp4.rs sizes the grid); warp max by
+// shuffles, one atomicMax per warp into the word Rust zeroed. With Hadamard = 0 a tail of n % 16
+// elements is read one by one (Rust never passes one: k % 16 == 0); with Hadamard = 1 it is ignored.
 template <class In, int Hadamard>
 __global__ void __launch_bounds__(THREADS) nvfp4_amax(const void* x, int64_t n, unsigned int* amax_bits) {
     using namespace nvfp4_detail;
@@ -354,8 +354,8 @@ __global__ void __launch_bounds__(THREADS) nvfp4_amax(const void* x, int64_t n, 
 }
 
 // Quantize (nvfp4.rs nvfp4_quantize). x (rows, k), k % 16 == 0; data (rows, k/2); scale (rows, k/16).
-// Rust: per_block = 256 blocks of 16 (grid = ceil(rows * k / 4096), capped); S_dec is written by
-// thread 0 of block 0 (also when the tensor is empty).
+// Grid: rust/gpu/src/kernels/nvfp4.rs (THREADS blocks per CTA, or one Block2D unit). S_dec is
+// written by thread 0 of block 0 (also when the tensor is empty).
 //  Block2D = 0: one thread per 1x16 block, grid-stride over rows*k/16 blocks; a warp stores 256
 //    contiguous data bytes and 32 scale bytes.
 //  Block2D = 1 (rows % 16 == 0; a partial last strip would be skipped, never overrun): a CTA
@@ -421,8 +421,7 @@ __global__ void __launch_bounds__(THREADS, Stochastic ? nvfp4_detail::MIN_CTAS_S
 // Dequantize (nvfp4.rs nvfp4_dequantize): out = Out((e2m1(q) * float(sb)) * S_dec), left to right
 // in fp32. One thread per 16-byte chunk of output (4 fp32 or 8 bf16/fp16 elements, i.e. 2 or 4
 // data bytes of one block), consecutive threads on consecutive chunks, so every warp store covers
-// 512 contiguous bytes. Grid-stride over chunks (Rust's per_block of 256 * 16 elements only sets
-// the grid size).
+// 512 contiguous bytes. Grid-stride over chunks (THREADS per CTA: rust/gpu/src/kernels/nvfp4.rs).
 template <class Out>
 __global__ void __launch_bounds__(THREADS) nvfp4_dequantize(const uint8_t* data, const uint8_t* scale,
                                                             const float* s_dec, void* out, int64_t rows, int64_t k) {

@@ -14,15 +14,16 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::error::{GpuError, Result};
+use crate::kernels::KernelId;
 use crate::nvrtc::OPTIONS;
-use crate::sources::{Header, KernelSpec};
+use crate::sources::Header;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The cache key of one compiled kernel.
-pub fn key(spec: &KernelSpec, arch: &str, nvrtc_version: &str) -> String {
+pub fn key(kernel: KernelId, arch: &str, nvrtc_version: &str) -> String {
     let mut h = Sha256::new();
     for header in Header::ALL {
         h.update(header.file_name());
@@ -30,7 +31,7 @@ pub fn key(spec: &KernelSpec, arch: &str, nvrtc_version: &str) -> String {
         h.update(header.source());
         h.update([0]);
     }
-    for part in [spec.translation_unit().as_str(), spec.name.as_str(), arch, nvrtc_version] {
+    for part in [kernel.translation_unit().as_str(), kernel.name_expression().as_str(), arch, nvrtc_version] {
         h.update(part);
         h.update([0]);
     }
@@ -169,19 +170,14 @@ mod tests {
 
     #[test]
     fn keys_depend_on_every_input() {
-        let spec = KernelSpec::new(Header::Mxfp8, "deepwell::mxfp8_quantize_rows<deepwell::BF16, 0, 0>");
-        let k = key(&spec, "sm_90a", "13.0");
+        use crate::kernels::{mxfp8, Float, Mxfp8};
+        let rows = |input| KernelId::Mxfp8(Mxfp8::Rows { input, mode: mxfp8::Mode::Rceil, elem: mxfp8::Fp8::E4M3 });
+        let spec = rows(Float::BF16);
+        let k = key(spec, "sm_90a", "13.0");
         assert_eq!(k.len(), 64);
-        assert_ne!(k, key(&spec, "sm_100a", "13.0"));
-        assert_ne!(k, key(&spec, "sm_90a", "13.2"));
-        assert_ne!(
-            k,
-            key(
-                &KernelSpec::new(Header::Mxfp8, "deepwell::mxfp8_quantize_rows<deepwell::F32, 0, 0>"),
-                "sm_90a",
-                "13.0"
-            )
-        );
+        assert_ne!(k, key(spec, "sm_100a", "13.0"));
+        assert_ne!(k, key(spec, "sm_90a", "13.2"));
+        assert_ne!(k, key(rows(Float::F32), "sm_90a", "13.0"));
     }
 
     /// Every way an entry can be broken on disk; each is detected, removed and rebuilt.

@@ -12,8 +12,8 @@ use cudarc::driver::{result, sys};
 use crate::arch::nvrtc_arch;
 use crate::cache::{self, DiskCache};
 use crate::error::{driver, GpuError, Result};
+use crate::kernels::{Geometry, KernelId, Wave, THREADS};
 use crate::nvrtc;
-use crate::sources::KernelSpec;
 
 /// Where NVRTC and the disk cache are; set once by the ops layer at registration.
 pub struct Config {
@@ -48,7 +48,7 @@ pub struct Device {
     sms: u32,
     max_threads_per_sm: u32,
     name: String,
-    functions: RwLock<HashMap<KernelSpec, Function>>,
+    functions: RwLock<HashMap<KernelId, Function>>,
 }
 
 // SAFETY: the primary context handle is process-global; the table is behind an RwLock.
@@ -135,6 +135,10 @@ impl Device {
     pub fn resident_blocks_per_sm(&self, threads: u32) -> u32 {
         (self.max_threads_per_sm / threads.max(1)).max(1)
     }
+    /// One wave of resident CTAs of THREADS threads, the cap of every grid-stride launch.
+    pub fn wave(&self) -> Wave {
+        Wave { sms: self.sms, per_sm: self.resident_blocks_per_sm(THREADS) }
+    }
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -144,8 +148,8 @@ impl Device {
         driver("cuCtxSetCurrent", unsafe { result::ctx::set_current(self.ctx) })
     }
 
-    /// Compiles (or reads from the disk cache) and loads `spec`.
-    fn load(&self, spec: &KernelSpec) -> Result<Function> {
+    /// Compiles (or reads from the disk cache) and loads `kernel`.
+    fn load(&self, kernel: KernelId) -> Result<Function> {
         let cfg = config().ok_or_else(|| GpuError::Unsupported("deepwell's GPU runtime is not configured".into()))?;
         let path = cfg.nvrtc_path.as_deref().ok_or_else(|| {
             GpuError::Unsupported(
@@ -156,12 +160,12 @@ impl Device {
         let nvrtc = nvrtc::load(path)?;
         let disk = cfg.cache_dir.as_ref().map(DiskCache::new);
         let start = std::time::Instant::now();
-        let (cubin, lowered, how, key) = cached_compile(&nvrtc, disk.as_ref(), spec, &self.arch)?;
+        let (cubin, lowered, how, key) = cached_compile(&nvrtc, disk.as_ref(), kernel, &self.arch)?;
         if cfg.print_compile {
             let ms = start.elapsed().as_secs_f64() * 1e3;
             eprintln!(
                 "deepwell: {} for {} ({how}, {ms:.0} ms, {} bytes, key {})",
-                spec.name,
+                kernel.name_expression(),
                 self.arch,
                 cubin.len(),
                 &key[..12]
@@ -177,39 +181,32 @@ impl Device {
         }
     }
 
-    fn function(&self, spec: &KernelSpec) -> Result<Function> {
-        if let Some(f) = self.functions.read().ok().and_then(|t| t.get(spec).copied()) {
+    fn function(&self, kernel: KernelId) -> Result<Function> {
+        if let Some(f) = self.functions.read().ok().and_then(|t| t.get(&kernel).copied()) {
             return Ok(f);
         }
-        let f = self.load(spec)?;
+        let f = self.load(kernel)?;
         if let Ok(mut t) = self.functions.write() {
-            t.entry(spec.clone()).or_insert(f);
+            t.entry(kernel).or_insert(f);
         }
         Ok(f)
     }
 
-    /// Launches `spec` with a 1-D grid on `stream` (torch's current stream of this device).
+    /// Launches `kernel` with the 1-D geometry `g` on `stream` (torch's current stream of this
+    /// device).
     ///
     /// # Safety
     /// `params` must match the kernel's parameter list, and every pointer in it must be valid
     /// device memory of the sizes the kernel accesses for the given sizes.
-    pub unsafe fn launch(
-        &self,
-        spec: &KernelSpec,
-        grid: u32,
-        block: u32,
-        smem: u32,
-        stream: *mut c_void,
-        params: Params,
-    ) -> Result<()> {
-        let f = self.function(spec)?;
+    pub unsafe fn launch(&self, kernel: KernelId, g: Geometry, stream: *mut c_void, params: Params) -> Result<()> {
+        let f = self.function(kernel)?;
         self.make_current()?;
         let mut values = params.values;
         let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
         // SAFETY: guaranteed by the caller; `values` outlives the call (cuLaunchKernel copies the
         // parameters before returning).
         driver("cuLaunchKernel", unsafe {
-            result::launch_kernel(f.0, (grid, 1, 1), (block, 1, 1), smem, stream as sys::CUstream, &mut ptrs)
+            result::launch_kernel(f.0, (g.grid, 1, 1), (g.block, 1, 1), g.smem, stream as sys::CUstream, &mut ptrs)
         })
     }
 
@@ -236,37 +233,37 @@ impl Device {
     }
 }
 
-/// `spec`'s cubin for `arch`: from the disk cache, or compiled and written there (a failed write
+/// `kernel`'s cubin for `arch`: from the disk cache, or compiled and written there (a failed write
 /// costs only the cache: `DiskCache::put` warns and carries on). Returns the cubin, its lowered
 /// name, how it was found, and its cache key.
 fn cached_compile(
     nvrtc: &nvrtc::Nvrtc,
     disk: Option<&DiskCache>,
-    spec: &KernelSpec,
+    kernel: KernelId,
     arch: &str,
 ) -> Result<(Vec<u8>, String, &'static str, String)> {
-    let key = cache::key(spec, arch, &nvrtc.version());
+    let key = cache::key(kernel, arch, &nvrtc.version());
     if let Some((cubin, lowered)) = disk.and_then(|d| d.get(&key)) {
         return Ok((cubin, lowered, "disk cache hit", key));
     }
-    let (cubin, lowered) = nvrtc.compile(spec, arch)?;
+    let (cubin, lowered) = nvrtc.compile(kernel, arch)?;
     if let Some(d) = disk {
         d.put(&key, &cubin, &lowered);
     }
     Ok((cubin, lowered, "compiled", key))
 }
 
-/// Compiles `specs` for every arch with no GPU (the `--compile-all` check), through the configured
+/// Compiles `kernels` for every arch with no GPU (the `--compile-all` check), through the configured
 /// disk cache when there is one (so a later run on a GPU of that arch loads them from it). Returns
 /// (kernel, arch, cubin bytes) per success and stops at the first failure.
-pub fn compile_all(nvrtc_path: &str, specs: &[KernelSpec], archs: &[String]) -> Result<Vec<(String, String, usize)>> {
+pub fn compile_all(nvrtc_path: &str, kernels: &[KernelId], archs: &[String]) -> Result<Vec<(String, String, usize)>> {
     let nvrtc = nvrtc::load(nvrtc_path)?;
     let disk = config().and_then(|c| c.cache_dir.as_ref()).map(DiskCache::new);
     let mut out = Vec::new();
     for arch in archs {
-        for spec in specs {
-            let (cubin, ..) = cached_compile(&nvrtc, disk.as_ref(), spec, arch)?;
-            out.push((spec.name.clone(), arch.clone(), cubin.len()));
+        for &kernel in kernels {
+            let (cubin, ..) = cached_compile(&nvrtc, disk.as_ref(), kernel, arch)?;
+            out.push((kernel.name_expression(), arch.clone(), cubin.len()));
         }
     }
     Ok(out)

@@ -1,12 +1,13 @@
 //! NVRTC, loaded from the path Python hands over (torch's wheel ships `nvidia/cu13/lib/libnvrtc.so.13`),
-//! never from a system CUDA: one NVRTC per process. Compiles a kernel spec to a cubin for one arch.
+//! never from a system CUDA: one NVRTC per process. Compiles a kernel (`KernelId`) to a cubin for one arch.
 //! Needs no GPU, so CI compiles every kernel for every arch.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;
 
 use crate::error::{GpuError, Result};
-use crate::sources::{Header, KernelSpec};
+use crate::kernels::KernelId;
+use crate::sources::Header;
 
 type Prog = *mut c_void;
 
@@ -118,15 +119,15 @@ impl Nvrtc {
         Err(GpuError::Nvrtc(format!("{what}: {}", s.to_string_lossy())))
     }
 
-    /// Compiles `spec` for `arch` (e.g. "sm_90a"); returns (cubin, lowered symbol name).
-    pub fn compile(&self, spec: &KernelSpec, arch: &str) -> Result<(Vec<u8>, String)> {
+    /// Compiles `kernel` for `arch` (e.g. "sm_90a"); returns (cubin, lowered symbol name).
+    pub fn compile(&self, kernel: KernelId, arch: &str) -> Result<(Vec<u8>, String)> {
         let owned = |s: &str| CString::new(s).map_err(|e| GpuError::Nvrtc(e.to_string()));
-        let src = owned(&spec.translation_unit())?;
+        let src = owned(&kernel.translation_unit())?;
         let headers: Vec<CString> = Header::ALL.iter().map(|h| owned(h.source())).collect::<Result<_>>()?;
         let names: Vec<CString> = Header::ALL.iter().map(|h| owned(h.file_name())).collect::<Result<_>>()?;
         let header_ptrs: Vec<*const c_char> = headers.iter().map(|c| c.as_ptr()).collect();
         let name_ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
-        let expr = owned(&spec.name)?;
+        let expr = owned(&kernel.name_expression())?;
         let mut opts: Vec<CString> = vec![owned(&format!("--gpu-architecture={arch}"))?];
         for o in OPTIONS {
             opts.push(owned(o)?);
@@ -145,7 +146,7 @@ impl Nvrtc {
                 name_ptrs.as_ptr(),
             )
         })?;
-        let result = self.compile_program(prog, spec, &expr, arch, &opt_ptrs);
+        let result = self.compile_program(prog, &expr, arch, &opt_ptrs);
         // SAFETY: prog was created above and is destroyed once.
         unsafe { (self.api.nvrtcDestroyProgram)(&mut prog) };
         result
@@ -154,7 +155,6 @@ impl Nvrtc {
     fn compile_program(
         &self,
         prog: Prog,
-        spec: &KernelSpec,
         expr: &CStr,
         arch: &str,
         opts: &[*const c_char],
@@ -165,7 +165,7 @@ impl Nvrtc {
             let code = (self.api.nvrtcCompileProgram)(prog, opts.len() as c_int, opts.as_ptr());
             if code != 0 {
                 return Err(GpuError::Compile {
-                    kernel: spec.name.clone(),
+                    kernel: expr.to_string_lossy().into_owned(),
                     arch: arch.to_owned(),
                     log: self.log(prog),
                 });

@@ -1,6 +1,6 @@
 //! Kernel sources are data inside the crate (docs/DESIGN.md "Conventions"): every header of ../../cuda, embedded
 //! at build time and indexed by a closed enum. A kernel is one template specialization of one
-//! header, named by an NVRTC name expression; the generated translation unit is two lines.
+//! header (`kernels::KernelId`), named by an NVRTC name expression; the translation unit is one line.
 
 /// The kernel headers (one per op family, plus the shared helpers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,25 +37,5 @@ impl Header {
             Header::Swizzle => include_str!("../../../cuda/swizzle.cuh"),
             Header::Linear => include_str!("../../../cuda/linear.cuh"),
         }
-    }
-}
-
-/// One kernel: a specialization of a template in `header`, e.g.
-/// `deepwell::mxfp8_quantize_rows<deepwell::BF16, 0, 0>`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct KernelSpec {
-    pub header: Header,
-    pub name: String,
-}
-
-impl KernelSpec {
-    pub fn new(header: Header, name: impl Into<String>) -> KernelSpec {
-        KernelSpec { header, name: name.into() }
-    }
-
-    /// The whole translation unit NVRTC compiles: the header; NVRTC instantiates the template
-    /// named by the name expression.
-    pub fn translation_unit(&self) -> String {
-        format!("#include \"{}\"\n", self.header.file_name())
     }
 }

@@ -1,17 +1,16 @@
 //! Glue between torch tensors and the CUDA runtime (`deepwell-gpu`): torch's current stream, the
-//! per-device runtime, contiguous inputs, and the template tags naming element types in kernels.
+//! per-device runtime, contiguous inputs, the template tags naming element types in kernels, and
+//! launches sized by each kernel family's geometry (deepwell_gpu::kernels).
 
 use std::ffi::c_void;
 
-use deepwell_gpu::{arch::grid_blocks, Device, GpuError};
+use deepwell_gpu::kernels::Float;
+use deepwell_gpu::{Device, Family, GpuError, Params};
 
 use crate::abi::cuda_api;
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};
 use crate::tensor::Tensor;
-
-/// Threads per block of every deepwell kernel (cuda/common.cuh `THREADS`).
-pub const THREADS: u32 = 256;
 
 pub fn gpu_err(op: Op) -> impl Fn(GpuError) -> Error {
     move |source| Error::Gpu { op, source }
@@ -50,10 +49,23 @@ pub fn launch_context(op: Op, device: crate::dtype::Device) -> Result<Launch> {
     Ok(Launch { dev: self::device(op, index)?, stream: current_stream(op, index)? })
 }
 
-/// Blocks for a grid-stride launch over `work` items, `per_block` items per block: at most one
-/// wave of resident blocks (the grid-stride loops cover the rest).
-pub fn grid(dev: &Device, work: u64, per_block: u64) -> u32 {
-    grid_blocks(work, per_block, dev.sms(), dev.resident_blocks_per_sm(THREADS))
+impl Launch {
+    /// Launches `kernel` on torch's current stream with the grid its family computes for `sizes`.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list (cuda/INTERFACE.md), every pointer in it must be
+    /// device memory on this device of the sizes the kernel accesses for `sizes`.
+    pub unsafe fn run<K: Family>(&self, op: Op, kernel: K, sizes: K::Sizes, params: Params) -> Result<()> {
+        let g = kernel.geometry(sizes, self.dev.wave());
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.dev.launch(kernel.into(), g, self.stream, params) }.map_err(gpu_err(op))
+    }
+}
+
+/// True when every tensor's data is 16-byte aligned: then each kernel takes its vector path
+/// wherever the shape allows, which the geometry needs to know (views may start anywhere).
+pub fn aligned(tensors: &[&Tensor]) -> bool {
+    tensors.iter().all(|t| t.data_ptr() as usize % 16 == 0)
 }
 
 /// `t` itself when contiguous, else `aten::contiguous(t)` (a copy made by torch, on t's stream).
@@ -62,11 +74,11 @@ pub fn contiguous(op: Op, t: Tensor) -> Result<Tensor> {
 }
 
 /// The template tag of a float element type (cuda/common.cuh).
-pub fn float_tag(d: DType) -> &'static str {
+pub fn float(d: DType) -> Float {
     match d {
-        DType::F32 => "deepwell::F32",
-        DType::F16 => "deepwell::F16",
-        _ => "deepwell::BF16",
+        DType::F32 => Float::F32,
+        DType::F16 => Float::F16,
+        _ => Float::BF16,
     }
 }
 

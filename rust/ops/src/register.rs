@@ -10,7 +10,7 @@ use crate::abi::{self, EXTENSION_BUILD_VERSION};
 use crate::capi::{fields, Answer};
 use crate::dtype;
 use crate::error::{Error, Result};
-use crate::ops::{all_cuda_specs, all_kernels};
+use crate::ops::all_kernels;
 use crate::stack::c_message;
 
 static REGISTERED: OnceLock<()> = OnceLock::new();
@@ -85,9 +85,9 @@ pub fn compile_all_entry(req: &Value) -> Answer {
         .map(|a| a.as_str().ok_or("field 'archs' must be a list of strings".to_owned()))
         .map(|a| a.and_then(|a| deepwell_gpu::arch::parse_arch(a.trim())))
         .collect::<std::result::Result<_, String>>()?;
-    let specs = all_cuda_specs();
+    let kernels = deepwell_gpu::kernels::all();
     let start = std::time::Instant::now();
-    let built = deepwell_gpu::compile_all(&nvrtc, &specs, &archs).map_err(|e| Error::Load(e.to_string()))?;
+    let built = deepwell_gpu::compile_all(&nvrtc, &kernels, &archs).map_err(|e| Error::Load(e.to_string()))?;
     let mut report = Vec::new();
     for arch in &archs {
         let mine: Vec<_> = built.iter().filter(|(_, a, _)| a == arch).collect();

@@ -8,8 +8,6 @@ pub mod mxfp8;
 pub mod nvfp4;
 pub mod swizzle;
 
-use deepwell_gpu::KernelSpec;
-
 use crate::kernel::Kernel;
 
 pub fn all_kernels() -> Vec<Kernel> {
@@ -20,15 +18,4 @@ pub fn all_kernels() -> Vec<Kernel> {
     k.extend(swizzle::kernels());
     k.extend(linear::kernels());
     k
-}
-
-/// Every CUDA kernel specialization the ops can launch.
-pub fn all_cuda_specs() -> Vec<KernelSpec> {
-    let mut v = Vec::new();
-    v.extend(mxfp8::cuda_specs());
-    v.extend(nvfp4::cuda_specs());
-    v.extend(fp8_block::cuda_specs());
-    v.extend(swizzle::cuda_specs());
-    v.extend(linear::cuda_specs());
-    v
 }

@@ -46,8 +46,6 @@ pub fn kernels() -> Vec<Kernel> {
     .concat()
 }
 
-pub use cuda::specs as cuda_specs;
-
 /// The supported block shapes (DeepSeek-V3 / Transformer Engine Float8BlockScaling).
 const BLOCKS: [(i64, i64); 3] = [(1, 128), (128, 1), (128, 128)];
 const BLOCK: i64 = 128;

@@ -3,23 +3,14 @@
 //! scales (cuBLASLt's alpha), `bias` is the layer's bias. CUDA: cuda/linear.cuh; CPU: here, the same
 //! arithmetic.
 
-use deepwell_gpu::{Header, KernelSpec, Params};
+use deepwell_gpu::kernels::{LinearEpilogue, Matrix};
+use deepwell_gpu::Params;
 
 use crate::aten;
-use crate::cuda::{self, float_tag, ptr, THREADS};
+use crate::cuda::{self, float, ptr};
 use crate::dtype::{DType, Device};
 use crate::error::{Op, Result};
 use crate::tensor::Tensor;
-
-fn spec(out: DType, bias: DType) -> KernelSpec {
-    KernelSpec::new(Header::Linear, format!("deepwell::linear_epilogue<{}, {}>", float_tag(out), float_tag(bias)))
-}
-
-/// Every epilogue kernel (for `python -m deepwell.cli.kernels --compile-all`).
-pub fn specs() -> Vec<KernelSpec> {
-    let floats = [DType::F32, DType::BF16, DType::F16];
-    floats.iter().flat_map(|&o| floats.iter().map(move |&b| spec(o, b))).collect()
-}
 
 /// `y` (rows, cols) fp32 contiguous; `alpha` the two 0-d fp32 decode scales; `bias` (cols).
 pub fn apply(op: Op, y: Tensor, alpha: Option<(Tensor, Tensor)>, bias: Option<Tensor>, out: DType) -> Result<Tensor> {
@@ -67,7 +58,7 @@ fn gpu(
     out: DType,
     device: Device,
 ) -> Result<Tensor> {
-    let cuda::Launch { dev, stream } = cuda::launch_context(op, device)?;
+    let launch = cuda::launch_context(op, device)?;
     let (rows, cols) = (y.sizes()[0], y.sizes()[1]);
     let res = Tensor::empty(op, y.sizes(), out, device)?;
     let null = std::ptr::null();
@@ -81,12 +72,9 @@ fn gpu(
         .ptr(ptr(&res))
         .i64(rows)
         .i64(cols);
-    let numel = (rows * cols) as u64;
-    // SAFETY: contiguous CUDA tensors on `dev` (y and res rows x cols, bias cols, scales one float
-    // each) or null pointers the kernel tests; torch's current stream.
-    unsafe {
-        dev.launch(&spec(out, bias_dtype), cuda::grid(dev, numel, u64::from(THREADS)), THREADS, 0, stream, p)
-            .map_err(cuda::gpu_err(op))?;
-    }
+    let kernel = LinearEpilogue { out: float(out), bias: float(bias_dtype) };
+    // SAFETY: contiguous CUDA tensors on the launch's device (y and res rows x cols, bias cols,
+    // scales one float each) or null pointers the kernel tests.
+    unsafe { launch.run(op, kernel, Matrix { rows: rows as u64, cols: cols as u64 }, p)? };
     Ok(res)
 }

@@ -33,7 +33,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe};
-use deepwell_gpu::KernelSpec;
 use serde_json::Value;
 
 use crate::aten;
@@ -92,9 +91,6 @@ pub fn kernels() -> Vec<Kernel> {
     v
 }
 
-pub fn cuda_specs() -> Vec<KernelSpec> {
-    epilogue::specs()
-}
 
 // ---------------------------------------------------------------------------------------------
 // Stochastic-rounding seeds

@@ -49,8 +49,6 @@ pub fn kernels() -> Vec<Kernel> {
     .concat()
 }
 
-pub use cuda::specs as cuda_specs;
-
 fn elem_dtype(elem: Fp8Elem) -> DType {
     match elem {
         Fp8Elem::E4M3 => DType::E4M3,

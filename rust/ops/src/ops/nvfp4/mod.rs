@@ -42,8 +42,6 @@ pub fn kernels() -> Vec<Kernel> {
     [cpu_and_cuda!(QUANTIZE, quantize), cpu_and_cuda!(DEQUANTIZE, dequantize)].concat()
 }
 
-pub use cuda::specs as cuda_specs;
-
 /// A one-element float32 tensor (the per-tensor amax or decode scale).
 fn check_scalar_f32(op: Op, arg: &'static str, t: &Tensor) -> Result<()> {
     check::dtype_in(op, arg, t, &[DType::F32])?;

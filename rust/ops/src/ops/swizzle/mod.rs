@@ -28,7 +28,7 @@ pub fn kernels() -> Vec<Kernel> {
     [cpu_and_cuda!(SWIZZLE, swizzle), cpu_and_cuda!(UNSWIZZLE, unswizzle)].concat()
 }
 
-pub use cuda::{specs as cuda_specs, swizzle_on_device};
+pub use cuda::swizzle_on_device;
 
 /// Scale dtypes: E8M0 (MXFP8), E4M3 (NVFP4), or raw bytes.
 const SCALE_DTYPES: [DType; 3] = [DType::E8M0, DType::E4M3, DType::U8];
