@@ -7,6 +7,7 @@
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
 #   train     benchmarks/bench_train_step.py      (train-quick: 4 layers)
+#   overhead  benchmarks/bench_overhead.py        (per-call host overhead on tiny inputs)
 # Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,10 @@ for step in $steps; do
             quick=; [ "$step" = train-quick ] && quick=--quick
             python3 benchmarks/bench_train_step.py $quick 2>&1 | tee "$OUT/bench_train_step.log" || status=1
             cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
+            ;;
+        overhead)
+            python3 benchmarks/bench_overhead.py 2>&1 | tee "$OUT/bench_overhead.log" || status=1
+            cp benchmarks/results/bench_overhead*.json "$OUT/" 2>/dev/null
             ;;
         *)
             echo "unknown step $step" >&2
