@@ -21,7 +21,7 @@ setup(
         )
     ],
     install_requires=["torch>=2.10", "numpy"],
-    extras_require={"test": ["pytest>=8", "hypothesis>=6"]},
+    extras_require={"test": ["pytest>=8", "hypothesis>=6", "expecttest"]},
     # The only registration of the torch.compile backend (registering it in code as well makes
     # Dynamo fail with "duplicate name"): torch.compile(m, backend="deepwell") needs no import.
     entry_points={"torch_dynamo_backends": ["deepwell = deepwell.plan.backend:backend"]},

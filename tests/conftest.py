@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -21,6 +23,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI (CI=true), a skipped test that does not need a GPU is a failure: a missing test
+    dependency or a broken precondition must not pass silently."""
+    report = yield
+    if os.environ.get("CI") == "true" and report.skipped and "gpu" not in item.keywords:
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI without needing a GPU: {report.longrepr}"
+    return report
 
 
 @pytest.fixture

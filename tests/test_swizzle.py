@@ -24,8 +24,9 @@ def test_matches_model_and_round_trips(shape, dtype, gen):
 
 
 def test_matches_torch_to_blocked(gen):
-    # torch's own helper for F.scaled_mm's SWIZZLE_32_4_4 layout (torch.testing internals).
-    to_blocked = pytest.importorskip("torch.testing._internal.common_quantized").to_blocked
+    # torch's own helper for F.scaled_mm's SWIZZLE_32_4_4 layout (torch.testing internals; needs
+    # expecttest, in the `test` extra).
+    from torch.testing._internal.common_quantized import to_blocked
     s = torch.randint(1, 255, (256, 12), generator=gen, dtype=torch.uint8)
     assert torch.equal(deepwell.swizzle_scales(s), to_blocked(s).flatten())
 

@@ -20,3 +20,9 @@ NVRTC: str | None = os.environ.get("DEEPWELL_NVRTC") or None
 
 #: "1": print one line per CUDA kernel load (name, arch, disk-cache hit or compile time) to stderr.
 PRINT_COMPILE: bool = os.environ.get("DEEPWELL_PRINT_COMPILE", "0") not in ("", "0")
+
+
+def print_plan() -> bool:
+    """DEEPWELL_PRINT_PLAN=1: the backend prints every plan it makes (read at each plan, so it can be
+    set after import)."""
+    return os.environ.get("DEEPWELL_PRINT_PLAN") == "1"

@@ -24,12 +24,12 @@
 //!
 //! A present field of the wrong type is refused, never replaced by its default.
 
+use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
 use deepwell_core::policy::cost::{self, SiteCost};
 use deepwell_core::policy::{
     auto_recipe, check, decide, gemm_backend, native_recipes, Arch, GemmShape, GuardrailConfig, LayerInfo, LayerStats,
     Pass, Policy, Recipe, Role,
 };
-use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
 use serde_json::{json, Value};
 
 use crate::capi::fields::{count, get as field, optional, text};
@@ -129,7 +129,9 @@ pub fn recipes_entry(_: &Value) -> Answer {
         .iter()
         .map(|&r| {
             let elem = match r {
-                Recipe::Mxfp8 | Recipe::Fp8Block => json!({"name": "e4m3", "max": E4M3_MAX, "max_code": 0x7E, "half_ulp_at_max": 16.0}),
+                Recipe::Mxfp8 | Recipe::Fp8Block => {
+                    json!({"name": "e4m3", "max": E4M3_MAX, "max_code": 0x7E, "half_ulp_at_max": 16.0})
+                }
                 Recipe::Nvfp4 => json!({"name": "e2m1", "max": E2M1_MAX, "max_code": 0x7, "half_ulp_at_max": 1.0}),
                 Recipe::Bf16 => Value::Null,
             };
@@ -177,7 +179,8 @@ pub fn step_cost_entry(req: &Value) -> Answer {
     let (rates, own) = cost::rates(arch);
     let other_ms = other_bytes / (rates.copy_tbps * 1e12) * 1e3;
     let (ms, bf16) = cost::step_ms(&sites, arch);
-    let source = if own { rates.source.to_owned() } else { format!("{} (no rates for {arch}: borrowed)", rates.source) };
+    let source =
+        if own { rates.source.to_owned() } else { format!("{} (no rates for {arch}: borrowed)", rates.source) };
     Ok(json!({"step_ms": ms + other_ms, "bf16_step_ms": bf16 + other_ms, "rates_from": source}))
 }
 
@@ -203,7 +206,9 @@ pub fn guardrail_entry(req: &Value) -> Answer {
     let d = GuardrailConfig::default();
     let threshold = optional(req, "saturation_threshold", Value::as_f64, "a number")?;
     if threshold.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
-        return Err(format!("field 'saturation_threshold' must be in [0, 1], got {}", req["saturation_threshold"]).into());
+        return Err(
+            format!("field 'saturation_threshold' must be in [0, 1], got {}", req["saturation_threshold"]).into()
+        );
     }
     let cfg = GuardrailConfig { saturation_threshold: threshold.unwrap_or(d.saturation_threshold) };
     Ok(json!({ "fallback": check(&stats, &cfg).map(|f| f.reason) }))

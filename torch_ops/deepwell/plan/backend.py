@@ -21,7 +21,6 @@ A graph break splits the model into graphs planned separately (each has its own 
 from __future__ import annotations
 
 import operator
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import torch
 
 import deepwell  # noqa: F401  (the ops and their fake kernels exist before tracing)
 
+from .. import _env
 from .sites import Plan, Site, plan_sites, role_of
 from .policy import LayerDecision, PrecisionPolicy
 
@@ -208,7 +208,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
     PLANS.append(plan)
-    if options.get("verbose") or os.environ.get("DEEPWELL_PRINT_PLAN") == "1":
+    if options.get("verbose") or _env.print_plan():
         print(plan.table())
     return compile_fx(gm, example_inputs)
 

@@ -63,10 +63,35 @@ impl Role {
         const LM_HEAD: &[&str] = &["lm_head", "output", "logits", "classifier"];
         const ROUTER: &[&str] = &["router", "gate", "gating", "w_gate"];
         const EMBEDDING: &[&str] = &["wte", "wpe", "tok_embeddings"];
-        const ATTENTION: &[&str] =
-            &["attn", "attention", "self_attn", "q_proj", "k_proj", "v_proj", "o_proj", "wq", "wk", "wv", "wo", "qkv", "c_attn"];
+        const ATTENTION: &[&str] = &[
+            "attn",
+            "attention",
+            "self_attn",
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "wq",
+            "wk",
+            "wv",
+            "wo",
+            "qkv",
+            "c_attn",
+        ];
         const MLP: &[&str] = &[
-            "mlp", "ffn", "feed_forward", "w1", "w2", "w3", "gate_proj", "up_proj", "down_proj", "fc1", "fc2", "c_fc", "c_proj",
+            "mlp",
+            "ffn",
+            "feed_forward",
+            "w1",
+            "w2",
+            "w3",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+            "fc1",
+            "fc2",
+            "c_fc",
+            "c_proj",
         ];
         if module_type.contains("Embedding") {
             return Role::Embedding;
@@ -81,7 +106,9 @@ impl Role {
             Role::LmHead
         } else if ROUTER.contains(&last) {
             Role::Router
-        } else if EMBEDDING.contains(&last) || (last.starts_with("embed") && last.chars().all(|c| c.is_alphanumeric() || c == '_')) {
+        } else if EMBEDDING.contains(&last)
+            || (last.starts_with("embed") && last.chars().all(|c| c.is_alphanumeric() || c == '_'))
+        {
             Role::Embedding
         } else if parts.contains(&"experts") {
             Role::Experts
