@@ -40,8 +40,8 @@ pub fn dtype_in(op: Op, arg: &'static str, t: &Tensor, allowed: &[DType]) -> Res
 pub const FLOAT_INPUTS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
 /// The dtypes dequantizers may write.
-pub fn out_dtype(op: Op, code: Option<i32>) -> Result<DType> {
-    let d = code.map_or(DType::BF16, DType::from_code);
+pub fn out_dtype(op: Op, dtype: Option<DType>) -> Result<DType> {
+    let d = dtype.unwrap_or(DType::BF16);
     if FLOAT_INPUTS.contains(&d) {
         Ok(d)
     } else {
@@ -54,6 +54,17 @@ pub fn out_dtype(op: Op, code: Option<i32>) -> Result<DType> {
 pub enum Backend {
     Cpu,
     Cuda,
+}
+
+impl Backend {
+    /// The backend of tensors on `device` (what an op called from Rust runs on).
+    pub fn of(op: Op, device: Device) -> Result<Backend> {
+        match device {
+            Device::Cpu => Ok(Backend::Cpu),
+            Device::Cuda(_) => Ok(Backend::Cuda),
+            other => Err(Error::Unsupported { op, what: format!("no kernels for {other}") }),
+        }
+    }
 }
 
 /// Every tensor argument must be on the kernel's backend and on one device; returns that device.

@@ -29,7 +29,7 @@ pub struct Kernel {
 
 /// Makes the `extern "C-unwind"` entry point for `(spec, body)`.
 macro_rules! boxed_kernel {
-    ($spec:path, $body:path) => {{
+    ($spec:path, $body:expr) => {{
         unsafe extern "C-unwind" fn trampoline(stack: *mut $crate::abi::StableIValue, nargs: u64, nout: u64) {
             // SAFETY: libtorch calls boxed kernels with a stack of max(nargs, nout) slots holding the
             // schema's arguments; `run` checks the counts against the spec before decoding.
@@ -40,20 +40,27 @@ macro_rules! boxed_kernel {
 }
 pub(crate) use boxed_kernel;
 
-/// The CPU and the CUDA registration of an op whose kernels are `cpu::$f` and `cuda::$f` (the
-/// layout of every op family: `mod.rs` checks, `cpu.rs` reference, `cuda.rs` kernels).
+/// The CPU and the CUDA registration of an op whose dispatcher entry is `$f(args, backend)` (the
+/// layout of every op family: `mod.rs` reads the schema's arguments and calls the family's typed
+/// function, which validates and runs `cpu.rs` (the reference) or `cuda.rs`).
 macro_rules! cpu_and_cuda {
     ($spec:path, $f:ident) => {
         [
             $crate::kernel::Kernel {
                 spec: &$spec,
                 dispatch_key: "CPU",
-                boxed: $crate::kernel::boxed_kernel!($spec, cpu::$f),
+                boxed: $crate::kernel::boxed_kernel!($spec, |a: &mut $crate::stack::Args| $f(
+                    a,
+                    $crate::check::Backend::Cpu
+                )),
             },
             $crate::kernel::Kernel {
                 spec: &$spec,
                 dispatch_key: "CUDA",
-                boxed: $crate::kernel::boxed_kernel!($spec, cuda::$f),
+                boxed: $crate::kernel::boxed_kernel!($spec, |a: &mut $crate::stack::Args| $f(
+                    a,
+                    $crate::check::Backend::Cuda
+                )),
             },
         ]
     };

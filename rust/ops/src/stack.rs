@@ -6,6 +6,7 @@
 //! whatever the kernel does next, every handle is released exactly once by Drop.
 
 use crate::abi::{api, StableIValue, StringHandle};
+use crate::dtype::DType;
 use crate::error::{Error, Op, Result};
 use crate::tensor::Tensor;
 
@@ -144,41 +145,6 @@ impl Args {
         Args { op, values }
     }
 
-    /// Arguments built in Rust rather than decoded: how one op runs another op's kernel body
-    /// directly (the linear layers call the quantizers so, under their own name in messages).
-    pub fn internal(op: Op) -> Args {
-        Args { op, values: Vec::new() }
-    }
-
-    fn with(mut self, name: &'static str, v: Value) -> Args {
-        self.values.push((name, Some(v)));
-        self
-    }
-
-    pub fn with_tensor(self, name: &'static str, t: Tensor) -> Args {
-        self.with(name, Value::Tensor(Some(t)))
-    }
-
-    pub fn with_opt_tensor(self, name: &'static str, t: Option<Tensor>) -> Args {
-        self.with(name, Value::OptTensor(t))
-    }
-
-    pub fn with_int(self, name: &'static str, v: i64) -> Args {
-        self.with(name, Value::Int(v))
-    }
-
-    pub fn with_bool(self, name: &'static str, v: bool) -> Args {
-        self.with(name, Value::Bool(v))
-    }
-
-    pub fn with_str(self, name: &'static str, v: &str) -> Args {
-        self.with(name, Value::Str(v.to_owned()))
-    }
-
-    pub fn with_opt_scalar_type(self, name: &'static str, v: Option<i32>) -> Args {
-        self.with(name, Value::OptScalarType(v))
-    }
-
     pub fn op(&self) -> Op {
         self.op
     }
@@ -244,9 +210,9 @@ impl Args {
         }
     }
 
-    pub fn opt_scalar_type(&mut self, name: &'static str) -> Result<Option<i32>> {
+    pub fn opt_scalar_type(&mut self, name: &'static str) -> Result<Option<DType>> {
         match self.take(name)? {
-            Value::OptScalarType(v) => Ok(v),
+            Value::OptScalarType(v) => Ok(v.map(DType::from_code)),
             _ => Err(self.wrong_kind(name)),
         }
     }

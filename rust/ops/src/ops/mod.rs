@@ -1,6 +1,12 @@
 //! The op catalogue: every kernel this library registers, one module per op family (the same stems
 //! as `cuda/*.cuh`, `torch_ops/deepwell/ops/*.py`, `tests/test_*.py` and `rust/core/src/*.rs`).
-//! Each family has `mod.rs` (specs and argument checks), `cpu.rs` (the reference) and `cuda.rs`.
+//!
+//! Each family has `mod.rs`, `cpu.rs` (the reference) and `cuda.rs` (the kernels). `mod.rs` holds:
+//! - the schemas' argument specs (`OpSpec`, checked against the Python schemas by a test);
+//! - the typed API: one function per op (`mxfp8::quantize(op, on, x, dim, MxOptions)`, ...) that
+//!   validates into a typed call struct and runs the CPU or CUDA body through `run_on`. Rust code
+//!   (the linear layers, later MoE) calls these; nothing re-parses strings;
+//! - the dispatcher's entry points (`*_boxed`): read the schema's arguments, call the typed API.
 
 pub mod fp8_block;
 pub mod linear;
@@ -8,7 +14,24 @@ pub mod mxfp8;
 pub mod nvfp4;
 pub mod swizzle;
 
+use crate::check::Backend;
+use crate::error::{Error, Op, Result};
 use crate::kernel::Kernel;
+use crate::tensor::Tensor;
+
+/// A kernel body: the CPU reference (`cpu.rs`) or the CUDA kernels (`cuda.rs`) of a validated call.
+pub(crate) type Body<Q> = fn(Op, Q) -> Result<Vec<Tensor>>;
+
+/// Runs the validated call `q` with the body of backend `on`; its N outputs (the family's typed
+/// functions return them as arrays).
+pub(crate) fn run_on<Q, const N: usize>(op: Op, on: Backend, q: Q, cpu: Body<Q>, cuda: Body<Q>) -> Result<[Tensor; N]> {
+    let v = match on {
+        Backend::Cpu => cpu(op, q)?,
+        Backend::Cuda => cuda(op, q)?,
+    };
+    let got = v.len();
+    v.try_into().map_err(|_| Error::Internal { op, msg: format!("a kernel returned {got} tensors, not {N}") })
+}
 
 pub fn all_kernels() -> Vec<Kernel> {
     let mut k = Vec::new();

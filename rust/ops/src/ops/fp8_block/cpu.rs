@@ -2,17 +2,13 @@
 
 use deepwell_core::fp8_block;
 
-use super::{parse_dequantize, parse_quantize, parse_quantize_rowcol, BLOCK};
-use crate::check::Backend;
+use super::{Dequantize, Quantize, QuantizeRowCol, BLOCK};
 use crate::dtype::{DType, Device};
-use crate::error::Result;
+use crate::error::{Op, Result};
 use crate::host::{self, with_floats, with_floats_mut};
-use crate::stack::Args;
 use crate::tensor::Tensor;
 
-pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize(a, Backend::Cpu)?;
-    let op = a.op();
+pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let data = Tensor::empty(op, q.x.sizes(), DType::E4M3, Device::Cpu)?;
     let scale_inv = Tensor::empty(op, &q.g.scale_shape, DType::F32, Device::Cpu)?;
     let g = &q.g;
@@ -25,9 +21,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
 }
 
 /// By definition: `fp8_block_quantize(x, 1, 128)` and `fp8_block_quantize(x.t().contiguous(), 1, 128)`.
-pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize_rowcol(a, Backend::Cpu)?;
-    let op = a.op();
+pub(super) fn quantize_rowcol(op: Op, q: QuantizeRowCol) -> Result<Vec<Tensor>> {
     let shapes = q.shapes();
     let (m, k, b) = (q.m as usize, q.k as usize, BLOCK as usize);
     let outs = [
@@ -42,20 +36,19 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
         let (rd, rs, cd, cs) = (rd.as_mut_slice(), rs.as_mut_slice(), cd.as_mut_slice(), cs.as_mut_slice());
         with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => {
             fp8_block::fp8_block_quantize(xs, 1, m, k, 1, b, q.pow2, rd, rs);
-            let xt = host::transpose(a.op(), xs, m, k)?;
+            let xt = host::transpose(op, xs, m, k)?;
             fp8_block::fp8_block_quantize(&xt, 1, k, m, 1, b, q.pow2, cd, cs);
         });
     }
     Ok(outs.into())
 }
 
-pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_dequantize(a, Backend::Cpu)?;
-    let out = Tensor::empty(a.op(), q.data.sizes(), q.out_dtype, Device::Cpu)?;
+pub(super) fn dequantize(op: Op, q: Dequantize) -> Result<Vec<Tensor>> {
+    let out = Tensor::empty(op, q.data.sizes(), q.out_dtype, Device::Cpu)?;
     let g = &q.g;
     // SAFETY: validated CPU inputs; `out` fresh and contiguous with data's numel.
     unsafe {
-        let (d, s) = (host::row_major::<u8>(a.op(), &q.data)?, host::row_major::<f32>(a.op(), &q.scale_inv)?);
+        let (d, s) = (host::row_major::<u8>(op, &q.data)?, host::row_major::<f32>(op, &q.scale_inv)?);
         with_floats_mut!(host::float_slice_mut(&out, q.out_dtype), o => fp8_block::fp8_block_dequantize(&d, &s, g.batch, g.rows, g.cols, g.br, g.bc, o));
     }
     Ok(vec![out])

@@ -4,12 +4,10 @@ use deepwell_gpu::kernels::fp8_block::{Block, Sizes};
 use deepwell_gpu::kernels::Fp8Block;
 use deepwell_gpu::Params;
 
-use super::{parse_dequantize, parse_quantize, parse_quantize_rowcol};
-use crate::check::Backend;
+use super::{Dequantize, Quantize, QuantizeRowCol};
 use crate::cuda::{self, float, ptr};
 use crate::dtype::DType;
-use crate::error::Result;
-use crate::stack::Args;
+use crate::error::{Op, Result};
 use crate::tensor::Tensor;
 
 /// The kernel's block shape (the parsers accept only these three).
@@ -21,9 +19,7 @@ fn block(br: usize, bc: usize) -> Block {
     }
 }
 
-pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let x = cuda::contiguous(op, q.x)?;
     let data = Tensor::empty(op, x.sizes(), DType::E4M3, q.device)?;
@@ -39,9 +35,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![data, scale_inv])
 }
 
-pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize_rowcol(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn quantize_rowcol(op: Op, q: QuantizeRowCol) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let shapes = q.shapes();
     let x = cuda::contiguous(op, q.x)?;
@@ -57,9 +51,7 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![rd, rs, cd, cs])
 }
 
-pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_dequantize(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn dequantize(op: Op, q: Dequantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let data = cuda::contiguous(op, q.data)?;
     let scale_inv = cuda::contiguous(op, q.scale_inv)?;

@@ -13,6 +13,7 @@ use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
+use crate::ops::run_on;
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -39,11 +40,61 @@ pub static DEQUANTIZE: OpSpec = OpSpec {
 
 pub fn kernels() -> Vec<Kernel> {
     [
-        cpu_and_cuda!(QUANTIZE, quantize),
-        cpu_and_cuda!(QUANTIZE_ROWCOL, quantize_rowcol),
-        cpu_and_cuda!(DEQUANTIZE, dequantize),
+        cpu_and_cuda!(QUANTIZE, quantize_boxed),
+        cpu_and_cuda!(QUANTIZE_ROWCOL, quantize_rowcol_boxed),
+        cpu_and_cuda!(DEQUANTIZE, dequantize_boxed),
     ]
     .concat()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The typed API: validates, then runs on `on` (the CPU reference or the CUDA kernels).
+
+/// `fp8_block_quantize`: E4M3 with one fp32 scale per (block_rows, block_cols) block of the last two
+/// dims, power-of-two scales when `pow2`; (data, scale_inv).
+pub fn quantize(op: Op, on: Backend, x: Tensor, block: (i64, i64), pow2: bool) -> Result<[Tensor; 2]> {
+    let q = Quantize::new(op, on, x, block, pow2)?;
+    run_on(op, on, q, cpu::quantize, cuda::quantize)
+}
+
+/// `fp8_block_quantize_rowcol`: x (m, k) in 1x128 blocks along k and, transposed, along m, from one
+/// read; [data (m, k), scale_inv (m, k/128), data (k, m), scale_inv (k, m/128)].
+pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, pow2: bool) -> Result<[Tensor; 4]> {
+    let q = QuantizeRowCol::new(op, on, x, pow2)?;
+    run_on(op, on, q, cpu::quantize_rowcol, cuda::quantize_rowcol)
+}
+
+/// `fp8_block_dequantize`: data * scale_inv per block, in `out_dtype` (bf16 when None).
+pub fn dequantize(
+    op: Op,
+    on: Backend,
+    data: Tensor,
+    scale_inv: Tensor,
+    block: (i64, i64),
+    out_dtype: Option<DType>,
+) -> Result<Tensor> {
+    let q = Dequantize::new(op, on, data, scale_inv, block, out_dtype)?;
+    let [out] = run_on(op, on, q, cpu::dequantize, cuda::dequantize)?;
+    Ok(out)
+}
+
+// The dispatcher's entry points: the schema's arguments, then the typed call.
+
+fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
+    let (x, block, pow2) = (a.tensor("x")?, (a.int("block_rows")?, a.int("block_cols")?), a.bool("pow2")?);
+    Ok(quantize(a.op(), on, x, block, pow2)?.into())
+}
+
+fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
+    let (x, pow2) = (a.tensor("x")?, a.bool("pow2")?);
+    Ok(quantize_rowcol(a.op(), on, x, pow2)?.into())
+}
+
+fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
+    let (data, scale_inv) = (a.tensor("data")?, a.tensor("scale_inv")?);
+    let block = (a.int("block_rows")?, a.int("block_cols")?);
+    let out_dtype = a.opt_scalar_type("out_dtype")?;
+    Ok(vec![dequantize(a.op(), on, data, scale_inv, block, out_dtype)?])
 }
 
 /// The supported block shapes (DeepSeek-V3 / Transformer Engine Float8BlockScaling).
@@ -97,15 +148,13 @@ struct Quantize {
     pow2: bool,
 }
 
-fn parse_quantize(a: &mut Args, backend: Backend) -> Result<Quantize> {
-    let op = a.op();
-    let x = a.tensor("x")?;
-    let (br, bc) = (a.int("block_rows")?, a.int("block_cols")?);
-    let pow2 = a.bool("pow2")?;
-    let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
-    let device = check::same_device(op, backend, &[("x", &x)])?;
-    let g = geometry(op, "x", &x, br, bc)?;
-    Ok(Quantize { x, dtype, device, g, pow2 })
+impl Quantize {
+    fn new(op: Op, backend: Backend, x: Tensor, (br, bc): (i64, i64), pow2: bool) -> Result<Quantize> {
+        let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+        let device = check::same_device(op, backend, &[("x", &x)])?;
+        let g = geometry(op, "x", &x, br, bc)?;
+        Ok(Quantize { x, dtype, device, g, pow2 })
+    }
 }
 
 /// A validated `fp8_block_quantize_rowcol` call: x is (m, k), both multiples of 128.
@@ -118,23 +167,20 @@ struct QuantizeRowCol {
     pow2: bool,
 }
 
-fn parse_quantize_rowcol(a: &mut Args, backend: Backend) -> Result<QuantizeRowCol> {
-    let op = a.op();
-    let x = a.tensor("x")?;
-    let pow2 = a.bool("pow2")?;
-    let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
-    let device = check::same_device(op, backend, &[("x", &x)])?;
-    if x.dim() != 2 {
-        return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", x.dim())));
-    }
-    check::non_empty(op, "x", &x, 2)?;
-    check::divisible(op, "x", &x, 0, BLOCK as usize, "the transposed copy has 1x128 blocks along rows")?;
-    check::divisible(op, "x", &x, 1, BLOCK as usize, "the row-wise copy has 1x128 blocks along k")?;
-    let (m, k) = (x.sizes()[0], x.sizes()[1]);
-    Ok(QuantizeRowCol { x, dtype, device, m, k, pow2 })
-}
-
 impl QuantizeRowCol {
+    fn new(op: Op, backend: Backend, x: Tensor, pow2: bool) -> Result<QuantizeRowCol> {
+        let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+        let device = check::same_device(op, backend, &[("x", &x)])?;
+        if x.dim() != 2 {
+            return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", x.dim())));
+        }
+        check::non_empty(op, "x", &x, 2)?;
+        check::divisible(op, "x", &x, 0, BLOCK as usize, "the transposed copy has 1x128 blocks along rows")?;
+        check::divisible(op, "x", &x, 1, BLOCK as usize, "the row-wise copy has 1x128 blocks along k")?;
+        let (m, k) = (x.sizes()[0], x.sizes()[1]);
+        Ok(QuantizeRowCol { x, dtype, device, m, k, pow2 })
+    }
+
     /// Row data (m, k), row scales (m, k/128), transposed col data (k, m), col scales (k, m/128).
     fn shapes(&self) -> [Vec<i64>; 4] {
         let (m, k) = (self.m, self.k);
@@ -150,16 +196,21 @@ struct Dequantize {
     out_dtype: DType,
 }
 
-fn parse_dequantize(a: &mut Args, backend: Backend) -> Result<Dequantize> {
-    let op = a.op();
-    let data = a.tensor("data")?;
-    let scale_inv = a.tensor("scale_inv")?;
-    let (br, bc) = (a.int("block_rows")?, a.int("block_cols")?);
-    let out_dtype = check::out_dtype(op, a.opt_scalar_type("out_dtype")?)?;
-    check::dtype_in(op, "data", &data, &[DType::E4M3])?;
-    check::dtype_in(op, "scale_inv", &scale_inv, &[DType::F32])?;
-    let device = check::same_device(op, backend, &[("data", &data), ("scale_inv", &scale_inv)])?;
-    let g = geometry(op, "data", &data, br, bc)?;
-    check::shape_eq(op, "scale_inv", &scale_inv, &g.scale_shape)?;
-    Ok(Dequantize { data, scale_inv, device, g, out_dtype })
+impl Dequantize {
+    fn new(
+        op: Op,
+        backend: Backend,
+        data: Tensor,
+        scale_inv: Tensor,
+        (br, bc): (i64, i64),
+        out_dtype: Option<DType>,
+    ) -> Result<Dequantize> {
+        let out_dtype = check::out_dtype(op, out_dtype)?;
+        check::dtype_in(op, "data", &data, &[DType::E4M3])?;
+        check::dtype_in(op, "scale_inv", &scale_inv, &[DType::F32])?;
+        let device = check::same_device(op, backend, &[("data", &data), ("scale_inv", &scale_inv)])?;
+        let g = geometry(op, "data", &data, br, bc)?;
+        check::shape_eq(op, "scale_inv", &scale_inv, &g.scale_shape)?;
+        Ok(Dequantize { data, scale_inv, device, g, out_dtype })
+    }
 }

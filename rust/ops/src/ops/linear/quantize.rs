@@ -45,7 +45,7 @@ fn m_major(op: Op, scale: Tensor) -> Result<Tensor> {
 }
 
 fn nvfp4_options(role: Role, seed: u64, hadamard: bool) -> Nvfp4Options {
-    Nvfp4Options { block_2d: role == Role::Weight, seed: (role == Role::Gradient).then_some(seed), hadamard }
+    Nvfp4Options { block_2d: role == Role::Weight, stochastic_seed: (role == Role::Gradient).then_some(seed), hadamard }
 }
 
 /// NVFP4 dequantized without the global decode scale (exact in bf16: E2M1 x E4M3 has at most six

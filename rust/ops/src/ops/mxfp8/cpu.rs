@@ -4,17 +4,13 @@ use deepwell_core::mxfp8;
 use deepwell_core::shape::Dims3;
 use deepwell_core::swizzle;
 
-use super::{elem_dtype, parse_dequantize, parse_quantize, parse_quantize_rowcol};
-use crate::check::Backend;
+use super::{elem_dtype, Dequantize, Quantize, QuantizeRowCol};
 use crate::dtype::{DType, Device};
-use crate::error::Result;
+use crate::error::{Op, Result};
 use crate::host::{self, with_floats, with_floats_mut};
-use crate::stack::Args;
 use crate::tensor::Tensor;
 
-pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize(a, Backend::Cpu)?;
-    let op = a.op();
+pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let data = Tensor::empty(op, &q.data_shape, elem_dtype(q.elem), Device::Cpu)?;
     let scale = Tensor::empty(op, &q.scale_shape, DType::E8M0, Device::Cpu)?;
     // SAFETY: x is a validated non-empty CPU float tensor; data/scale are fresh contiguous 1-byte
@@ -28,9 +24,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
 
 /// The one-pass op's semantics, by definition: the row-wise quantization along k and the
 /// column-wise quantization along m (of x^T when transposed), from the same high-precision x.
-pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize_rowcol(a, Backend::Cpu)?;
-    let op = a.op();
+pub(super) fn quantize_rowcol(op: Op, q: QuantizeRowCol) -> Result<Vec<Tensor>> {
     let shapes = q.shapes();
     let (m, k) = (q.m, q.k);
     let elem = elem_dtype(q.elem);
@@ -48,7 +42,7 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
         with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => {
             mxfp8::mxfp8_quantize(xs, Dims3 { outer: m, k, inner: 1 }, q.mode, q.elem, rd, rs);
             if q.col_transposed {
-                let xt = host::transpose(a.op(), xs, m, k)?;
+                let xt = host::transpose(op, xs, m, k)?;
                 mxfp8::mxfp8_quantize(&xt, Dims3 { outer: k, k: m, inner: 1 }, q.mode, q.elem, cd, cs);
             } else {
                 mxfp8::mxfp8_quantize(xs, Dims3 { outer: 1, k: m, inner: k }, q.mode, q.elem, cd, cs);
@@ -72,12 +66,11 @@ fn swizzled(op: crate::error::Op, scale: &Tensor) -> Result<Tensor> {
     Ok(out)
 }
 
-pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_dequantize(a, Backend::Cpu)?;
-    let out = Tensor::empty(a.op(), q.data.sizes(), q.out_dtype, Device::Cpu)?;
+pub(super) fn dequantize(op: Op, q: Dequantize) -> Result<Vec<Tensor>> {
+    let out = Tensor::empty(op, q.data.sizes(), q.out_dtype, Device::Cpu)?;
     // SAFETY: validated 1-byte CPU inputs; `out` is fresh and contiguous with data's numel.
     unsafe {
-        let (d, s) = (host::row_major::<u8>(a.op(), &q.data)?, host::row_major::<u8>(a.op(), &q.scale)?);
+        let (d, s) = (host::row_major::<u8>(op, &q.data)?, host::row_major::<u8>(op, &q.scale)?);
         with_floats_mut!(host::float_slice_mut(&out, q.out_dtype), o => mxfp8::mxfp8_dequantize(&d, &s, q.dims, q.elem, o));
     }
     Ok(vec![out])

@@ -5,13 +5,11 @@ use deepwell_gpu::kernels::mxfp8::{Fp8, Mode, Sizes};
 use deepwell_gpu::kernels::Mxfp8;
 use deepwell_gpu::Params;
 
-use super::{elem_dtype, parse_dequantize, parse_quantize, parse_quantize_rowcol};
-use crate::check::Backend;
+use super::{elem_dtype, Dequantize, Quantize, QuantizeRowCol};
 use crate::cuda::{self, float, ptr};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Op, Result};
 use crate::ops::swizzle::swizzle_on_device;
-use crate::stack::Args;
 use crate::tensor::Tensor;
 
 fn mode(m: ScaleMode) -> Mode {
@@ -28,9 +26,7 @@ fn fp8(e: Fp8Elem) -> Fp8 {
     }
 }
 
-pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let x = cuda::contiguous(op, q.x)?;
     let data = Tensor::empty(op, &q.data_shape, elem_dtype(q.elem), q.device)?;
@@ -53,9 +49,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![data, scale])
 }
 
-pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize_rowcol(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn quantize_rowcol(op: Op, q: QuantizeRowCol) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let shapes = q.shapes();
     let x = cuda::contiguous(op, q.x)?;
@@ -80,9 +74,7 @@ pub fn quantize_rowcol(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![rd, rs, cd, cs])
 }
 
-pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_dequantize(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn dequantize(op: Op, q: Dequantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let data = cuda::contiguous(op, q.data)?;
     let scale = cuda::contiguous(op, q.scale)?;

@@ -2,12 +2,10 @@
 
 use deepwell_core::nvfp4::{self, Nvfp4Options};
 
-use super::{parse_dequantize, parse_quantize};
-use crate::check::Backend;
+use super::{Dequantize, Quantize};
 use crate::dtype::{DType, Device};
-use crate::error::Result;
+use crate::error::{Op, Result};
 use crate::host::{self, with_floats, with_floats_mut};
-use crate::stack::Args;
 use crate::tensor::Tensor;
 
 /// The value of a validated one-element float32 CPU tensor.
@@ -16,9 +14,7 @@ fn scalar(t: &Tensor) -> f32 {
     unsafe { *(t.data_ptr() as *const f32) }
 }
 
-pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize(a, Backend::Cpu)?;
-    let op = a.op();
+pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let opts = Nvfp4Options { block_2d: q.block_2d, stochastic_seed: q.seed, hadamard: q.hadamard };
     let amax = q.global_amax.as_ref().map(scalar);
     let data = Tensor::empty(op, &q.data_shape, DType::U8, Device::Cpu)?;
@@ -37,13 +33,12 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![data, scale, global_scale])
 }
 
-pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_dequantize(a, Backend::Cpu)?;
+pub(super) fn dequantize(op: Op, q: Dequantize) -> Result<Vec<Tensor>> {
     let s_dec = scalar(&q.global_scale);
-    let out = Tensor::empty(a.op(), &q.out_shape, q.out_dtype, Device::Cpu)?;
+    let out = Tensor::empty(op, &q.out_shape, q.out_dtype, Device::Cpu)?;
     // SAFETY: validated 1-byte CPU inputs; `out` is fresh and contiguous with rows*k elements.
     unsafe {
-        let (d, s) = (host::row_major::<u8>(a.op(), &q.data)?, host::row_major::<u8>(a.op(), &q.scale)?);
+        let (d, s) = (host::row_major::<u8>(op, &q.data)?, host::row_major::<u8>(op, &q.scale)?);
         with_floats_mut!(host::float_slice_mut(&out, q.out_dtype), o => nvfp4::nvfp4_dequantize(&d, &s, s_dec, q.rows, q.k, o));
     }
     Ok(vec![out])

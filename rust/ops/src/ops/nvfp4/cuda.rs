@@ -4,17 +4,13 @@
 use deepwell_gpu::kernels::{Matrix, Nvfp4};
 use deepwell_gpu::Params;
 
-use super::{parse_dequantize, parse_quantize};
-use crate::check::Backend;
+use super::{Dequantize, Quantize};
 use crate::cuda::{self, float, ptr};
 use crate::dtype::DType;
-use crate::error::Result;
-use crate::stack::Args;
+use crate::error::{Op, Result};
 use crate::tensor::Tensor;
 
-pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_quantize(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let x = cuda::contiguous(op, q.x)?;
     let (input, hadamard) = (float(q.dtype), q.hadamard);
@@ -45,9 +41,7 @@ pub fn quantize(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![data, scale, global_scale])
 }
 
-pub fn dequantize(a: &mut Args) -> Result<Vec<Tensor>> {
-    let q = parse_dequantize(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn dequantize(op: Op, q: Dequantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let data = cuda::contiguous(op, q.data)?;
     let scale = cuda::contiguous(op, q.scale)?;

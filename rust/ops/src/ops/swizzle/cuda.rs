@@ -4,12 +4,10 @@ use deepwell_core::swizzle::swizzled_len;
 use deepwell_gpu::kernels::{Matrix, Swizzle};
 use deepwell_gpu::Params;
 
-use super::{parse_swizzle, parse_unswizzle};
-use crate::check::Backend;
+use super::Call;
 use crate::cuda::{self, ptr};
 use crate::dtype::Device;
 use crate::error::{Op, Result};
-use crate::stack::Args;
 use crate::tensor::Tensor;
 
 /// The swizzled 1-D copy of a contiguous 2-D CUDA scale tensor (also used by the one-pass quantizers).
@@ -25,17 +23,13 @@ pub fn swizzle_on_device(op: Op, launch: &cuda::Launch, src: &Tensor, device: De
     Ok(out)
 }
 
-pub fn swizzle(a: &mut Args) -> Result<Vec<Tensor>> {
-    let c = parse_swizzle(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn swizzle(op: Op, c: Call) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, c.device)?;
     let src = cuda::contiguous(op, c.src)?;
     Ok(vec![swizzle_on_device(op, &launch, &src, c.device)?])
 }
 
-pub fn unswizzle(a: &mut Args) -> Result<Vec<Tensor>> {
-    let c = parse_unswizzle(a, Backend::Cuda)?;
-    let op = a.op();
+pub(super) fn unswizzle(op: Op, c: Call) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, c.device)?;
     let src = cuda::contiguous(op, c.src)?;
     let out = Tensor::empty(op, &[c.rows as i64, c.cols as i64], c.dtype, c.device)?;
