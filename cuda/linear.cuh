@@ -1,4 +1,4 @@
-// The linear layers' GEMM epilogue (rust/ops/src/ops/linear/epilogue.rs; CPU twin in the same file):
+// The linear layers' GEMM epilogue (rust/ops/src/gemm/epilogue.rs; CPU twin in the same file):
 //   out[r, c] = Out( (y[r, c] * (ga * gb)) + bias[c] )
 // y is the fp32 GEMM result. `ga`/`gb` are the per-tensor decode scales of NVFP4 operands (device
 // pointers to one float each, both null when the recipe has none): cuBLASLt applies them as the

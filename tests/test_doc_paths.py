@@ -8,7 +8,7 @@ starts with `./`, `../` or `/`, or ends in a file extension; a bare name ending 
 too. It resolves when it names a tracked file or directory relative to the repository root, to the
 citing file's directory or one of its parents, or (bare `.md` names only) to docs/; a path that
 does not start with a top-level directory may also be the tail of a tracked path
-(`ops/linear/epilogue.rs`); `*` globs must match something. Text inside URLs, and paths built from
+(`gemm/epilogue.rs`); `*` globs must match something. Text inside URLs, and paths built from
 placeholders (`<root>/...`, `{dir}/...`, `$OUT/...`, `~/...`), are skipped. Paths outside the
 repository that the code names on purpose are in ALLOWED, each with its reason.
 

@@ -1,4 +1,4 @@
-"""Float64 model of the linear layers' recipes (rust/ops/src/ops/linear/quantize.rs; the table in
+"""Float64 model of the linear layers' recipes (rust/ops/src/gemm/quantize.rs; the table in
 torch_ops/deepwell/ops/linear.py), built on the reference quantizers of this package.
 
 Every pass is `A @ B.T` over the shared last dim K, with each operand quantized along K as the

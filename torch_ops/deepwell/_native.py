@@ -131,7 +131,7 @@ def manual_seed(seed: int) -> None:
 class cpu_gemm_arch:
     """Context manager (tests): CPU calls of the linear ops dispatch as on `arch` ("sm_90", "sm_100",
     ...), build that GPU's native GEMM arguments, and run them through a CPU model of
-    `_scaled_mm_v2` (rust/ops/src/ops/linear/scaled_mm_model.rs). CUDA calls are unaffected."""
+    `_scaled_mm_v2` (rust/ops/src/gemm/scaled_mm_model.rs). CUDA calls are unaffected."""
 
     def __init__(self, arch: str):
         self.arch = arch

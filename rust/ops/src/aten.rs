@@ -5,7 +5,7 @@
 //! argument is consumed (tensor handles, optional boxes and lists are freed by libtorch, even on
 //! failure); returns come back as new owning values in `stack[0..]`. Schemas with a `Scalar`
 //! argument cannot be called (the stable ABI has no Scalar encoding), which is why bias and alpha
-//! epilogues are deepwell kernels (`ops/linear/epilogue.rs`) and not `aten::add`.
+//! epilogues are deepwell kernels (`gemm/epilogue.rs`) and not `aten::add`.
 
 use std::ffi::CStr;
 

@@ -22,6 +22,7 @@ pub mod check;
 pub mod cuda;
 pub mod dtype;
 pub mod error;
+pub mod gemm;
 pub mod host;
 pub mod kernel;
 pub mod ops;

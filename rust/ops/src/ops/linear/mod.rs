@@ -3,15 +3,9 @@
 //! torch_ops/deepwell/ops/linear.py. The kernel (which GEMM runs each pass on which device) is
 //! chosen by deepwell_core::policy::gemm_backend, the table documented there and in the README.
 //!
-//! | file | what |
-//! |---|---|
-//! | `quantize.rs` | how each recipe quantizes each operand of each pass |
-//! | `operand.rs` | a GEMM operand in the form its backend reads |
-//! | `gemm.rs` | one GEMM: `_scaled_mm_v2`, cuBLAS bf16, or fp32 on the CPU |
-//! | `epilogue.rs` | NVFP4's alpha, the bias and the output cast after an fp32 GEMM |
-//! | `weight_cache.rs` | the weight's operands, cached until the weight changes |
-//! | `scaled_mm_model.rs` | a CPU model of `_scaled_mm_v2`, to run native paths' arguments anywhere |
-//! | `kernels.rs` | the quantizer kernels, called directly |
+//! The operands and GEMMs come from the shared quantized-GEMM layer (rust/ops/src/gemm/); this
+//! module validates the layer's arguments, runs its three passes, and owns `weight_cache.rs` (when
+//! a weight's quantized operands may be reused).
 //!
 //! Every pass is `out = A @ B^T` with A (rows, K) and B (cols, K) quantized along the shared K:
 //!
@@ -21,12 +15,6 @@
 //! | dgrad | dy (M, out) | W^T (in, out) | out |
 //! | wgrad | dy^T (out, M) | x^T (in, M) | M (tokens) |
 
-mod epilogue;
-mod gemm;
-mod kernels;
-mod operand;
-mod quantize;
-mod scaled_mm_model;
 pub mod weight_cache;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,11 +28,10 @@ use crate::capi::{fields, Answer};
 use crate::check;
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
+use crate::gemm::{self, quantize, Form, Role};
 use crate::kernel::{boxed_kernel, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
-use operand::Form;
-use quantize::Role;
 use weight_cache::{Want, WeightOperands};
 
 pub static FORWARD: OpSpec = OpSpec {
@@ -210,7 +197,7 @@ impl Layer {
 
     /// The weight's fprop or dgrad operand: made for this call, or reused inside a reuse scope
     /// (`weight_cache.rs` says exactly when).
-    fn weight_operand(&self, op: Op, want: Want) -> Result<operand::Operand> {
+    fn weight_operand(&self, op: Op, want: Want) -> Result<gemm::Operand> {
         let fprop = Form::of(self.choice(Pass::Fprop).backend).1;
         let dgrad = Form::of(self.choice(Pass::Dgrad).backend).1;
         let (recipe, w) = (self.recipe, &self.weight);
@@ -256,7 +243,7 @@ fn run_forward(op: Op, x: Tensor, weight: Tensor, bias: Option<Tensor>, recipe: 
     let x2 = layer.x_2d(op)?;
     let xa = quantize::along_k(op, layer.recipe, form, Role::Activation, x2, 0)?;
     let wb = layer.weight_operand(op, Want::Fprop)?;
-    let y = gemm::run(op, xa, wb, bias, layer.x.dtype())?;
+    let y = gemm::run::run(op, xa, wb, bias, layer.x.dtype())?;
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &layer.out_shape)?])
 }
 
@@ -284,7 +271,7 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let dx = match dy_rows {
         Some(da) => {
             let wb = layer.weight_operand(op, Want::Dgrad)?;
-            let dx = gemm::run(op, da, wb, None, x_dtype)?;
+            let dx = gemm::run::run(op, da, wb, None, x_dtype)?;
             aten::contiguous(op, dx)?.reshape_contiguous(op, layer.x.sizes())?
         }
         None => unused(op, x_dtype, layer.device)?,
@@ -294,7 +281,7 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
         (Some(da), Some((_, x_form))) => {
             let xb =
                 quantize::along_m(op, layer.recipe, x_form, Role::Activation, layer.x_2d(op)?, seed.wrapping_add(2))?;
-            aten::contiguous(op, gemm::run(op, da, xb, None, w_dtype)?)?
+            aten::contiguous(op, gemm::run::run(op, da, xb, None, w_dtype)?)?
         }
         _ => unused(op, w_dtype, layer.device)?,
     };

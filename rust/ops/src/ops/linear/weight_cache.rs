@@ -32,11 +32,11 @@ use std::sync::{LazyLock, Mutex};
 use deepwell_core::policy::Recipe;
 use serde_json::{json, Value};
 
-use super::operand::{Form, Operand};
 use crate::aten;
 use crate::capi::{fields, Answer};
 use crate::dtype::{DType, Device};
 use crate::error::{Op, Result};
+use crate::gemm::{Form, Operand};
 use crate::tensor::Tensor;
 
 /// Entries kept before the least recently used is evicted (a 70B dense model has ~560 linears).

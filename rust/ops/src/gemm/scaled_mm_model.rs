@@ -9,7 +9,7 @@
 //! with the float64 model. What this cannot check is cuBLASLt's own reading of the arguments.
 
 use super::epilogue;
-use super::kernels as k;
+use super::quantizers as k;
 use crate::aten::{self, Scales};
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};

@@ -17,8 +17,8 @@
 
 use deepwell_core::policy::{Recipe, ScalingType};
 
-use super::kernels::{self as k, Nvfp4Options};
 use super::operand::{dense_dtype, Form, Operand};
+use super::quantizers::{self as k, Nvfp4Options};
 use crate::aten;
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};

@@ -1,0 +1,22 @@
+//! The quantized-GEMM layer the GEMM ops build on (the linear layers today, MoE's grouped GEMMs
+//! next): operands quantized by a recipe into the form a GEMM backend reads, and the GEMM itself.
+//! Which backend runs each pass is `deepwell_core::policy::gemm_backend`'s decision.
+//!
+//! | file | what |
+//! |---|---|
+//! | `operand.rs` | `Form` (what a backend reads) and `Operand` (a GEMM operand in that form) |
+//! | `quantize.rs` | how each recipe quantizes each operand of each pass (`along_k`, `along_m`, the weight's and the gradient's pairs) |
+//! | `quantizers.rs` | the op families' typed quantizers with the options training uses |
+//! | `run.rs` | one GEMM `A @ B^T`: `_scaled_mm_v2`, cuBLAS bf16, or fp32 on the CPU |
+//! | `epilogue.rs` | NVFP4's alpha, the bias and the output cast after an fp32 GEMM |
+//! | `scaled_mm_model.rs` | a CPU model of `_scaled_mm_v2`, to run native paths' arguments anywhere |
+
+pub mod epilogue;
+pub mod operand;
+pub mod quantize;
+pub mod quantizers;
+pub mod run;
+pub mod scaled_mm_model;
+
+pub use operand::{Form, Operand};
+pub use quantize::Role;
