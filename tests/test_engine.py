@@ -91,3 +91,28 @@ def test_dryrun_accounts_for_every_part(model_and_tokens):
     assert est.peak_bytes >= est.weights + est.optimizer + est.quantized_weights + est.activations
     assert est.step_ms > 0 and est.bf16_step_ms > 0
     assert "predicted peak memory" in str(est)
+
+
+def test_engine_and_ir_reprs_do_not_dump_tensors(model_and_tokens):
+    model, tokens = model_and_tokens
+    engine = deepwell.compile(deepwell.capture(model, (tokens,)), precision="mxfp8")
+    assert repr(engine).startswith("Engine(") and "tensor(" not in repr(engine)
+    assert "tensor(" not in repr(engine.ir)
+
+
+def test_the_plan_names_the_precision_that_runs(model_and_tokens):
+    """An fp32 model's unquantized sites run in fp32, and the CPU's emulated GEMMs are fp32 GEMMs."""
+    model, tokens = model_and_tokens
+    plan = deepwell.autoplan(deepwell.capture(model, (tokens,)), arch="cpu", precision="mxfp8")
+    table = plan.table()
+    assert "fp32 (unquantized)" in table
+    emulated = [s for s in plan.sites if s.recipe == "mxfp8"]
+    assert emulated and all("fp32 GEMM" in s.decision.gemms["fprop"]["backend"] for s in emulated)
+
+
+def test_main_job_has_a_command_line():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "deepwell", "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "--precision" in done.stdout and "--quick" in done.stdout

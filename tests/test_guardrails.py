@@ -105,3 +105,19 @@ def test_linear_from_linear_shares_parameters(gen):
     assert d.weight is lin.weight and d.bias is lin.bias
     x = torch.randn(4, 64, generator=gen)
     assert same_bits(d(x), torch.ops.deepwell.scaled_linear(x, lin.weight, lin.bias, "mxfp8"))
+
+
+def test_linear_refuses_a_shape_its_recipe_cannot_take_at_construction():
+    with pytest.raises(ValueError, match=r"deepwell.Linear: mxfp8 needs in_features and out_features divisible by 32, got \(100, 100\)"):
+        deepwell.Linear(100, 100, recipe="mxfp8")
+    with pytest.raises(ValueError, match="deepwell.Linear: argument 'recipe' must be one of"):
+        deepwell.Linear(512, 512, recipe="fp4")
+
+
+def test_auto_linear_plans_bf16_for_a_shape_no_recipe_takes(monkeypatch):
+    from deepwell.plan import recipes
+
+    monkeypatch.setattr("deepwell.nn.linear.auto_recipe", lambda: "fp8_block")
+    layer = deepwell.Linear(100, 256, recipe="auto")
+    assert layer.recipe == "bf16"
+    assert recipes.block_k("fp8_block") == 128

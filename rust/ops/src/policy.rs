@@ -98,7 +98,7 @@ pub fn decide_entry(req: &Value) -> Answer {
                     .map(|&pass| {
                         let shape = GemmShape::linear(pass, tokens as usize, info.in_features, info.out_features);
                         let c = gemm_backend(d.recipe, arch, pass, shape);
-                        (pass.to_string(), json!({"backend": c.backend.describe(), "emulated": c.emulated, "reason": c.reason}))
+                        (pass.to_string(), json!({"backend": c.backend.describe_on(arch), "emulated": c.emulated, "reason": c.reason}))
                     })
                     .collect();
                 out["gemms"] = Value::Object(gemms);

@@ -42,9 +42,17 @@ class Linear(torch.nn.Linear):
             # Here rather than at the first forward, where the op would name scaled_linear.
             choices = ", ".join(repr(r) for r in (*recipes.names(), "auto"))
             raise ValueError(f"deepwell.Linear: argument 'recipe' must be one of {choices}, got {recipe!r}")
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         planned = auto_recipe() if recipe == "auto" else recipe
         reason = f"recipe={recipe!r}" + (f" -> {planned} on {current_arch()}" if recipe == "auto" else "")
+        block = recipes.block_k(planned)
+        if block and (in_features % block or out_features % block):
+            # Both dims are some pass's K. An explicit recipe that cannot take the shape is an error
+            # now (not at the first forward); "auto" plans bf16 and says why, as the backend does.
+            why = f"{planned} needs in_features and out_features divisible by {block}"
+            if recipe != "auto":
+                raise ValueError(f"deepwell.Linear: {why}, got ({in_features}, {out_features})")
+            planned, reason = "bf16", f"{reason}; {why}, got ({in_features}, {out_features}): bf16"
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         label = name or f"Linear@{id(self):x}"
         self.guardrail = Guardrail(label, planned, reason, guardrail_config) if guardrails else None
         self.recipe = planned

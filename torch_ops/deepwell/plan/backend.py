@@ -97,7 +97,8 @@ def _site(node: torch.fx.Node, x, w: torch.fx.Node, k_by_n: bool) -> Site | None
     module_type = stack[-1][1].__name__ if stack and isinstance(stack[-1][1], type) else "Parameter"
     out_f, in_f = (int(d) for d in (reversed(wv.shape) if k_by_n else wv.shape))
     tokens = int(xv.numel() // max(in_f, 1)) if all(isinstance(d, int) for d in xv.shape) else 0
-    return Site(name, module_type, role_of(name, module_type), in_f, out_f, tokens, device=str(wv.device))
+    role = role_of(name, module_type)
+    return Site(name, module_type, role, in_f, out_f, tokens, device=str(wv.device), dtype=str(xv.dtype))
 
 
 def _gemm(node: torch.fx.Node) -> Gemm | None:

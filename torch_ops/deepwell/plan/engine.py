@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 
 import torch
@@ -33,8 +35,8 @@ class IR:
     """What the planner sees of a model: its GEMM sites in graph order (from the same Dynamo capture
     the backend uses) and its modules with parameters, each tagged with a role."""
 
-    model: torch.nn.Module
-    example_inputs: tuple
+    model: torch.nn.Module = field(repr=False)
+    example_inputs: tuple = field(repr=False)
     sites: list[Site] = field(default_factory=list)
     modules: list[ModuleInfo] = field(default_factory=list)
     graphs: int = 0
@@ -88,10 +90,7 @@ def autoplan(
     instead of the captured ones. Single GPU: `plan.parallelism` is all ones (room for data, tensor,
     pipeline and expert parallel degrees); `moe` is recorded for the MoE planner."""
     tokens = seq_len * global_batch if seq_len and global_batch else None
-    sites = [
-        Site(s.name, s.module_type, s.role, s.in_features, s.out_features, tokens or s.tokens, device=s.device)
-        for s in ir.sites
-    ]
+    sites = [dataclasses.replace(s, tokens=tokens or s.tokens, decision=None) for s in ir.sites]
     arch = arch or (hw.arch if hw is not None else None)
     plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)
     plan.parallelism = {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1}
@@ -108,6 +107,13 @@ class Engine:
     plan: Plan
     compiled: object
     fallback: str = "safe"
+
+    def __repr__(self) -> str:
+        recipes = sorted({s.recipe for s in self.plan.sites})
+        return (
+            f"Engine({type(self.model).__name__}, {len(self.plan.sites)} GEMM sites on {self.plan.arch}, "
+            f"recipes {recipes}, fallback={self.fallback!r})"
+        )
 
     @property
     def model(self) -> torch.nn.Module:

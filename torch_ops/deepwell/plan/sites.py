@@ -23,10 +23,21 @@ class Site:
     decision: LayerDecision | None = None
     #: Where the weight lives ("cpu", "cuda:0"): the plan is made for that device's arch.
     device: str = "cpu"
+    #: The activation's dtype ("torch.float32", ...): what an unquantized site really computes in.
+    dtype: str = ""
 
     @property
     def recipe(self) -> str:
         return self.decision.recipe if self.decision else "bf16"
+
+    @property
+    def runs_in(self) -> str:
+        """The recipe as it runs: a "bf16" site is the model's own GEMM, so an fp32 model computes it
+        in fp32 (and says so)."""
+        short = {"torch.float32": "fp32", "torch.float16": "fp16"}
+        if self.recipe == "bf16" and self.dtype in short:
+            return f"{short[self.dtype]} (unquantized)"
+        return self.recipe
 
 
 @dataclass
@@ -50,7 +61,7 @@ class Plan:
             fprop = d.gemms.get("fprop", {}).get("backend", "") if d else ""
             emu = " (emulated)" if d and d.emulated else ""
             shape = f"{s.in_features}x{s.out_features}"
-            rows.append(f"{s.name:<36} {s.role:<9} {shape:>13} {s.recipe + emu:<17} {fprop[:48]:<48} {d.reason if d else ''}")
+            rows.append(f"{s.name:<36} {s.role:<9} {shape:>13} {s.runs_in + emu:<17} {fprop[:48]:<48} {d.reason if d else ''}")
         return "\n".join(rows)
 
     def __str__(self) -> str:
@@ -72,6 +83,7 @@ class Plan:
                     "out_features": s.out_features,
                     "tokens": s.tokens,
                     "recipe": s.recipe,
+                    "runs_in": s.runs_in,
                     "emulated": bool(s.decision and s.decision.emulated),
                     "reason": s.decision.reason if s.decision else "",
                     "rule": s.decision.rule if s.decision else "",

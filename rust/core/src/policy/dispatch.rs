@@ -50,6 +50,18 @@ impl GemmBackend {
             }
         }
     }
+
+    /// `describe`, naming the precision the GEMM really runs in on `arch`: an emulated GEMM reads
+    /// bf16 operands on a GPU and fp32 ones on the CPU.
+    pub fn describe_on(&self, arch: Arch) -> String {
+        match (*self, arch.family()) {
+            (GemmBackend::Emulated { recipe }, ArchFamily::Cpu) => {
+                format!("{recipe} emulated: quantize, dequantize, fp32 GEMM")
+            }
+            (GemmBackend::Emulated { recipe }, _) => format!("{recipe} emulated: quantize, dequantize, bf16 GEMM"),
+            (backend, _) => backend.describe(),
+        }
+    }
 }
 
 /// One pass's dispatch decision.
