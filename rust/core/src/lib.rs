@@ -31,6 +31,7 @@ pub mod error;
 pub mod formats;
 pub mod fp8_block;
 pub mod hadamard;
+pub mod moe;
 pub mod mxfp8;
 pub mod nvfp4;
 pub mod policy;
