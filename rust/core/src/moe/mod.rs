@@ -1,6 +1,9 @@
-//! Mixture-of-Experts maths (docs/DESIGN.md "MoE"): the router. Permutation and grouped GEMMs
-//! follow in rust/ops.
+//! Mixture-of-Experts maths (docs/DESIGN.md "MoE"), CPU references: the router (`router`) and the
+//! token permutation with its weighted combine (`permute`). The module, the CUDA kernels and the
+//! grouped GEMMs follow in rust/ops.
 
+pub mod permute;
 pub mod router;
 
+pub use permute::{combine, permutation, Permutation};
 pub use router::{route, Groups, RouterConfig, RouterError, Routing, ScoreFn};

@@ -56,6 +56,8 @@ pub struct RouterConfig {
 /// What the router decides for T tokens.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Routing {
+    /// K: assignments per token.
+    pub top_k: usize,
     /// (T, K) chosen experts, per token in score order (best first).
     pub experts: Vec<usize>,
     /// (T, K) weights; 0 for an assignment dropped by capacity.
@@ -187,7 +189,7 @@ pub fn route(logits: &[f32], bias: Option<&[f32]>, cfg: &RouterConfig) -> Result
     }
     let aux_loss =
         e as f32 * plain_counts.iter().zip(&mean_p).map(|(&c, &p)| c as f32 / (t * k) as f32 * p).sum::<f32>();
-    Ok(Routing { experts, weights, dropped, counts, aux_loss, z_loss: z })
+    Ok(Routing { top_k: k, experts, weights, dropped, counts, aux_loss, z_loss: z })
 }
 
 #[cfg(test)]
