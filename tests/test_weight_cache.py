@@ -284,3 +284,14 @@ def test_cuda_graph_capture_never_reuses():
         torch.cuda.synchronize()
         assert deepwell.weight_cache_info()["hits"] == hits + 1  # the warm-up's, not the capture's
     assert same_bits(y, _fresh(x, w, "fp8_block"))
+
+
+def test_optimizer_hooks_exist_only_while_a_scope_is_open():
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    before = (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks))
+    with deepwell.microbatches():
+        with deepwell.microbatches():
+            assert len(_global_optimizer_pre_hooks) == before[0] + 1
+        assert len(_global_optimizer_post_hooks) == before[1] + 1
+    assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == before

@@ -33,9 +33,6 @@ _native.load()
 
 from ._native import manual_seed  # noqa: E402
 from .nn.weight_cache import clear_weight_cache, microbatches, weight_cache_info  # noqa: E402
-from .nn import weight_cache as _weight_cache  # noqa: E402
-
-_weight_cache.install_optimizer_hooks()
 
 
 def last_plan():

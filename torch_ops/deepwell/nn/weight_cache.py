@@ -5,8 +5,8 @@ the weight it was given for its own, so any write to a weight, seen by torch or 
 next call. Inside `microbatches()` (gradient accumulation), a weight is quantized once, by the first
 pass that needs it, and reused while none of these changed: the scope, its storage (data pointer,
 shape, strides, dtype, device), its version counter, the optimizer step count (every
-`torch.optim.Optimizer.step` ends reuse, through torch's global optimizer step hooks), and no CUDA
-graph is being captured.
+`torch.optim.Optimizer.step` ends reuse, through torch's global optimizer step hooks, registered
+while a scope is open), and no CUDA graph is being captured.
 
     for batch in loader:
         with deepwell.microbatches():
@@ -19,7 +19,7 @@ graph is being captured.
 from __future__ import annotations
 
 import contextlib
-
+import threading
 
 from .. import _native
 
@@ -41,22 +41,50 @@ def microbatches():
     """A reuse scope: the caller promises the weights do not change inside it, except through
     optimizer steps and writes that move their version counter or storage, all of which deepwell
     sees. A write that bypasses those inside the scope (`w.data.add_()`) is not seen; outside any
-    scope nothing is cached. Scopes nest; closing the outermost drops every entry."""
+    scope nothing is cached. Scopes nest; closing the outermost drops every entry.
+
+    While a scope is open, torch's global optimizer step hooks drop every entry at each step (every
+    torch.optim.Optimizer: fused, foreach, capturable). They are registered only then: outside a
+    scope there is nothing to drop, and an optimizer step (compiled or not) runs untouched."""
     _native.call("weight_cache_scope", {"enter": True}, "deepwell.microbatches")
+    _optimizer_hooks.acquire()
     try:
         yield
     finally:
+        _optimizer_hooks.release()
         _native.call("weight_cache_scope", {"enter": False}, "deepwell.microbatches")
 
 
-def _new_epoch(*_args) -> None:
-    _native.call("weight_cache_new_epoch")
+class _OptimizerHooks:
+    """torch's global optimizer step pre- and post-hooks, held while any scope is open."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._handles: list = []
+
+    @staticmethod
+    def _new_epoch(*_args) -> None:
+        _native.call("weight_cache_new_epoch")
+
+    def acquire(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        with self._lock:
+            if self._users == 0:
+                self._handles = [
+                    register_optimizer_step_pre_hook(self._new_epoch),
+                    register_optimizer_step_post_hook(self._new_epoch),
+                ]
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0:
+                for h in self._handles:
+                    h.remove()
+                self._handles = []
 
 
-def install_optimizer_hooks() -> None:
-    """Registers torch's global optimizer step pre- and post-hooks (every torch.optim.Optimizer:
-    fused, foreach, capturable) so that no step can leave a cached operand behind."""
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-    register_optimizer_step_pre_hook(_new_epoch)
-    register_optimizer_step_post_hook(_new_epoch)
+_optimizer_hooks = _OptimizerHooks()
