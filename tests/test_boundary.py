@@ -365,26 +365,19 @@ def test_nvfp4_special_global_scale(v):
     assert same_bits(call("nvfp4_dequantize", kw), unit * SPECIALS[v])
 
 
-@pytest.mark.parametrize("v", ["nan"], ids=lambda v: f"nonfinite-nvfp4_dequantize-scale-{v}")
-def test_nvfp4_nan_block_scale(v):
-    """E4M3 0x7F is NaN: that block, and only it, dequantizes to NaN."""
-    kw = dict(good_call("nvfp4_dequantize"), out_dtype=f32)
-    want = call("nvfp4_dequantize", kw)
-    kw["scale"] = kw["scale"].clone()
-    kw["scale"].view(U8)[0, 0] = 0x7F
-    got = call("nvfp4_dequantize", kw)
-    assert got[0, :16].isnan().all() and same_bits(got[0, 16:], want[0, 16:]) and same_bits(got[1:], want[1:])
+# (op, the scale's NaN code, block size): E4M3 0x7F is NaN; E8M0 has no Inf and 0xFF is NaN. That
+# block, and only it, dequantizes to NaN.
+NAN_SCALES = [("nvfp4_dequantize", 0x7F, 16), ("mxfp8_dequantize", 0xFF, 32)]
 
 
-@pytest.mark.parametrize("v", ["nan"], ids=lambda v: f"nonfinite-mxfp8_dequantize-scale-{v}")
-def test_mxfp8_nan_block_scale(v):
-    """E8M0 has no Inf: 0xFF is NaN, and the whole block dequantizes to NaN."""
-    kw = dict(good_call("mxfp8_dequantize"), out_dtype=f32)
-    want = call("mxfp8_dequantize", kw)
+@pytest.mark.parametrize("op,code,block", NAN_SCALES, ids=[f"nonfinite-{op}-scale-nan" for op, _, _ in NAN_SCALES])
+def test_nan_block_scale(op, code, block):
+    kw = dict(good_call(op), out_dtype=f32)
+    want = call(op, kw)
     kw["scale"] = kw["scale"].clone()
-    kw["scale"].view(U8)[0, 0] = 0xFF
-    got = call("mxfp8_dequantize", kw)
-    assert got[0, :32].isnan().all() and same_bits(got[0, 32:], want[0, 32:]) and same_bits(got[1:], want[1:])
+    kw["scale"].view(U8)[0, 0] = code
+    got = call(op, kw)
+    assert got[0, :block].isnan().all() and same_bits(got[0, block:], want[0, block:]) and same_bits(got[1:], want[1:])
 
 
 @pytest.mark.parametrize("v", ["nan", "inf", "-inf"], ids=lambda v: f"nonfinite-nvfp4_quantize-amax-{v}")
