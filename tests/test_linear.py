@@ -261,3 +261,32 @@ def test_cpu_gemm_arch_rejects_unknown_archs():
     with pytest.raises(ValueError, match="unknown arch"):
         with _native.cpu_gemm_arch("sm_9x"):
             pass
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n", [(256, 512, 1024), (384, 1024, 512)])  # every pass native (K % 512)
+def test_sm90_fp8_block_passes_bit_identical_to_the_public_quantizers(m, k, n, gen):
+    """On sm_90 each fp8_block pass's operands come from internal one-pass kernels (x and dy along
+    the tokens without a row copy; W^T's 128x128 blocks from one transposing read of W). Every
+    output must equal, bit for bit, the same cuBLASLt GEMMs fed by the public quantizers: the row
+    and transposed copies of fp8_block_quantize_rowcol and W's 128x128 copy transposed."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm_90's native blockwise GEMM")
+    x, w, _, dy = (t.cuda().bfloat16() for t in _inputs(gen, m, k, n))
+    st, mm = torch.nn.functional.ScalingType, torch.nn.functional.scaled_mm
+
+    def m_major(s):
+        return s.t().contiguous().t()
+
+    xr, xs, xc, xcs = ops.fp8_block_quantize_rowcol(x)
+    dr, ds, dc, dcs = ops.fp8_block_quantize_rowcol(dy)
+    wq, ws = ops.fp8_block_quantize(w, 128, 128)
+    wt, wts = wq.t().contiguous(), ws.t().contiguous()
+    tiles, rows = st.BlockWise128x128, st.BlockWise1x128
+    y = mm(xr, wq.t(), m_major(xs), rows, ws.t(), tiles, output_dtype=torch.bfloat16)
+    dx = mm(dr, wt.t(), m_major(ds), rows, wts.t(), tiles, output_dtype=torch.bfloat16)
+    dw = mm(dc, xc.t(), m_major(dcs), rows, m_major(xcs), rows, output_dtype=torch.bfloat16)
+    got_y = ops.scaled_linear(x, w, None, "fp8_block", None)
+    got_dx, got_dw = ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True)
+    for got, want in ((got_y, y), (got_dx, dx), (got_dw, dw)):
+        assert same_bits(got, want)
