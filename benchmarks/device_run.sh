@@ -55,8 +55,8 @@ for step in $steps; do
             cp benchmarks/results/profile_linear*.json "$OUT/" 2>/dev/null
             ;;
         torchao)
-            for wheel in "$PWD"/.device/wheels/torchao-*.whl "$PWD"/../wheels/torchao-*.whl; do
-                [ -f "$wheel" ] || continue
+            # Wheels sit next to the carried library (.device/wheels); the first that imports stays.
+            for wheel in $(find "$(dirname "$DEEPWELL_LIBRARY")/wheels" -name 'torchao-*' 2>/dev/null | sort); do
                 python3 -m pip install -q --no-deps "$wheel" && python3 -c 'import torchao.float8' && break
             done
             python3 -c 'import torchao; print("torchao", torchao.__version__)' || status=1

@@ -6,6 +6,8 @@ unquantized float64 maths within each recipe's documented error budget, and the 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -239,12 +241,9 @@ def test_native_gemm_arguments_on_the_cpu(arch, recipe, gen):
     arguments (swizzled E8M0 / E4M3 scales, float4_e2m1fn_x2 data, the NVFP4 global scale, sm_90's
     M-major and transposed fp32 scales), decode them with the CPU model of `_scaled_mm_v2`, and get
     the float64 model's answer: the argument construction of GPUs we do not have is tested here."""
-    from deepwell import _native
-
     x, w, b, dy = _inputs(gen, 256, 512, 512)
     with deepwell.microbatches():
-        with _native.cpu_gemm_arch(arch):
-            native = _run(x, w, b, dy, recipe, seed=6)
+        native = _run(x, w, b, dy, f"{recipe}@{arch}", seed=6)
         emulated = _run(x, w, b, dy, recipe, seed=6)
         # The two runs cached the weight in two operand forms: the native path really ran.
         assert deepwell.weight_cache_info()["entries"] == 2
@@ -255,12 +254,23 @@ def test_native_gemm_arguments_on_the_cpu(arch, recipe, gen):
         assert _rel(got, emu) < 2e-6
 
 
-def test_cpu_gemm_arch_rejects_unknown_archs():
-    from deepwell import _native
+@pytest.mark.parametrize("recipe", ["fp8_block@sm_9x", "fp8_block@", "mxfp8@sm_100@sm_90", "fp8_block@gpu"])
+def test_modelled_arch_must_be_known(recipe, gen):
+    x, w, b, dy = _inputs(gen, 128, 128, 128)
+    quoted = recipe.replace("@", "@")
+    with pytest.raises(RuntimeError, match=f"argument 'recipe' must name a known GPU after '@'.*got \"{quoted}\""):
+        ops.scaled_linear(x, w, b, recipe, None)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx, fw, fb = (mode.from_tensor(t) for t in (x, w, b))
+        with pytest.raises(RuntimeError, match="must name a known GPU after '@'"):
+            ops.scaled_linear(fx, fw, fb, recipe, None)
 
-    with pytest.raises(ValueError, match="unknown arch"):
-        with _native.cpu_gemm_arch("sm_9x"):
-            pass
+
+@pytest.mark.gpu
+def test_modelled_arch_only_on_the_cpu(gen):
+    x, w, b, _ = (t.cuda() for t in _inputs(gen, 128, 128, 128))
+    with pytest.raises(RuntimeError, match="must name a GPU to model after '@' only for CPU tensors"):
+        ops.scaled_linear(x, w, b, "fp8_block@sm_90", None)
 
 
 @pytest.mark.gpu
