@@ -162,9 +162,10 @@ __device__ __forceinline__ void band_tile(int64_t t, int64_t row_tiles, int64_t 
 //             by tile parity, so the next tile's writes never race this tile's reads).
 // Elements are quantized from the registers loaded once.
 
-template <class In, int BR, int BC, bool VEC>
+template <class In, int BR, int BC, bool VEC, int MM>
 __device__ __forceinline__ void quantize_tiles(const void* x, uint8_t* data, float* scale_inv, int64_t nrows,
-                                               int64_t ncols, int pow2, float* s_part, float* s_scale) {
+                                               int64_t ncols, int64_t cols, int pow2, float* s_part,
+                                               float* s_scale) {
     using G = Geo<In>;
     constexpr int V = G::V, L = G::L, RS = G::RS, S = G::S;
     const int li = threadIdx.x % L, rsub = threadIdx.x / L;
@@ -202,7 +203,11 @@ __device__ __forceinline__ void quantize_tiles(const void* x, uint8_t* data, flo
                 encode_chunk<In, V>(raw[s], f, out);
                 if (r < nrows) {
                     store_chunk<V, VEC>(data + r * ncols + c, out, nv);
-                    if (li == 0) scale_inv[r] = __fdiv_rn(1.0f, scale);  // block index = view row
+                    // Block index = view row r = (row, k-block); MM: stored M-major (k-block, row).
+                    if (li == 0) {
+                        const int64_t kb = cols / TILE;
+                        scale_inv[MM ? (r % kb) * (nrows / kb) + r / kb : r] = __fdiv_rn(1.0f, scale);
+                    }
                 }
             }
         } else {
@@ -473,12 +478,14 @@ __device__ __forceinline__ void dequant_scalar(const uint8_t* data, const float*
 // =============================================================================================
 // Kernels (INTERFACE.md "fp8_block.cuh").
 
-template <class In, int BR, int BC>
+// MM = 1 ((1,128) only): the scales stored M-major, (cols/128, batch*rows), as cuBLASLt reads them.
+template <class In, int BR, int BC, int MM>
 __global__ void __launch_bounds__(THREADS)
     fp8_block_quantize(const void* x, uint8_t* data, float* scale_inv, int64_t batch, int64_t rows, int64_t cols,
                        int pow2) {
     using namespace fp8_block_detail;
     static_assert((BR == 1 && BC == 128) || (BR == 128 && BC == 1) || (BR == 128 && BC == 128), "block shape");
+    static_assert(MM == 0 || BR == 1, "M-major scales are for 1x128 blocks");
     constexpr int V = Geo<In>::V;
     // (1,128) blocks tile the flat tensor: view it as (n / 128, 128).
     const int64_t nrows = BR == 1 ? batch * rows * cols / TILE : batch * rows;
@@ -486,9 +493,9 @@ __global__ void __launch_bounds__(THREADS)
     __shared__ float s_part[BC == 1 ? (THREADS / 32) * TILE : 16];
     __shared__ float s_scale[BC == 1 ? TILE : 1];
     if (ncols % V == 0 && aligned(x, 16) && aligned(data, V))
-        quantize_tiles<In, BR, BC, true>(x, data, scale_inv, nrows, ncols, pow2, s_part, s_scale);
+        quantize_tiles<In, BR, BC, true, MM>(x, data, scale_inv, nrows, ncols, cols, pow2, s_part, s_scale);
     else
-        quantize_tiles<In, BR, BC, false>(x, data, scale_inv, nrows, ncols, pow2, s_part, s_scale);
+        quantize_tiles<In, BR, BC, false, MM>(x, data, scale_inv, nrows, ncols, cols, pow2, s_part, s_scale);
 }
 
 template <class In, int MM>

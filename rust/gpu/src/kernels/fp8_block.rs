@@ -28,7 +28,8 @@ impl Block {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fp8Block {
-    Quantize { input: Float, block: Block },
+    /// `m_major` (1x128 only): scales stored M-major (template `MM`), as cuBLASLt reads them.
+    Quantize { input: Float, block: Block, m_major: bool },
     /// `m_major`: both scale tensors stored M-major (template `MM`), as cuBLASLt reads them.
     Rowcol { input: Float, m_major: bool },
     /// One half of a transposing pass (`fp8_block_quantize_transposed`).
@@ -77,9 +78,9 @@ impl Fp8Block {
     pub(super) fn template(self) -> (&'static str, Vec<Arg>) {
         use Arg::{Float as F, Int as I};
         match self {
-            Fp8Block::Quantize { input, block } => {
+            Fp8Block::Quantize { input, block, m_major } => {
                 let (br, bc) = block.shape();
-                ("fp8_block_quantize", vec![F(input), I(br), I(bc)])
+                ("fp8_block_quantize", vec![F(input), I(br), I(bc), I(m_major as u8)])
             }
             Fp8Block::Rowcol { input, m_major } => ("fp8_block_quantize_rowcol", vec![F(input), I(m_major as u8)]),
             Fp8Block::Transposed { input, out } => ("fp8_block_quantize_transposed", vec![F(input), I(out.mode())]),
@@ -118,9 +119,10 @@ pub fn all() -> Vec<Fp8Block> {
     let mut v = Vec::new();
     for input in Float::ALL {
         for block in Block::ALL {
-            v.push(Fp8Block::Quantize { input, block });
+            v.push(Fp8Block::Quantize { input, block, m_major: false });
             v.push(Fp8Block::Dequantize { out: input, block });
         }
+        v.push(Fp8Block::Quantize { input, block: Block::Row, m_major: true });
         v.push(Fp8Block::Rowcol { input, m_major: false });
         v.push(Fp8Block::Rowcol { input, m_major: true });
         for out in Transposed::ALL {
@@ -140,7 +142,7 @@ mod tests {
     }
 
     fn quantize(block: Block) -> Fp8Block {
-        Fp8Block::Quantize { input: Float::BF16, block }
+        Fp8Block::Quantize { input: Float::BF16, block, m_major: false }
     }
 
     #[test]

@@ -39,11 +39,6 @@ fn dense(op: Op, t: Tensor) -> Result<Tensor> {
     aten::to_dtype(op, b, dense_dtype(device))
 }
 
-/// fp32 scales (rows, K/128) row-major -> the same values M-major: strides (1, rows).
-fn m_major(op: Op, scale: Tensor) -> Result<Tensor> {
-    aten::transpose_copy(op, &scale)?.t(op)
-}
-
 fn nvfp4_options(role: Role, seed: u64, hadamard: bool) -> Nvfp4Options {
     Nvfp4Options { block_2d: role == Role::Weight, stochastic_seed: (role == Role::Gradient).then_some(seed), hadamard }
 }
@@ -70,18 +65,18 @@ fn along_last(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u
         }
         (Form::Emulated, Recipe::Fp8Block) => {
             let block = if role == Role::Weight { (128, 128) } else { (1, 128) };
-            let (data, scale) = k::fp8_block_quantize(op, t, block)?;
+            let (data, scale) = k::fp8_block_quantize(op, t, block, k::ScaleLayout::RowMajor)?;
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, block, dense_dtype(device))?))
         }
         (Form::Emulated, Recipe::Nvfp4) => nvfp4_emulated(op, t, nvfp4_options(role, seed, hadamard)),
         (Form::Blockwise(ScalingType::BlockWise128x128), _) => {
-            let (data, scale) = k::fp8_block_quantize(op, t, (128, 128))?;
+            let (data, scale) = k::fp8_block_quantize(op, t, (128, 128), k::ScaleLayout::RowMajor)?;
             let scale = scale.t(op)?;
             Ok(Operand::Blockwise { data, scale, scaling: ScalingType::BlockWise128x128 })
         }
         (Form::Blockwise(scaling), _) => {
-            let (data, scale) = k::fp8_block_quantize(op, t, (1, 128))?;
-            Ok(Operand::Blockwise { data, scale: m_major(op, scale)?, scaling })
+            let (data, scale) = k::fp8_block_quantize(op, t, (1, 128), k::ScaleLayout::MMajor)?;
+            Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling }) // stored M-major
         }
         (Form::Mx(scaling @ ScalingType::BlockWise1x16), _) => {
             let [data, scale, global] = k::nvfp4_quantize(op, t, nvfp4_options(role, seed, hadamard))?;
@@ -112,7 +107,7 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
             Ok(Operand::Dense(k::mxfp8_dequantize(op, data, scale, 0, dense_dtype(device))?.t(op)?))
         }
         (Form::Emulated, Recipe::Fp8Block) => {
-            let (data, scale) = k::fp8_block_quantize(op, t, (128, 1))?;
+            let (data, scale) = k::fp8_block_quantize(op, t, (128, 1), k::ScaleLayout::RowMajor)?;
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 1), dense_dtype(device))?.t(op)?))
         }
         (Form::Blockwise(scaling), _) => {

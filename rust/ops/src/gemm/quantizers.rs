@@ -32,9 +32,9 @@ pub fn mxfp8_dequantize(op: Op, data: Tensor, scale: Tensor, dim: i64, out: DTyp
     mxfp8::dequantize(op, on(op, &data)?, data, scale, dim, Some(out))
 }
 
-/// FP8 with fp32 power-of-two block scales: (data, scale_inv).
-pub fn fp8_block_quantize(op: Op, x: Tensor, block: (i64, i64)) -> Result<(Tensor, Tensor)> {
-    let [data, scale] = fp8_block::quantize(op, on(op, &x)?, x, block, true)?;
+/// FP8 with fp32 power-of-two block scales: (data, scale_inv), the scales stored as `scales` says.
+pub fn fp8_block_quantize(op: Op, x: Tensor, block: (i64, i64), scales: ScaleLayout) -> Result<(Tensor, Tensor)> {
+    let [data, scale] = fp8_block::quantize(op, on(op, &x)?, x, block, true, scales)?;
     Ok((data, scale))
 }
 

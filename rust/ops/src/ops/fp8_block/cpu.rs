@@ -16,6 +16,9 @@ pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     unsafe {
         let (d, s) = (data.as_mut_slice::<u8>(), scale_inv.as_mut_slice::<f32>());
         with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => fp8_block::fp8_block_quantize(xs, g.batch, g.rows, g.cols, g.br, g.bc, q.pow2, d, s));
+        if q.scales == ScaleLayout::MMajor {
+            store_transposed(op, s, g.batch * g.rows, g.cols / g.bc)?;
+        }
     }
     Ok(vec![data, scale_inv])
 }

@@ -27,7 +27,8 @@ pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let g = &q.g;
     let p = Params::new().ptr(ptr(&x)).ptr(ptr(&data)).ptr(ptr(&scale_inv));
     let p = p.i64(g.batch as i64).i64(g.rows as i64).i64(g.cols as i64).i32(q.pow2 as i32);
-    let kernel = Fp8Block::Quantize { input: float(q.dtype), block: block(g.br, g.bc) };
+    let m_major = q.scales == ScaleLayout::MMajor;
+    let kernel = Fp8Block::Quantize { input: float(q.dtype), block: block(g.br, g.bc), m_major };
     let sizes =
         Sizes { batch: g.batch as u64, rows: g.rows as u64, cols: g.cols as u64, aligned: cuda::aligned(&[&x]) };
     // SAFETY: contiguous CUDA tensors on the launch's device of the sizes in cuda/INTERFACE.md.

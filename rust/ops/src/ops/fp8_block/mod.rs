@@ -54,8 +54,23 @@ pub fn kernels() -> Vec<Kernel> {
 
 /// `fp8_block_quantize`: E4M3 with one fp32 scale per (block_rows, block_cols) block of the last two
 /// dims, power-of-two scales when `pow2`; (data, scale_inv).
-pub fn quantize(op: Op, on: Backend, x: Tensor, block: (i64, i64), pow2: bool) -> Result<[Tensor; 2]> {
-    let q = Quantize::new(op, on, x, block, pow2)?;
+/// `scales`: `MMajor` (1x128 blocks only) stores the (batch*rows, cols/128) scales transposed.
+pub fn quantize(
+    op: Op,
+    on: Backend,
+    x: Tensor,
+    block: (i64, i64),
+    pow2: bool,
+    scales: ScaleLayout,
+) -> Result<[Tensor; 2]> {
+    let mut q = Quantize::new(op, on, x, block, pow2)?;
+    if scales == ScaleLayout::MMajor {
+        if (q.g.br, q.g.bc) != (1, BLOCK as usize) {
+            return Err(Error::Internal { op, msg: format!("M-major scales of {:?} blocks", (q.g.br, q.g.bc)) });
+        }
+        q.g.scale_shape = vec![(q.g.cols / q.g.bc) as i64, (q.g.batch * q.g.rows) as i64];
+    }
+    q.scales = scales;
     run_on(op, on, q, cpu::quantize, cuda::quantize)
 }
 
@@ -105,7 +120,7 @@ pub fn dequantize(
 
 fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (x, block, pow2) = (a.tensor("x")?, (a.int("block_rows")?, a.int("block_cols")?), a.bool("pow2")?);
-    Ok(quantize(a.op(), on, x, block, pow2)?.into())
+    Ok(quantize(a.op(), on, x, block, pow2, ScaleLayout::RowMajor)?.into())
 }
 
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
@@ -169,6 +184,7 @@ struct Quantize {
     device: Device,
     g: Geometry,
     pow2: bool,
+    scales: ScaleLayout,
 }
 
 impl Quantize {
@@ -176,7 +192,7 @@ impl Quantize {
         let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
         let device = check::same_device(op, backend, &[("x", &x)])?;
         let g = geometry(op, "x", &x, br, bc)?;
-        Ok(Quantize { x, dtype, device, g, pow2 })
+        Ok(Quantize { x, dtype, device, g, pow2, scales: ScaleLayout::RowMajor })
     }
 }
 
