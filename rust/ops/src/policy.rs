@@ -26,13 +26,14 @@
 
 use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
 use deepwell_core::policy::cost::{self, SiteCost};
+use deepwell_core::policy::parallel::{self, Cluster, ModelSize};
 use deepwell_core::policy::{
     auto_recipe, check, decide, gemm_backend, native_recipes, Arch, GemmShape, GuardrailConfig, LayerInfo, LayerStats,
     Pass, Policy, Recipe, Role,
 };
 use serde_json::{json, Value};
 
-use crate::capi::fields::{count, get as field, optional, text};
+use crate::capi::fields::{count, flag, get as field, optional, text};
 use crate::capi::Answer;
 
 fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String>
@@ -212,4 +213,30 @@ pub fn guardrail_entry(req: &Value) -> Answer {
     }
     let cfg = GuardrailConfig { saturation_threshold: threshold.unwrap_or(d.saturation_threshold) };
     Ok(json!({ "fallback": check(&stats, &cfg).map(|f| f.reason) }))
+}
+
+/// `parallel_plan`: data / tensor degrees and FSDP sharding (deepwell_core `parallel::plan`).
+pub fn parallel_plan_entry(req: &Value) -> Answer {
+    let c = field(req, "cluster")?;
+    let m = field(req, "model")?;
+    let bytes = |v: &Value, key: &str| count(v, key).map(|n| n as u64);
+    let cluster = Cluster {
+        world_size: u32::try_from(count(c, "world_size")?).map_err(|_| "field 'world_size' is too large")?,
+        devices_per_node: u32::try_from(count(c, "devices_per_node")?)
+            .map_err(|_| "field 'devices_per_node' is too large")?,
+        memory_bytes: bytes(c, "memory_bytes")?,
+        peer_access: flag(c, "peer_access")?,
+    };
+    let model = ModelSize {
+        weight_bytes: bytes(m, "weight_bytes")?,
+        gradient_bytes: bytes(m, "gradient_bytes")?,
+        optimizer_bytes: bytes(m, "optimizer_bytes")?,
+        activation_bytes: bytes(m, "activation_bytes")?,
+        largest_unit_bytes: bytes(m, "largest_unit_bytes")?,
+    };
+    let p = parallel::plan(&cluster, &model);
+    Ok(json!({
+        "data": p.data, "tensor": p.tensor, "fsdp": p.fsdp, "reshard_after_forward": p.reshard_after_forward,
+        "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
+    }))
 }

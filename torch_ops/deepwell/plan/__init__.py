@@ -9,5 +9,8 @@ Rust's (rust/core/src/policy, through the C API); these modules are their typed 
 | `backend` | the `deepwell` torch.compile backend: find GEMM sites, plan, rewrite, hand to Inductor |
 | `hardware` | `probe()`: the devices, their native recipes and links |
 | `engine` | the step API: `capture`, `autoplan`, `compile` |
-| `dryrun` | `dryrun(engine)`: predicted peak memory and step time |
+| `dryrun` | `dryrun(engine)`: predicted peak memory and step time (per rank) |
+| `memory` | the tensors a forward saves for the backward, measured on fake tensors |
+| `parallel` | the data / tensor degrees of a job (Rust's `parallel_plan`) |
+| `shard` | applies them: FSDP2 `fully_shard` per block and at the root |
 """

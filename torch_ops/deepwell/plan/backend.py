@@ -20,6 +20,8 @@ A graph break splits the model into graphs planned separately (each has its own 
 
 from __future__ import annotations
 
+import dataclasses
+
 import operator
 import re
 import time
@@ -171,11 +173,35 @@ def _policy(options: dict) -> PrecisionPolicy:
     return policy
 
 
+def _shared_decision(site: Site, fixed: Plan) -> LayerDecision | None:
+    """The decision for a site named relative to a block. FSDP2 breaks the model's graph at every
+    sharded block, and Dynamo reuses one compiled block graph for every layer with that code, so a
+    site like `attention.wq` runs for `layers.0.attention.wq`, `layers.1.attention.wq`, ...: one
+    decision must serve them all. Where the plan gave them different recipes (the policy's
+    first/last rule), the graph runs the most precise one (bf16), never less precision than planned."""
+    same = [
+        s for s in fixed.sites
+        if s.name.endswith("." + site.name) and (s.in_features, s.out_features) == (site.in_features, site.out_features)
+    ]
+    if not same or any(s.decision is None for s in same):
+        return None
+    recipes = sorted({s.decision.recipe for s in same})
+    if len(recipes) == 1:
+        d = same[0].decision
+        return dataclasses.replace(d, reason=f"{d.reason} (one graph for {len(same)} blocks)")
+    reason = (
+        f"one graph for {len(same)} blocks planned as {'/'.join(recipes)} "
+        f"({', '.join(s.name for s in same if s.decision.recipe == 'bf16')} bf16): bf16 for all"
+    )
+    return LayerDecision("bf16", False, reason, "SharedGraph")
+
+
 def _from_fixed_plan(found: list, fixed: Plan, fallback: str) -> Plan:
-    """Each site's decision looked up by name in a plan made beforehand (deepwell.compile)."""
+    """Each site's decision looked up by name in a plan made beforehand (deepwell.compile); a name
+    relative to a block (a per-block graph under FSDP2) through `_shared_decision`."""
     by_name = {s.name: s.decision for s in fixed.sites}
     for site in (g.site for g in found):
-        decision = by_name.get(site.name)
+        decision = by_name.get(site.name) or _shared_decision(site, fixed)
         if decision is None:
             if fallback != "safe":
                 raise RuntimeError(f"deepwell backend: site {site.name!r} is not in the plan (fallback={fallback!r})")

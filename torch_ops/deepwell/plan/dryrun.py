@@ -6,7 +6,12 @@ states (in the parameter dtype, as torch.optim.AdamW keeps them) are resident, t
 activations are all alive, one site's quantized weight operand exists, and the loss's gradient is
 being formed. Gradients (with `zero_grad(set_to_none=True)`) are allocated while the activations they
 depend on are freed, so they count only when they outgrow the activations:
-  peak = weights + optimizer + quantized weight + max(activations + transient, gradients)
+  peak = weights + optimizer + quantized weight + gathered + max(activations + transient, gradients)
+With several processes the figures are per rank: FSDP2 shards weights, gradients and AdamW states
+over the ranks (the plan's data x tensor degrees), and gathers a block's weights at a time
+(`gathered`: the largest block twice, the one computing and the one prefetched; with
+reshard_after_forward off, every block's gathered weights stay until the backward);
+activations are those of the captured micro-batch, which is one rank's.
 - weights and gradients: from the parameters;
 - activations: every tensor autograd saves during one forward, measured by running the forward on
   fake tensors (no device memory) under `saved_tensors_hooks`, each storage counted once;
@@ -28,11 +33,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
 from .. import _native
 from .engine import Engine
+from .memory import saved_activation_bytes
+from .parallel import blocks
+
 
 @dataclass
 class Estimate:
@@ -46,9 +51,13 @@ class Estimate:
     bf16_step_ms: float
     rates_from: str
 
+    #: Weights FSDP holds gathered at once (0 for one process), and the processes the plan is for.
+    gathered: int = 0
+    ranks: int = 1
+
     @property
     def peak_bytes(self) -> int:
-        resident = self.weights + self.optimizer + self.quantized_weights
+        resident = self.weights + self.optimizer + self.quantized_weights + self.gathered
         return resident + max(self.activations + self.transient, self.gradients)
 
     @property
@@ -59,38 +68,29 @@ class Estimate:
         gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
         return "\n".join(
             [
-                f"predicted peak memory {gib(self.peak_bytes)}: weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
+                f"predicted peak memory{' per rank' if self.ranks > 1 else ''} {gib(self.peak_bytes)}: weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
                 f"AdamW states {gib(self.optimizer)}, activations {gib(self.activations)}, largest quantized weight "
-                f"{gib(self.quantized_weights)}, transient {gib(self.transient)}",
+                f"{gib(self.quantized_weights)}, transient {gib(self.transient)}"
+                + (f", gathered by FSDP {gib(self.gathered)} ({self.ranks} ranks)" if self.ranks > 1 else ""),
                 f"predicted step {self.step_ms:.2f} ms vs {self.bf16_step_ms:.2f} ms in bf16: {self.speedup:.2f}x ({self.rates_from})",
             ]
         )
-
-
-def _saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[int, int]:
-    """(total, largest) bytes of the tensors autograd saves in one eager forward, on fake tensors."""
-    seen: dict[int, int] = {}
-    params = {id(p) for p in model.parameters()} | {id(b) for b in model.buffers()}
-
-    def pack(t):
-        if id(t) not in params:
-            storage = t.untyped_storage()  # views share it; its C pointer identifies it
-            seen[storage._cdata] = storage.nbytes()
-        return t
-
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        inputs = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(*inputs)
-    return sum(seen.values()), max(seen.values(), default=0)
 
 
 def dryrun(engine: Engine) -> Estimate:
     """The estimate for one training step of `engine` on its example inputs' shapes."""
     model, plan = engine.model, engine.plan
     params = list(model.parameters())
-    weights = sum(p.numel() * p.element_size() for p in params)
-    activations, largest = _saved_activation_bytes(model, engine.ir.example_inputs)
+    weights = sum(p.numel() * p.element_size() for p in params)  # global sizes, DTensors included
+    ranks = plan.parallelism["data"] * plan.parallelism["tensor"]
+    if ranks > 1:
+        units = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks(model)]
+        keep = not plan.sharding["reshard_after_forward"]
+        gathered = (sum(units) if keep else 2 * max(units, default=0)) // plan.parallelism["tensor"]
+        activations, largest = plan.sharding["saved"]  # measured by autoplan, before sharding
+    else:
+        gathered = 0
+        activations, largest = saved_activation_bytes(model, engine.ir.example_inputs)
     quantized = 0
     for s in plan.sites:
         n, k = s.out_features, s.in_features
@@ -107,13 +107,15 @@ def dryrun(engine: Engine) -> Estimate:
     ]
     cost = _native.call("step_cost", {"arch": plan.arch, "sites": sites, "other_bytes": 2 * activations}, "deepwell.dryrun")
     return Estimate(
-        weights=weights,
-        gradients=weights,
-        optimizer=2 * weights,
+        weights=weights // ranks,
+        gradients=weights // ranks,
+        optimizer=2 * weights // ranks,
         activations=activations,
         quantized_weights=quantized,
         transient=2 * largest,
         step_ms=cost["step_ms"],
         bf16_step_ms=cost["bf16_step_ms"],
         rates_from=f"{cost['rates_from']}; plan for {plan.arch}",
+        gathered=gathered,
+        ranks=ranks,
     )

@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .hardware import Hardware
-from .sites import Plan, Site, plan_sites, role_of
+from .parallel import plan_parallelism
+from .parallel import world_size as current_world_size
 from .policy import PrecisionPolicy
+from .shard import shard
+from .sites import Plan, Site, plan_sites, role_of
 
 
 @dataclass
@@ -84,16 +87,22 @@ def autoplan(
     moe: dict | None = None,
     precision: str = "auto",
     policy: PrecisionPolicy | None = None,
+    world_size: int | None = None,
 ) -> Plan:
     """A decision per GEMM site from the Rust planner for `arch` (default: `hw`'s first GPU, else
     this machine). With `seq_len` and `global_batch`, GEMM shapes use seq_len * global_batch tokens
-    instead of the captured ones. Single GPU: `plan.parallelism` is all ones (room for data, tensor,
-    pipeline and expert parallel degrees); `moe` is recorded for the MoE planner."""
+    instead of the captured ones. `plan.parallelism` holds the data and tensor degrees the Rust
+    planner picks for `world_size` processes (default: torch.distributed's world, else 1) from the
+    devices in `hw` and the model's sizes (the IR's example inputs are one rank's micro-batch), and
+    `plan.sharding` how (FSDP2, reshard after forward, predicted bytes per rank, the reason);
+    pipeline and expert degrees stay 1. `moe` is recorded for the MoE planner."""
     tokens = seq_len * global_batch if seq_len and global_batch else None
     sites = [dataclasses.replace(s, tokens=tokens or s.tokens, decision=None) for s in ir.sites]
     arch = arch or (hw.arch if hw is not None else None)
     plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)
-    plan.parallelism = {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1}
+    par = plan_parallelism(ir.model, ir.example_inputs, hw, world_size or current_world_size())
+    plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
+    plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "per_rank_bytes", "reason", "saved")}
     plan.moe = moe
     plan.seq_len, plan.global_batch = seq_len, global_batch
     return plan
@@ -125,9 +134,11 @@ class Engine:
 
 def compile(ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe") -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
-    `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises."""
+    `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
+    A plan for several processes first shards the model in place with FSDP2 (`shard.py`)."""
     if fallback not in ("safe", "error"):
         raise ValueError(f"deepwell.compile: fallback must be 'safe' or 'error', got {fallback!r}")
     plan = plan or autoplan(ir, precision=precision)
+    shard(ir.model, plan.parallelism, plan.sharding or {})
     compiled = torch.compile(ir.model, backend="deepwell", options={"plan": plan, "fallback": fallback})
     return Engine(ir, plan, compiled, fallback)

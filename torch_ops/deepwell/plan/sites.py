@@ -49,12 +49,16 @@ class Plan:
     sites: list[Site] = field(default_factory=list)
     #: Parallel degrees (single GPU: all 1) and the training shape the plan was made for.
     parallelism: dict = field(default_factory=lambda: {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1})
+    #: How the degrees are applied: {fsdp, reshard_after_forward, per_rank_bytes, reason} (autoplan).
+    sharding: dict | None = None
     seq_len: int | None = None
     global_batch: int | None = None
     moe: dict | None = None
 
     def table(self) -> str:
         rows = [f"deepwell plan for {self.arch} (precision={self.policy.precision}): {len(self.sites)} GEMM sites"]
+        if self.sharding:
+            rows.append(f"parallel: data {self.parallelism['data']} x tensor {self.parallelism['tensor']}: {self.sharding['reason']}")
         rows.append(f"{'site':<36} {'role':<9} {'in x out':>13} {'recipe':<17} {'fprop kernel':<48} reason")
         for s in self.sites:
             d = s.decision
@@ -72,6 +76,7 @@ class Plan:
             "arch": self.arch,
             "precision": self.policy.precision,
             "parallelism": self.parallelism,
+            "sharding": self.sharding,
             "seq_len": self.seq_len,
             "global_batch": self.global_batch,
             "sites": [

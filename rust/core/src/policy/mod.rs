@@ -12,6 +12,7 @@
 //! | [`decide`](mod@decide) | per-site rules: [`Policy`] + [`LayerInfo`] -> [`LayerDecision`] |
 //! | [`guardrail`] | run-time fallback to bf16 from per-layer statistics: [`check`] |
 //! | [`cost`] | predicted step time of a plan on a device (dryrun): [`cost::step_ms`] |
+//! | [`parallel`] | data / tensor parallel degrees and FSDP sharding from sizes: [`parallel::plan`] |
 //!
 //! The flow (docs/DESIGN.md "Data flow of torch.compile"): the backend summarises each GEMM site as a
 //! [`LayerInfo`]; [`decide`](fn@decide) picks its recipe from the [`Policy`] and the device's
@@ -26,6 +27,7 @@ pub mod gemm;
 pub mod glob;
 pub mod guardrail;
 pub mod layer;
+pub mod parallel;
 pub mod recipe;
 
 pub use arch::{auto_recipe, is_emulated, is_native, native_recipes, why_not_native, Arch, ArchFamily};

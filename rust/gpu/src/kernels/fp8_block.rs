@@ -29,12 +29,25 @@ impl Block {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fp8Block {
     /// `m_major` (1x128 only): scales stored M-major (template `MM`), as cuBLASLt reads them.
-    Quantize { input: Float, block: Block, m_major: bool },
+    Quantize {
+        input: Float,
+        block: Block,
+        m_major: bool,
+    },
     /// `m_major`: both scale tensors stored M-major (template `MM`), as cuBLASLt reads them.
-    Rowcol { input: Float, m_major: bool },
+    Rowcol {
+        input: Float,
+        m_major: bool,
+    },
     /// One half of a transposing pass (`fp8_block_quantize_transposed`).
-    Transposed { input: Float, out: Transposed },
-    Dequantize { out: Float, block: Block },
+    Transposed {
+        input: Float,
+        out: Transposed,
+    },
+    Dequantize {
+        out: Float,
+        block: Block,
+    },
 }
 
 /// What `fp8_block_quantize_transposed` writes of x (m, k) (template `MODE`, cuda/fp8_block.cuh
@@ -105,9 +118,7 @@ impl Family for Fp8Block {
                 wave.cover(nrows.div_ceil(TILE) * ncols.div_ceil(TILE), 1)
             }
             // Whole tiles only (m, k multiples of 128; fp8_block.cuh:289).
-            Fp8Block::Rowcol { .. } | Fp8Block::Transposed { .. } => {
-                wave.cover((s.rows / TILE) * (s.cols / TILE), 1)
-            }
+            Fp8Block::Rowcol { .. } | Fp8Block::Transposed { .. } => wave.cover((s.rows / TILE) * (s.cols / TILE), 1),
             // The vector path needs cols % (16 / sizeof(Out)) == 0 (fp8_block.cuh:484).
             Fp8Block::Dequantize { out, .. } => wave.dequantize(out, n, s.aligned && s.cols % (16 / out.bytes()) == 0),
         }

@@ -1,0 +1,197 @@
+//! How a training job spreads over the processes it was launched with: data parallelism with
+//! FSDP2-style sharding of weights, gradients and optimizer states, and tensor parallelism where a
+//! rank would not fit otherwise. A pure decision from sizes (no torch): the caller measures the
+//! model and the devices, this picks the degrees and says why (docs/DESIGN.md "Scale-out").
+//!
+//! Per-rank memory with data degree `d` and tensor degree `t` (`d * t` = world size):
+//!   state       = (weights + gradients + optimizer states) / (d * t)   (FSDP shards all three)
+//!   activations = activations of the rank's micro-batch / t            (TP splits the hidden dims;
+//!                                                                       an upper bound on the saving)
+//!   gathered    = 2 * largest sharding unit / t                        (the unit being computed and
+//!                                                                       the next one, prefetched)
+//! A degree fits when its total stays under `HEADROOM` of the device's memory.
+
+/// Share of a device's memory a plan may use (the rest: allocator fragmentation, NCCL, CUDA context).
+pub const HEADROOM: f64 = 0.9;
+
+/// The processes of the job and their devices.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cluster {
+    /// Processes (one device each).
+    pub world_size: u32,
+    /// Devices per node: tensor parallelism stays within a node.
+    pub devices_per_node: u32,
+    /// Memory of one device in bytes; 0 when unknown (CPU processes): every degree fits.
+    pub memory_bytes: u64,
+    /// Whether the node's devices reach each other directly (NVLink / PCIe peer access): tensor
+    /// parallelism all-reduces in every layer and is only planned over such links.
+    pub peer_access: bool,
+}
+
+/// The model's sizes, measured by the caller.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelSize {
+    pub weight_bytes: u64,
+    pub gradient_bytes: u64,
+    pub optimizer_bytes: u64,
+    /// Saved activations of one rank's micro-batch.
+    pub activation_bytes: u64,
+    /// Weights of the largest sharding unit (a transformer block): FSDP gathers a unit at a time.
+    pub largest_unit_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParallelPlan {
+    pub data: u32,
+    pub tensor: u32,
+    /// Shard weights, gradients and optimizer states over the data ranks (FSDP2 `fully_shard`).
+    pub fsdp: bool,
+    /// FSDP2's `reshard_after_forward`: free the gathered weights after each unit's forward (and
+    /// gather again for its backward) unless keeping them fits.
+    pub reshard_after_forward: bool,
+    /// Predicted bytes per rank (the model above; 0 for one process: dryrun's figure applies).
+    pub per_rank_bytes: u64,
+    pub reason: String,
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Per-rank bytes with data degree `d` and tensor degree `t`; the second figure keeps every
+/// unit's gathered weights from forward to backward (`reshard_after_forward` false).
+fn per_rank(m: &ModelSize, d: u32, t: u32) -> (u64, u64) {
+    let ranks = u64::from(d) * u64::from(t);
+    let t = u64::from(t);
+    let state = (m.weight_bytes + m.gradient_bytes + m.optimizer_bytes).div_ceil(ranks);
+    let resharded = state + m.activation_bytes / t + 2 * m.largest_unit_bytes / t;
+    // Kept gathered: each rank holds the whole (TP-split) weights, not 1/d of them.
+    let kept = resharded + (m.weight_bytes / t).saturating_sub(m.weight_bytes.div_ceil(ranks));
+    (resharded, kept)
+}
+
+/// The degrees for `c` and `m` (see the module docs).
+pub fn plan(c: &Cluster, m: &ModelSize) -> ParallelPlan {
+    let world = c.world_size.max(1);
+    if world == 1 {
+        return ParallelPlan {
+            data: 1,
+            tensor: 1,
+            fsdp: false,
+            reshard_after_forward: false,
+            per_rank_bytes: 0,
+            reason: "one process: no sharding (launch with torchrun --nproc-per-node N to use N GPUs)".into(),
+        };
+    }
+    let budget = (c.memory_bytes as f64 * HEADROOM) as u64;
+    let fits = |b: u64| c.memory_bytes == 0 || b <= budget;
+    // Tensor degrees: powers of two dividing the world, within a node, over peer links only.
+    let degrees: Vec<u32> = [1u32, 2, 4, 8]
+        .into_iter()
+        .filter(|&t| world % t == 0 && t <= c.devices_per_node.max(1) && (t == 1 || c.peer_access))
+        .collect();
+    let chosen = degrees.iter().copied().find(|&t| fits(per_rank(m, world / t, t).0));
+    let (tensor, fitted) = match chosen {
+        Some(t) => (t, true),
+        None => (*degrees.last().unwrap_or(&1), false),
+    };
+    let data = world / tensor;
+    let (resharded, kept) = per_rank(m, data, tensor);
+    let keep = fits(kept) && c.memory_bytes != 0;
+    let per_rank_bytes = if keep { kept } else { resharded };
+    let memory = if c.memory_bytes == 0 { "device memory unknown".to_string() } else { gib(budget) + " usable" };
+    let mut reason = format!(
+        "{world} processes: FSDP over {data} data ranks{}, {} per rank ({memory})",
+        if tensor > 1 { format!(" x tensor parallel {tensor}") } else { String::new() },
+        gib(per_rank_bytes),
+    );
+    if tensor > 1 && fitted {
+        reason += &format!("; data parallel alone needs {} per rank", gib(per_rank(m, world, 1).0));
+    }
+    if !fitted {
+        reason += "; does not fit even at the largest tensor degree this cluster allows";
+    }
+    reason += if keep {
+        "; weights stay gathered between forward and backward (fits)"
+    } else {
+        "; weights re-gathered for the backward (reshard after forward)"
+    };
+    ParallelPlan { data, tensor, fsdp: data > 1, reshard_after_forward: !keep, per_rank_bytes, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    /// A ~1B model in bf16 with AdamW states in bf16: 2 + 2 + 4 bytes per parameter.
+    fn model(activations_gib: u64) -> ModelSize {
+        ModelSize {
+            weight_bytes: 2 * GIB,
+            gradient_bytes: 2 * GIB,
+            optimizer_bytes: 4 * GIB,
+            activation_bytes: activations_gib * GIB,
+            largest_unit_bytes: GIB / 8,
+        }
+    }
+
+    fn cluster(world: u32, memory_gib: u64) -> Cluster {
+        Cluster { world_size: world, devices_per_node: 8, memory_bytes: memory_gib * GIB, peer_access: true }
+    }
+
+    #[test]
+    fn one_process_shards_nothing() {
+        let p = plan(&cluster(1, 80), &model(10));
+        assert_eq!((p.data, p.tensor, p.fsdp), (1, 1, false));
+        assert!(p.reason.contains("torchrun"), "{}", p.reason);
+    }
+
+    #[test]
+    fn data_parallel_when_it_fits() {
+        let p = plan(&cluster(2, 80), &model(10));
+        assert_eq!((p.data, p.tensor, p.fsdp), (2, 1, true));
+        // 8 GiB of state / 2 + 10 GiB + 2 x 1/8 GiB = 14.25 GiB; keeping 1 GiB more gathered fits.
+        assert!(!p.reshard_after_forward);
+        assert_eq!(p.per_rank_bytes, 4 * GIB + 10 * GIB + GIB / 4 + GIB);
+    }
+
+    #[test]
+    fn tensor_parallel_when_activations_do_not_fit() {
+        // 100 GiB of activations: 2 ranks of 80 GiB need TP 2 (4 + 50 + 1/8 GiB).
+        let p = plan(&cluster(2, 80), &model(100));
+        assert_eq!((p.data, p.tensor), (1, 2));
+        assert!(!p.fsdp);
+        assert!(p.reason.contains("data parallel alone needs"), "{}", p.reason);
+        // No peer access: TP is not planned, the plan says it does not fit.
+        let p = plan(&Cluster { peer_access: false, ..cluster(2, 80) }, &model(100));
+        assert_eq!((p.data, p.tensor), (2, 1));
+        assert!(p.reason.contains("does not fit"), "{}", p.reason);
+    }
+
+    #[test]
+    fn tensor_degree_stays_within_a_node() {
+        let c = Cluster { devices_per_node: 2, ..cluster(8, 80) };
+        let p = plan(&c, &model(300));
+        assert_eq!((p.data, p.tensor), (4, 2));
+        assert!(p.reason.contains("does not fit"));
+    }
+
+    #[test]
+    fn reshard_after_forward_when_keeping_does_not_fit() {
+        // 64 GiB of weights over 8 ranks: keeping them gathered costs 56 GiB more per rank.
+        let m = ModelSize { weight_bytes: 64 * GIB, gradient_bytes: 64 * GIB, optimizer_bytes: 128 * GIB, ..model(20) };
+        let p = plan(&cluster(8, 80), &m);
+        assert_eq!((p.data, p.tensor), (8, 1));
+        assert!(p.reshard_after_forward);
+        assert_eq!(p.per_rank_bytes, 32 * GIB + 20 * GIB + GIB / 4);
+    }
+
+    #[test]
+    fn unknown_memory_fits_and_reshards() {
+        let p = plan(&cluster(2, 0), &model(10));
+        assert_eq!((p.data, p.tensor), (2, 1));
+        assert!(p.reshard_after_forward);
+        assert!(p.reason.contains("unknown"));
+    }
+}

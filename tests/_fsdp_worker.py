@@ -1,0 +1,74 @@
+"""One process of tests/test_parallel.py's FSDP2 run (gloo on the CPU): RANK of WORLD trains a small
+LLaMA with deepwell.compile on its share of the same global batches and writes the averaged losses
+to OUT. With WORLD=1 it is the single-process reference.
+
+    python tests/_fsdp_worker.py RANK WORLD STORE OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import deepwell
+import deepwell.plan.backend
+from deepwell.models import Llama
+
+STEPS, BATCH, SEQ, VOCAB = 3, 4, 64, 256
+RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
+
+
+def main() -> None:
+    rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    deepwell.plan.backend.ensure_registered()  # (an installed deepwell registers it by entry point)
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = Llama(VOCAB, 256, 2, 4, 512, max_seq=SEQ)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, VOCAB, (STEPS, BATCH, SEQ + 1), generator=g)
+    local = BATCH // world  # this rank's rows of every global batch
+    rows = slice(rank * local, (rank + 1) * local)
+    ir = deepwell.capture(model, (data[0, rows, :-1],))
+    # Every block planned alike: FSDP2 compiles one graph per block (plan/backend.py _shared_decision).
+    policy = deepwell.PrecisionPolicy(precision=RECIPE, min_features=128, first_last_bf16=False)
+    plan = deepwell.autoplan(ir, policy=policy)
+    engine = deepwell.compile(ir, plan=plan)
+    estimate = deepwell.dryrun(engine)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(STEPS):
+        tokens, targets = data[step, rows, :-1], data[step, rows, 1:]
+        loss = torch.nn.functional.cross_entropy(engine(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mean = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(mean)
+            mean /= world
+        losses.append(mean.item())
+    result = {
+        "losses": losses,
+        "parallelism": plan.parallelism,
+        "sharding": {k: v for k, v in plan.sharding.items() if k != "saved"},
+        "recipes": sorted({s.recipe for s in plan.sites}),
+        # What the compiled graphs run, site by site (per block under FSDP2).
+        "ran": sorted(s.runs_in for p in deepwell.plan.backend.PLANS for s in p.sites),
+        "predicted_peak_bytes": estimate.peak_bytes,
+        "sharded": type(model).__name__,
+    }
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Scale-out: the Rust parallel planner through autoplan, the FSDP2 sharding deepwell.compile
+applies, dryrun per rank, and a 2-process gloo run on the CPU (tests/_fsdp_worker.py) whose losses
+match one process's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import deepwell
+from deepwell import _native
+from deepwell.models import Llama
+from deepwell.plan.backend import _from_fixed_plan
+from deepwell.plan.policy import LayerDecision
+from deepwell.plan.sites import Plan, Site
+
+WORKER = os.path.join(os.path.dirname(__file__), "_fsdp_worker.py")
+
+
+def _ir():
+    torch.manual_seed(0)
+    model = Llama(256, 256, 2, 4, 512, max_seq=64)
+    return deepwell.capture(model, (torch.randint(0, 256, (2, 64)),))
+
+
+def test_one_process_is_not_sharded():
+    plan = deepwell.autoplan(_ir())
+    assert plan.parallelism == {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1}
+    assert not plan.sharding["fsdp"] and "torchrun" in plan.sharding["reason"]
+
+
+def test_two_processes_plan_fsdp_and_compile_needs_them():
+    ir = _ir()
+    plan = deepwell.autoplan(ir, world_size=2)
+    assert (plan.parallelism["data"], plan.parallelism["tensor"]) == (2, 1)
+    assert plan.sharding["fsdp"] and "FSDP over 2 data ranks" in plan.sharding["reason"]
+    assert "parallel: data 2 x tensor 1" in plan.table()
+    with pytest.raises(RuntimeError, match="the plan is for 2 processes .* torch.distributed is not initialised"):
+        deepwell.compile(ir, plan=plan)
+
+
+def test_planner_decides_tensor_parallel_from_memory():
+    """The Rust rules seen through the C API: what does not fit in data parallel gets TP (peer
+    links only), and the plan says so."""
+    gib = 1 << 30
+    model = {"weight_bytes": 2 * gib, "gradient_bytes": 2 * gib, "optimizer_bytes": 4 * gib,
+             "activation_bytes": 100 * gib, "largest_unit_bytes": gib // 8}
+    cluster = {"world_size": 2, "devices_per_node": 2, "memory_bytes": 80 * gib, "peer_access": True}
+    p = _native.call("parallel_plan", {"cluster": cluster, "model": model})
+    assert (p["data"], p["tensor"]) == (1, 2) and "tensor parallel 2" in p["reason"]
+    p = _native.call("parallel_plan", {"cluster": {**cluster, "peer_access": False}, "model": model})
+    assert (p["data"], p["tensor"]) == (2, 1) and "does not fit" in p["reason"]
+    with pytest.raises(ValueError, match="missing field 'peer_access'"):
+        _native.call("parallel_plan", {"cluster": {"world_size": 2, "devices_per_node": 1, "memory_bytes": 0}, "model": model})
+
+
+def _site(name: str) -> Site:
+    return Site(name, "Linear", "attention", 256, 256, 128, device="cpu", dtype="torch.float32")
+
+
+def _decided(name: str, recipe: str) -> Site:
+    s = _site(name)
+    s.decision = LayerDecision(recipe, False, f"planned {recipe}", "Precision")
+    return s
+
+
+def test_a_block_graph_takes_its_layers_shared_decision():
+    """Under FSDP2 each block is its own graph with names relative to it, reused for every layer."""
+    fixed = Plan("cpu", deepwell.PrecisionPolicy(), [_decided("layers.0.wq", "fp8_block"), _decided("layers.1.wq", "fp8_block")])
+    gemm = type("G", (), {"site": _site("wq")})
+    (site,) = _from_fixed_plan([gemm], fixed, "error").sites
+    assert site.decision.recipe == "fp8_block" and "one graph for 2 blocks" in site.decision.reason
+    # Layers planned differently: the shared graph never runs with less precision than planned.
+    fixed.sites[0] = _decided("layers.0.wq", "bf16")
+    gemm = type("G", (), {"site": _site("wq")})
+    (site,) = _from_fixed_plan([gemm], fixed, "error").sites
+    assert site.decision.recipe == "bf16" and "layers.0.wq bf16" in site.decision.reason
+    # Other shapes or names do not match.
+    gemm = type("G", (), {"site": _site("wk")})
+    with pytest.raises(RuntimeError, match="'wk' is not in the plan"):
+        _from_fixed_plan([gemm], fixed, "error")
+
+
+def _run(tmp_path, world: int) -> dict:
+    out, store = tmp_path / f"world{world}.json", tmp_path / f"store{world}"
+    env = {**os.environ, "DEEPWELL_TEST_RECIPE": "fp8_block"}
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(store), str(out)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
+    ]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}"
+    return json.loads(out.read_text())
+
+
+def test_fsdp2_on_two_processes_matches_one(tmp_path):
+    """Same model, same global batches, AdamW: 2 gloo ranks, each with half of every batch and
+    FSDP2-sharded weights, give one process's losses (fp8_block on every block GEMM in both)."""
+    one, two = _run(tmp_path, 1), _run(tmp_path, 2)
+    assert two["parallelism"]["data"] == 2 and two["sharding"]["fsdp"] and two["sharded"].startswith("FSDP")
+    assert set(two["ran"]) == {"fp8_block"} and one["ran"].count("fp8_block") == 2 * len(two["ran"])
+    for a, b in zip(one["losses"], two["losses"]):
+        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], two["losses"])
+    assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]

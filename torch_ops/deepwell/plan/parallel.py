@@ -1,0 +1,53 @@
+"""Which parallel degrees a job runs with: the Rust planner's decision (`parallel_plan`,
+rust/core/src/policy/parallel.rs) from the job's processes, its devices (`probe()`) and the model's
+sizes measured here (parameters, AdamW states, saved activations of one rank's micro-batch, the
+largest block FSDP gathers at a time). Applying the decision: `shard.py`."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .. import _native
+from .hardware import Hardware
+from .memory import saved_activation_bytes
+
+
+def world_size() -> int:
+    """The job's processes: torch.distributed's world when initialised, else 1."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The sharding units: the children of the model's ModuleLists (its transformer blocks), in order."""
+    return [b for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m]
+
+
+def _nbytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def plan_parallelism(model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int) -> dict:
+    """{data, tensor, fsdp, reshard_after_forward, per_rank_bytes, reason, saved} for `world`
+    processes; `saved`: (total, largest) bytes of one forward's saved activations, measured before
+    sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
+    is one rank's micro-batch; `hw` the node's devices (None: unknown memory)."""
+    weights = _nbytes(model.parameters())
+    units = blocks(model)
+    largest = max((_nbytes(b.parameters()) for b in units), default=weights)
+    saved = saved_activation_bytes(model, example_inputs) if world > 1 else (0, 0)
+    devices = hw.devices if hw is not None else []
+    cluster = {
+        "world_size": world,
+        "devices_per_node": max(len(devices), 1),
+        "memory_bytes": min((d.memory_bytes for d in devices), default=0),
+        "peer_access": bool(hw and hw.links) and all(link["p2p"] for link in hw.links),
+    }
+    sizes = {
+        "weight_bytes": weights,
+        "gradient_bytes": weights,
+        "optimizer_bytes": 2 * weights,  # AdamW's two states, in the parameter dtype
+        "activation_bytes": saved[0],
+        "largest_unit_bytes": largest,
+    }
+    return {**_native.call("parallel_plan", {"cluster": cluster, "model": sizes}, "deepwell.autoplan"), "saved": saved}
