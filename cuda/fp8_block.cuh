@@ -300,8 +300,8 @@ enum TransposedOut { ROWCOL = 0, COLS = 1, TILE_T = 2 };
 
 template <class In, bool VEC, int MODE, int MM>
 __device__ __forceinline__ void transposed_tiles(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
-                                             float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
-                                             float* s_part, float* s_scale, uint32_t* s_bytes) {
+                                                 float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
+                                                 float* s_part, float* s_scale, uint32_t* s_bytes) {
     using G = Geo<In>;
     constexpr int V = G::V, L = G::L, RS = G::RS, S = G::S;
     const int li = threadIdx.x % L, rsub = threadIdx.x / L;
