@@ -66,6 +66,9 @@ pub struct Routing {
     pub dropped: Vec<bool>,
     /// Kept assignments per expert (E).
     pub counts: Vec<usize>,
+    /// Tokens per expert under a plain top-K of the scores (no bias, groups or capacity): the f_e of
+    /// the Switch load-balancing loss (Megatron's `compute_routing_scores_for_aux_loss`).
+    pub lb_counts: Vec<usize>,
     /// The Switch load-balancing loss (unweighted) and the router z-loss.
     pub aux_loss: f32,
     pub z_loss: f32,
@@ -134,6 +137,26 @@ fn scores(row: &[f32], f: ScoreFn) -> Vec<f32> {
     }
 }
 
+/// The per-expert capacity C = ceil(T·K/E · cf) of `tokens` tokens, None when dropless.
+pub fn capacity(tokens: usize, cfg: &RouterConfig) -> Option<usize> {
+    cfg.capacity_factor.map(|cf| ((tokens * cfg.top_k) as f64 / cfg.experts as f64 * cf as f64).ceil() as usize)
+}
+
+/// "Position" dropping: walks the assignments in flat order t·K + k and drops those that find
+/// their expert already holding `capacity` of them; (dropped per assignment, kept per expert).
+pub fn apply_capacity(experts: &[usize], num_experts: usize, capacity: Option<usize>) -> (Vec<bool>, Vec<usize>) {
+    let mut counts = vec![0usize; num_experts];
+    let mut dropped = vec![false; experts.len()];
+    for (slot, &x) in experts.iter().enumerate() {
+        if capacity.is_some_and(|c| counts[x] >= c) {
+            dropped[slot] = true;
+        } else {
+            counts[x] += 1;
+        }
+    }
+    (dropped, counts)
+}
+
 /// Routes T tokens: `logits` is (T, E) row-major, `bias` (E) the aux-loss-free expert bias.
 pub fn route(logits: &[f32], bias: Option<&[f32]>, cfg: &RouterConfig) -> Result<Routing, RouterError> {
     let t = cfg.check(logits.len())?;
@@ -176,20 +199,15 @@ pub fn route(logits: &[f32], bias: Option<&[f32]>, cfg: &RouterConfig) -> Result
         top_k(&s, k).iter().for_each(|&i| plain_counts[i] += 1);
         z += logsumexp(row).powi(2) / t as f32;
     }
-    let capacity = cfg.capacity_factor.map(|cf| ((t * k) as f64 / e as f64 * cf as f64).ceil() as usize);
-    let mut counts = vec![0usize; e];
-    let mut dropped = vec![false; t * k];
-    for (slot, &x) in experts.iter().enumerate() {
-        if capacity.is_some_and(|c| counts[x] >= c) {
-            dropped[slot] = true;
-            weights[slot] = 0.0;
-        } else {
-            counts[x] += 1;
+    let (dropped, counts) = apply_capacity(&experts, e, capacity(t, cfg));
+    for (w, &d) in weights.iter_mut().zip(&dropped) {
+        if d {
+            *w = 0.0;
         }
     }
     let aux_loss =
         e as f32 * plain_counts.iter().zip(&mean_p).map(|(&c, &p)| c as f32 / (t * k) as f32 * p).sum::<f32>();
-    Ok(Routing { top_k: k, experts, weights, dropped, counts, aux_loss, z_loss: z })
+    Ok(Routing { top_k: k, experts, weights, dropped, counts, lb_counts: plain_counts, aux_loss, z_loss: z })
 }
 
 #[cfg(test)]
