@@ -1,0 +1,129 @@
+"""Grouped linear layers for the experts of a Mixture-of-Experts layer: `grouped_linear(x, weight,
+offsets, recipe)` computes, for every expert e, `y[offsets[e]:offsets[e+1]] = x[...] @ weight[e].T`
+over the expert-grouped buffer of `deepwell.moe_dispatch` (docs/DESIGN.md "MoE"). Forward, input
+gradient (dgrad) and weight gradient (wgrad) all run in `recipe`.
+
+| recipe | how |
+|---|---|
+| bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere (CPU, other GPUs, other dtypes) |
+| fp8_block, mxfp8, nvfp4 | a per-expert loop over `deepwell.scaled_linear` / `scaled_linear_backward`: each expert's three GEMMs quantized and dispatched by Rust exactly like a dense layer's (fp8_block native on sm_90, mxfp8/nvfp4 native on Blackwell, exact emulation elsewhere) |
+
+The quantized path is a loop (one launch sequence per expert and a host read of the offsets, so a
+sync on CUDA) — correct and compiled as one opaque op, but not a grouped kernel yet (see
+docs/DESIGN.md "MoE" for what is missing). Groups should be padded to the recipe's block
+(`moe_permute_index(..., align=block)`): wgrad's K is the expert's rows, and a group whose rows are
+not a multiple of the block runs its wgrad unquantized (the dense layer's rule).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..plan import recipes
+from . import _checks
+
+_OP = "grouped_linear"
+
+
+def _check(x, weight, offsets, recipe) -> None:
+    _checks.choice(_OP, "recipe", recipe, recipes.names())
+    _checks.dtype_in(_OP, "x", x, _checks.FLOAT_INPUTS)
+    _checks.dtype_in(_OP, "weight", weight, _checks.FLOAT_INPUTS)
+    _checks.dtype_in(_OP, "offsets", offsets, (torch.int32,))
+    _checks.same_device(_OP, ("x", x), ("weight", weight), ("offsets", offsets))
+    if x.dim() != 2:
+        _checks.fail(_OP, "x", "be 2-d (rows, in_features)", f"a {x.dim()}-d tensor")
+    if weight.dim() != 3:
+        _checks.fail(_OP, "weight", "be 3-d (experts, out_features, in_features)", f"a {weight.dim()}-d tensor")
+    _checks.shape_eq(_OP, "offsets", offsets, (weight.shape[0] + 1,))
+    if x.shape[1] != weight.shape[2]:
+        raise RuntimeError(
+            f"deepwell.{_OP}: x has {x.shape[1]} features (shape {_checks.shape_str(x.shape)}) but weight has "
+            f"in_features {weight.shape[2]} (shape {_checks.shape_str(weight.shape)})"
+        )
+
+
+@torch.library.custom_op("deepwell_moe::grouped_scaled_linear", mutates_args=())
+def _grouped_scaled_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, recipe: str) -> torch.Tensor:
+    out = x.new_zeros((x.shape[0], weight.shape[1]))
+    bounds = offsets.tolist()
+    for e in range(weight.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            out[lo:hi] = torch.ops.deepwell.scaled_linear(x[lo:hi], weight[e], None, recipe, None)
+    return out
+
+
+@_grouped_scaled_linear.register_fake
+def _(x, weight, offsets, recipe):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+@torch.library.custom_op("deepwell_moe::grouped_scaled_linear_backward", mutates_args=())
+def _grouped_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, recipe: str,
+    need_input: bool, need_weight: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dx = torch.zeros_like(x) if need_input else x.new_empty((0,))
+    # An expert without rows gets an exact zero weight gradient.
+    dw = torch.zeros_like(weight) if need_weight else weight.new_empty((0,))
+    bounds = offsets.tolist()
+    for e in range(weight.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            gx, gw = torch.ops.deepwell.scaled_linear_backward(
+                grad[lo:hi].contiguous(), x[lo:hi], weight[e], recipe, None, need_input, need_weight
+            )
+            if need_input:
+                dx[lo:hi] = gx
+            if need_weight:
+                dw[e] = gw
+    return dx, dw
+
+
+@_grouped_backward.register_fake
+def _(grad, x, weight, offsets, recipe, need_input, need_weight):
+    dx = torch.empty_like(x) if need_input else x.new_empty((0,))
+    dw = torch.empty_like(weight) if need_weight else weight.new_empty((0,))
+    return dx, dw
+
+
+def _setup(ctx, inputs, output):
+    x, weight, offsets, recipe = inputs
+    ctx.save_for_backward(x, weight, offsets)
+    ctx.recipe = recipe
+
+
+def _backward(ctx, grad):
+    x, weight, offsets = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (need_x or need_w):
+        return None, None, None, None
+    dx, dw = _grouped_backward(grad, x, weight, offsets, ctx.recipe, need_x, need_w)
+    return (dx if need_x else None), (dw if need_w else None), None, None
+
+
+_grouped_scaled_linear.register_autograd(_backward, setup_context=_setup)
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, recipe: str = "bf16") -> torch.Tensor:
+    """Per-expert `x @ weight[e].T` over contiguous row groups, with autograd.
+
+    Args:
+        x: (R, in_features), rows grouped by expert (`deepwell.moe_dispatch`).
+        weight: (E, out_features, in_features), nn.Linear layout per expert.
+        offsets: (E + 1,) int32 start rows, offsets[E] == R (`deepwell.moe_permute_index`).
+        recipe: "bf16" (unquantized: computes in x's dtype), "fp8_block", "mxfp8" or "nvfp4"; the
+            quantized recipes need in_features and out_features multiples of their block.
+
+    Returns:
+        (R, out_features) in x's dtype.
+    """
+    _check(x, weight, offsets, recipe)
+    if recipe == "bf16":
+        # torch._grouped_mm takes the groups' end offsets and wants both operands in one dtype.
+        return torch._grouped_mm(x, weight.to(x.dtype).transpose(-2, -1), offs=offsets[1:])
+    block = recipes.block_k(recipe)
+    for d, what in ((2, "in_features"), (1, "out_features")):
+        _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")
+    return _grouped_scaled_linear(x, weight, offsets, recipe)
