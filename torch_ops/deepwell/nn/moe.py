@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.grouped_linear import grouped_linear
+from ..ops.grouped_linear import block_of, grouped_linear
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..plan import recipes
 
@@ -224,8 +224,7 @@ class DeepwellMoE(nn.Module):
 
     def _align(self, recipe_pair) -> int:
         """Rows per group: the recipes' block, so wgrad's K (an expert's rows) is whole blocks."""
-        blocks = [recipes.block_k(r) or 1 for r in recipe_pair]
-        return max(blocks)
+        return max(block_of(r) for r in recipe_pair)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

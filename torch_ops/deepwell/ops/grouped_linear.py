@@ -25,8 +25,20 @@ from . import _checks
 _OP = "grouped_linear"
 
 
+@torch._dynamo.assume_constant_result
+def recipe_blocks() -> tuple[tuple[str, int], ...]:
+    """(recipe, block along K; 1 for bf16) from Rust's recipe table, a constant to torch.compile
+    (the table comes through the JSON C API, which Dynamo cannot trace)."""
+    return tuple((r, recipes.block_k(r) or 1) for r in recipes.names())
+
+
+def block_of(recipe: str) -> int | None:
+    """The recipe's block along K (1 for bf16), None for an unknown recipe."""
+    return dict(recipe_blocks()).get(recipe)
+
+
 def _check(x, weight, offsets, recipe) -> None:
-    _checks.choice(_OP, "recipe", recipe, recipes.names())
+    _checks.choice(_OP, "recipe", recipe, tuple(r for r, _ in recipe_blocks()))
     _checks.dtype_in(_OP, "x", x, _checks.FLOAT_INPUTS)
     _checks.dtype_in(_OP, "weight", weight, _checks.FLOAT_INPUTS)
     _checks.dtype_in(_OP, "offsets", offsets, (torch.int32,))
@@ -123,7 +135,7 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor,
     if recipe == "bf16":
         # torch._grouped_mm takes the groups' end offsets and wants both operands in one dtype.
         return torch._grouped_mm(x, weight.to(x.dtype).transpose(-2, -1), offs=offsets[1:])
-    block = recipes.block_k(recipe)
+    block = block_of(recipe)
     for d, what in ((2, "in_features"), (1, "out_features")):
         _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")
     return _grouped_scaled_linear(x, weight, offsets, recipe)

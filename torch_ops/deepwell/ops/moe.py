@@ -173,12 +173,18 @@ def _gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.where(valid.unsqueeze(-1), out, out.new_zeros(()))
 
 
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _sum_slots(rows: torch.Tensor, row_of_slot: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """out[t] = Σ_k w[t, k] · rows[row_of_slot[t, k]] in k order, in fp32, skipping dropped slots."""
+    """out[t] = Σ_k w[t, k] · rows[row_of_slot[t, k]] in k order, in fp32 (float64 stays float64),
+    skipping dropped slots."""
     t, k = row_of_slot.shape
-    picked = _gather_rows(rows, row_of_slot.reshape(-1)).reshape(t, k, -1).float()
+    acc = _acc(rows.dtype)
+    picked = _gather_rows(rows, row_of_slot.reshape(-1)).reshape(t, k, -1).to(acc)
     if weights is not None:
-        picked = picked * weights.float().unsqueeze(-1)
+        picked = picked * weights.to(acc).unsqueeze(-1)
     out = picked[:, 0]
     for j in range(1, k):
         out = out + picked[:, j]
@@ -212,12 +218,14 @@ class _Combine(torch.autograd.Function):
         d_rows = d_weights = None
         if ctx.needs_input_grad[0]:
             # d rows[r] = w[slot] · grad[token of slot]; padding rows get 0.
-            w_row = _gather_rows(weights.reshape(-1, 1).float(), slot_of_row)
+            acc = _acc(rows.dtype)
+            w_row = _gather_rows(weights.reshape(-1, 1).to(acc), slot_of_row)
             token = torch.where(slot_of_row >= 0, torch.div(slot_of_row, k, rounding_mode="floor"), -1)
-            d_rows = (_gather_rows(grad.float(), token) * w_row).to(rows.dtype)
+            d_rows = (_gather_rows(grad.to(acc), token) * w_row).to(rows.dtype)
         if ctx.needs_input_grad[1]:
-            picked = _gather_rows(rows, row_of_slot.reshape(-1)).reshape(t, k, -1).float()
-            d_weights = (picked * grad.float().unsqueeze(1)).sum(-1).to(weights.dtype)
+            acc = _acc(torch.promote_types(rows.dtype, weights.dtype))
+            picked = _gather_rows(rows, row_of_slot.reshape(-1)).reshape(t, k, -1).to(acc)
+            d_weights = (picked * grad.to(acc).unsqueeze(1)).sum(-1).to(weights.dtype)
         return d_rows, d_weights, None, None
 
 
