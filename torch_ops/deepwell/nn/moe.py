@@ -98,7 +98,9 @@ class DeepwellMoE(nn.Module):
         router_dtype: the dtype of the router GEMM (None: the input's, as Mixtral and Qwen run it;
             torch.float32 as DeepSeek-V3 does). Scores and weights are always computed in fp32.
         recipe: the experts' GEMMs: "bf16", "fp8_block", "mxfp8", "nvfp4" or "auto" (the Rust planner
-            decides per projection on the device of the first forward, role "experts").
+            decides per projection on the device of the first forward, role "experts", under
+            `policy`: default `PrecisionPolicy()`, whose precision "auto" is the device's fastest
+            native recipe; `name` is the module's qualified name the policy's globs see).
     """
 
     def __init__(
@@ -123,6 +125,8 @@ class DeepwellMoE(nn.Module):
         z_loss_coef: float = 0.0,
         router_dtype: torch.dtype | None = None,
         recipe: str = "bf16",
+        policy=None,
+        name: str = "moe",
         device=None,
         dtype=None,
     ):
@@ -140,6 +144,7 @@ class DeepwellMoE(nn.Module):
         self.n_group, self.topk_group, self.capacity_factor = n_group, topk_group, capacity_factor
         self.aux_loss, self.aux_loss_coef, self.z_loss_coef = aux_loss, aux_loss_coef, z_loss_coef
         self.router_dtype, self.recipe = router_dtype, recipe
+        self.policy, self.name = policy, name
         self.gate = nn.Linear(dim, num_experts, bias=False, **factory)
         self.experts = Experts(num_experts, dim, ffn_dim, **factory)
         if expert_bias:
@@ -212,12 +217,14 @@ class DeepwellMoE(nn.Module):
             from ..plan.policy import LayerInfo, PrecisionPolicy
 
             t, d, f = x2.shape[0] * self.top_k, self.dim, self.ffn_dim
+            kind = type(self).__name__
             infos = [
-                LayerInfo("experts.gate_up_proj", type(self).__name__, "experts", 1, 3, d, 2 * f, t),
-                LayerInfo("experts.down_proj", type(self).__name__, "experts", 1, 3, f, d, t),
+                LayerInfo(f"{self.name}.experts.gate_up_proj", kind, "experts", 1, 3, d, 2 * f, t),
+                LayerInfo(f"{self.name}.experts.down_proj", kind, "experts", 1, 3, f, d, t),
             ]
             # Not first or last in the model: the policy's first/last rule is the model's, not ours.
-            decisions = PrecisionPolicy(precision="auto").decide(infos, recipes.device_arch(x2.device))
+            policy = self.policy or PrecisionPolicy(precision="auto")
+            decisions = policy.decide(infos, recipes.device_arch(x2.device))
             self.plan_reasons = [f"{i.name}: {d.recipe} ({d.reason})" for i, d in zip(infos, decisions)]
             self._planned = (decisions[0].recipe, decisions[1].recipe)
         return self._planned

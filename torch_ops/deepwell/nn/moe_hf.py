@@ -124,15 +124,19 @@ def to_hf(moe, config) -> nn.Module:
     return block
 
 
-def swap_hf_moe(model: nn.Module, recipe: str = "auto", **kw) -> int:
+def swap_hf_moe(model: nn.Module, recipe: str = "auto", policy=None, **kw) -> int:
     """Replaces every supported Hugging Face MoE block inside `model` by an equivalent DeepwellMoE
-    (in place, weights copied); returns how many were swapped."""
+    (in place, weights copied); returns how many were swapped. `recipe="auto"` lets the Rust planner
+    pick the experts' recipe under `policy` (deepwell.PrecisionPolicy; its globs see the block's
+    qualified name + ".experts.gate_up_proj" / ".experts.down_proj")."""
     from .moe import DeepwellMoE
 
     swapped = 0
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if type(child).__name__ in SUPPORTED:
-                setattr(module, child_name, DeepwellMoE.from_hf(child, recipe=recipe, **kw).train(child.training))
+                qualified = f"{name}.{child_name}" if name else child_name
+                moe = DeepwellMoE.from_hf(child, recipe=recipe, policy=policy, name=qualified, **kw)
+                setattr(module, child_name, moe.train(child.training))
                 swapped += 1
     return swapped
