@@ -206,3 +206,67 @@ def test_the_router_ops_are_not_differentiable():
     logits = torch.randn(4, 8, requires_grad=True)
     experts, *_ = torch.ops.deepwell.moe_route(logits, None, 2, "softmax", 0, 0, 0.0)
     assert not experts.requires_grad and math.isfinite(float(experts.sum()))
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA kernels (cuda/moe.cuh): the same bits as the CPU reference.
+
+GPU_ROUTERS = ROUTERS + [dict(top_k=8, score_func="sigmoid", bias=True, n_group=8, topk_group=4, experts=256),
+                         dict(top_k=8, score_func="softmax", experts=128, capacity_factor=1.25),
+                         dict(top_k=2, score_func="softmax", experts=512)]
+
+
+def _logits(t, e, dtype, gen, kind):
+    x = torch.randn(t, e, generator=gen)
+    if kind == "ties":
+        x = (x * 2).round() / 2  # many exact ties
+    if kind == "nan":
+        x[3] = float("nan")
+        x[5, 1] = float("inf")
+        x[7, :] = float("-inf")
+    return x.to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GPU_ROUTERS, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["random", "ties", "nan"])
+def test_cuda_route_is_bit_identical_to_cpu(cfg, dtype, kind, gen):
+    cfg = dict(cfg)
+    e = cfg.pop("experts", 8)
+    logits = _logits(1000, e, dtype, gen, kind)
+    bias = (torch.randn(e, generator=gen) * 0.1).to(dtype) if cfg.pop("bias", False) else None
+    cpu = _route(logits, bias, **cfg)
+    gpu = _route(logits.cuda(), None if bias is None else bias.cuda(), **cfg)
+    for a, b in zip(cpu, gpu):
+        assert torch.equal(a, b.cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("align", [1, 16, 128])
+@pytest.mark.parametrize("cf", [None, 0.5])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (4096, 8, 128), (3000, 2, 8), (77, 4, 64)])
+def test_cuda_permute_index_is_bit_identical_to_cpu(align, cf, shape, gen):
+    t, k, e = shape
+    logits = torch.randn(t, e, generator=gen)
+    logits[: t // 2, 0] += 100  # one hot expert, and empty ones
+    experts, dropped, *_ = _route(logits, top_k=k, capacity_factor=cf)
+    cpu = deepwell.moe_permute_index(experts, dropped, e, align)
+    gpu = deepwell.moe_permute_index(experts.cuda(), dropped.cuda(), e, align)
+    for a, b in zip(cpu, gpu):
+        assert torch.equal(a, b.cpu())
+
+
+@pytest.mark.gpu
+def test_cuda_dispatch_and_combine_are_deterministic():
+    experts, dropped, _ = _layout(t=4096, k=8, e=64, align=1)
+    row_of_slot, slot_of_row, _ = (o.cuda() for o in deepwell.moe_permute_index(experts.cuda(), dropped.cuda(), 64, 1))
+    x = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.rand(4096, 8, device="cuda", requires_grad=True)
+    outs = []
+    for _ in range(2):
+        y = deepwell.moe_combine(deepwell.moe_dispatch(x, slot_of_row, row_of_slot) * 1.5, w, row_of_slot, slot_of_row)
+        gx, gw = torch.autograd.grad(y, (x, w), torch.ones_like(y))
+        outs.append((y, gx, gw))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
