@@ -11,7 +11,7 @@ Every layer variant computes the same thing (softmax router, renormalised top-k,
 the routing is balanced-random (router weights N(0, 1/D)). Targets (issue 12): deepwell bf16 >= 3x
 the HF loop at fine-grained shapes; fp8_block >= 1.3x deepwell bf16 at Mixtral shapes; an fp8
 grouped GEMM at E64/K2048/N1408 >= 900 TFLOP/s; the model's train step >= 1.3x torch.compile bf16.
-Anchors (../shared/ANCHORS.md): torch bf16 grouped 541-704 TFLOP/s, fp8 rowwise grouped 307 at E64.
+Anchors (the team's H100 measurements of others' kernels): torch bf16 grouped 541-704 TFLOP/s, fp8 rowwise grouped 307 at E64.
 
     python benchmarks/bench_moe.py [--quick] [--tokens 8192] [--all-recipes] [--no-model]
 """
@@ -58,7 +58,7 @@ def hf_eager_loop(x, gate_w, gate_up, down, top_k):
 
 
 def hf_grouped_mm(x, gate_w, gate_up, down, top_k):
-    """transformers 5's `grouped_mm` experts implementation (integrations/moe.py), without EP."""
+    """transformers 5's `grouped_mm` experts implementation (`transformers.integrations.moe`), without EP."""
     w, idx = router(x, gate_w, top_k)
     e = gate_up.shape[0]
     ids = idx.reshape(-1)

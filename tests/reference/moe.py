@@ -1,5 +1,5 @@
-"""Float64 model of a Mixture-of-Experts layer (docs/DESIGN.md "MoE"; ../shared/reference/moe.md
-section 2), written independently of rust/core/src/moe: routing with numpy sorts (ties by
+"""Float64 model of a Mixture-of-Experts layer (docs/DESIGN.md "MoE", which cites each router's
+source), written independently of rust/core/src/moe: routing with numpy sorts (ties by
 (score descending, expert index ascending)), then the SwiGLU experts token by token group in torch
 float64 (so the tests take its autograd as the reference gradient).
 """

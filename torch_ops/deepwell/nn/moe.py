@@ -10,7 +10,7 @@ assignments out expert by expert; `moe_dispatch` gathers the tokens; the SwiGLU 
 grouped GEMMs (`grouped_linear`, in `recipe`); `moe_combine` weights and sums them back per token in
 a fixed order. Shared experts (Qwen2-MoE's gated one, DeepSeek-V3's ungated ones) are added.
 
-Router options (../shared/reference/moe.md section 2 gives each system's exact maths):
+Router options (docs/DESIGN.md "MoE" names the system each one comes from):
 - `score_func`: "softmax" (Mixtral, Qwen) or "sigmoid" (DeepSeek-V3); selection on scores + the
   expert bias (aux-loss-free balancing, arXiv:2408.15664: the bias never changes the weights);
 - `n_group` / `topk_group`: group-limited routing (DeepSeek-V3; groups masked to -inf);

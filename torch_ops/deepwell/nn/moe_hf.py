@@ -1,6 +1,6 @@
 """Conversion between `deepwell.DeepwellMoE` and the MoE blocks of Hugging Face transformers 5:
 MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock and DeepseekV3MoE (read in
-transformers 5.23's modeling files; ../shared/reference/moe.md section 6). Every one stores its
+transformers 5.23's modeling files, `transformers.models.*.modeling_*`). Every one stores its
 experts in the fused layout DeepwellMoE uses (`experts.gate_up_proj` (E, 2F, D), gate rows first;
 `experts.down_proj` (E, D, F)), so conversion copies tensors and sets the router options:
 
