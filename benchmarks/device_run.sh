@@ -8,6 +8,8 @@
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
 #   train     benchmarks/bench_train_step.py      (train-quick: 4 layers)
 #   overhead  benchmarks/bench_overhead.py        (per-call host overhead on tiny inputs)
+#   moe       benchmarks/bench_moe.py             (moe-quick: the E64 layer only, no model step)
+#   moe-tests the MoE tests, GPU ones included
 # Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +52,15 @@ for step in $steps; do
         overhead)
             python3 benchmarks/bench_overhead.py 2>&1 | tee "$OUT/bench_overhead.log" || status=1
             cp benchmarks/results/bench_overhead*.json "$OUT/" 2>/dev/null
+            ;;
+        moe | moe-quick)
+            quick=; [ "$step" = moe-quick ] && quick=--quick
+            python3 benchmarks/bench_moe.py $quick 2>&1 | tee "$OUT/bench_moe.log" || status=1
+            find benchmarks/results -name "bench_moe-*.json" -exec cp {} "$OUT/" \;
+            ;;
+        moe-tests)
+            python3 -m pytest tests/test_moe.py tests/test_moe_module.py tests/test_grouped_linear.py tests/test_moe_hf.py \
+                -p no:cacheprovider -rf 2>&1 | tee "$OUT/moe_tests.log" | tail -40 || status=1
             ;;
         *)
             echo "unknown step $step" >&2
