@@ -150,7 +150,7 @@ def test_auto_recipe_is_planned_by_rust():
 @pytest.mark.parametrize("opts", [dict(top_k=2), dict(top_k=3, score_func="sigmoid", n_group=4, topk_group=2,
                                                          expert_bias=True, capacity_factor=1.0, aux_loss_coef=0.01,
                                                          z_loss_coef=1e-3, num_shared_experts=1),
-                                  dict(top_k=2, recipe="fp8_block")], ids=str)
+                                  dict(top_k=2, recipe="fp8_block"), dict(top_k=2, recipe="auto")], ids=str)
 def test_compiles_fullgraph_with_the_same_outputs_and_gradients(opts):
     torch.manual_seed(6)
     moe = deepwell.DeepwellMoE(128, 128, 8, **opts)

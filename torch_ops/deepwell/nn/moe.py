@@ -26,7 +26,9 @@ Router options (docs/DESIGN.md "MoE" names the system each one comes from):
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,7 @@ from torch import nn
 from ..ops.grouped_linear import block_of, grouped_linear
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..plan import recipes
+from ..plan.policy import LayerInfo, PrecisionPolicy
 
 AUX_LOSSES = ("switch", "seq", None)
 
@@ -80,6 +83,20 @@ class _AddLossToGrad(torch.autograd.Function):
     def backward(ctx, grad):
         dtype, device = ctx.loss_meta
         return grad, torch.ones((), dtype=dtype, device=device)
+
+
+@torch._dynamo.assume_constant_result
+def _plan_experts(policy_json: str, device: str, name: str, kind: str, dim: int, ffn_dim: int) -> tuple[str, ...]:
+    """The Rust planner's recipes for the two expert projections (role "experts") on `device`, and
+    its reasons: (gate_up recipe, down recipe, gate_up reason, down reason)."""
+    infos = [
+        LayerInfo(f"{name}.experts.gate_up_proj", kind, "experts", 1, 3, dim, 2 * ffn_dim),
+        LayerInfo(f"{name}.experts.down_proj", kind, "experts", 1, 3, ffn_dim, dim),
+    ]
+    # Sites 1 of 3: the policy's first/last rule is about the model's ends, not this block's.
+    decisions = PrecisionPolicy(**json.loads(policy_json)).decide(infos, recipes.device_arch(device))
+    reasons = tuple(f"{i.name}: {d.recipe} ({d.reason})" for i, d in zip(infos, decisions))
+    return (decisions[0].recipe, decisions[1].recipe, *reasons)
 
 
 class DeepwellMoE(nn.Module):
@@ -145,6 +162,8 @@ class DeepwellMoE(nn.Module):
         self.aux_loss, self.aux_loss_coef, self.z_loss_coef = aux_loss, aux_loss_coef, z_loss_coef
         self.router_dtype, self.recipe = router_dtype, recipe
         self.policy, self.name = policy, name
+        # Read once, here: a plain string is a constant to torch.compile.
+        self._policy_json = json.dumps(asdict(policy or PrecisionPolicy(precision="auto")))
         self.gate = nn.Linear(dim, num_experts, bias=False, **factory)
         self.experts = Experts(num_experts, dim, ffn_dim, **factory)
         if expert_bias:
@@ -212,22 +231,14 @@ class DeepwellMoE(nn.Module):
     # Experts
 
     def _recipes(self, x2) -> tuple[str, str]:
-        """(gate_up, down) recipes: fixed, or planned once by Rust for the first input's device."""
-        if self._planned is None:
-            from ..plan.policy import LayerInfo, PrecisionPolicy
-
-            t, d, f = x2.shape[0] * self.top_k, self.dim, self.ffn_dim
-            kind = type(self).__name__
-            infos = [
-                LayerInfo(f"{self.name}.experts.gate_up_proj", kind, "experts", 1, 3, d, 2 * f, t),
-                LayerInfo(f"{self.name}.experts.down_proj", kind, "experts", 1, 3, f, d, t),
-            ]
-            # Not first or last in the model: the policy's first/last rule is the model's, not ours.
-            policy = self.policy or PrecisionPolicy(precision="auto")
-            decisions = policy.decide(infos, recipes.device_arch(x2.device))
-            self.plan_reasons = [f"{i.name}: {d.recipe} ({d.reason})" for i, d in zip(infos, decisions)]
-            self._planned = (decisions[0].recipe, decisions[1].recipe)
-        return self._planned
+        """(gate_up, down) recipes: fixed, or planned by Rust for the first input's device (a
+        constant to torch.compile, which cannot trace the planner's JSON call)."""
+        if self._planned is not None:
+            return self._planned
+        up, down, *reasons = _plan_experts(self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim)
+        if not torch.compiler.is_compiling():
+            self._planned, self.plan_reasons = (up, down), list(reasons)
+        return up, down
 
     def _align(self, recipe_pair) -> int:
         """Rows per group: the recipes' block, so wgrad's K (an expert's rows) is whole blocks."""
