@@ -179,15 +179,14 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 def _sum_slots(rows: torch.Tensor, row_of_slot: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """out[t] = Σ_k w[t, k] · rows[row_of_slot[t, k]] in k order, in fp32 (float64 stays float64),
-    skipping dropped slots."""
-    t, k = row_of_slot.shape
+    skipping dropped slots. One (T, D) gather per k: no (T, K, D) fp32 temporary."""
     acc = _acc(rows.dtype)
-    picked = _gather_rows(rows, row_of_slot.reshape(-1)).reshape(t, k, -1).to(acc)
-    if weights is not None:
-        picked = picked * weights.to(acc).unsqueeze(-1)
-    out = picked[:, 0]
-    for j in range(1, k):
-        out = out + picked[:, j]
+    out = None
+    for j in range(row_of_slot.shape[1]):
+        term = _gather_rows(rows, row_of_slot[:, j]).to(acc)
+        if weights is not None:
+            term = term * weights[:, j : j + 1].to(acc)
+        out = term if out is None else out + term
     return out
 
 
@@ -224,8 +223,9 @@ class _Combine(torch.autograd.Function):
             d_rows = (_gather_rows(grad.to(acc), token) * w_row).to(rows.dtype)
         if ctx.needs_input_grad[1]:
             acc = _acc(torch.promote_types(rows.dtype, weights.dtype))
-            picked = _gather_rows(rows, row_of_slot.reshape(-1)).reshape(t, k, -1).to(acc)
-            d_weights = (picked * grad.to(acc).unsqueeze(1)).sum(-1).to(weights.dtype)
+            g = grad.to(acc)
+            cols = [(_gather_rows(rows, row_of_slot[:, j]).to(acc) * g).sum(-1) for j in range(k)]
+            d_weights = torch.stack(cols, dim=1).to(weights.dtype)
         return d_rows, d_weights, None, None
 
 
