@@ -4,7 +4,7 @@
 // computed in the reference's order with IEEE round-to-nearest intrinsics (no fma contraction).
 //
 // Kernels (cuda/INTERFACE.md "moe.cuh"):
-//   moe_route_select<In>   one thread per token: scores, bias, groups, top-K and the plain top-K
+//   moe_route_select<In>   one warp per token: scores, bias, groups, top-K and the plain top-K
 //   moe_expert_scan<Mode>  one CTA per expert: a prefix count over the T·K assignments in flat
 //                          order (capacity / counts / placement)
 //   moe_offsets<0>         one thread: the groups' start rows
@@ -48,86 +48,120 @@ __device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
     return ia < ib;
 }
 
-// The index of the best of v[0..n) not yet taken (bit i of `taken`), by `better`.
-__device__ __forceinline__ int best_free(const float* v, int n, const uint32_t* taken) {
-    int best = -1;
-    for (int i = 0; i < n; ++i) {
-        if ((taken[i >> 5] >> (i & 31)) & 1u) continue;
-        if (best < 0 || better(v[i], i, v[best], best)) best = i;
-    }
-    return best;
-}
-
 }  // namespace moe_detail
 
-// Per token t (one thread): s = softmax(l_t) (max, then exp(l - max), summed in expert order, then
-// divided) or sigmoid(l_t) = 1 / (1 + exp(-l)); choice = s + bias; with n_group > 0, groups of
-// E / n_group scored by the sum of their best two (best first), the best `kept` groups stay and the
-// others become -inf; experts[t, :] = the top-K of choice, best first; plain[t, :] = the top-K of s
-// (the Switch loss's f_e). logits (T, E) contiguous, bias fp32 (E) or null, E <= MOE_MAX_EXPERTS.
-// **Per CTA:** THREADS tokens.
+// The best (by `better`) of the warp's candidates: lane l offers (v, i) (i < 0: none); every lane
+// gets the winner's index. `better` is a total order, so the result does not depend on the lanes.
+__device__ __forceinline__ int warp_best(float v, int i) {
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xFFFFFFFFu, v, off);
+        const int oi = __shfl_xor_sync(0xFFFFFFFFu, i, off);
+        if (oi >= 0 && (i < 0 || moe_detail::better(ov, oi, v, i))) {
+            v = ov;
+            i = oi;
+        }
+    }
+    return i;
+}
+
+// The top `k` of v[0..n) (shared memory, the warp's), best first, into out[0..k) (lane 0 writes);
+// `taken` is the warp's scratch bit mask of n bits.
+__device__ __forceinline__ void warp_top_k(const float* v, int n, int k, uint32_t* taken, int* out) {
+    const int lane = threadIdx.x & 31;
+    for (int w = lane; w < (n + 31) / 32; w += 32) taken[w] = 0u;
+    __syncwarp();
+    for (int j = 0; j < k; ++j) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int e = lane; e < n; e += 32) {
+            if ((taken[e >> 5] >> (e & 31)) & 1u) continue;
+            if (bi < 0 || moe_detail::better(v[e], e, bv, bi)) {
+                bv = v[e];
+                bi = e;
+            }
+        }
+        const int best = warp_best(bv, bi);
+        if (lane == 0) {
+            taken[best >> 5] |= 1u << (best & 31);
+            out[j] = best;
+        }
+        __syncwarp();
+    }
+}
+
+// Per token t (one warp; its scores staged in shared memory): s = softmax(l_t) (the max, then
+// exp(l - max) per expert, summed by lane 0 in expert order, then divided) or sigmoid(l_t) =
+// 1 / (1 + exp(-l)); choice c = s + bias; with n_group > 0, groups of E / n_group scored by the sum
+// of their best two (best first), the best `kept` groups stay and the others become -inf (lane 0,
+// in the reference's order); experts[t, :] = the top-K of c, best first; plain[t, :] = the top-K
+// of s (the Switch loss's f_e). logits (T, E) contiguous, bias fp32 (E) or null,
+// E <= MOE_MAX_EXPERTS. **Per CTA:** THREADS / 32 = 8 tokens.
 template <class In>
 __global__ void __launch_bounds__(THREADS) moe_route_select(const void* logits, const float* bias, int* experts, int* plain,
                                                             int64_t tokens, int num_experts, int top_k, int sigmoid,
                                                             int n_group, int kept) {
     using namespace moe_detail;
-    float s[MOE_MAX_EXPERTS];
-    float c[MOE_MAX_EXPERTS];
-    uint32_t taken[MOE_MAX_EXPERTS / 32];
-    const int e_n = num_experts, words = (num_experts + 31) / 32;
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * THREADS;
-    for (int64_t t = static_cast<int64_t>(blockIdx.x) * THREADS + threadIdx.x; t < tokens; t += stride) {
+    constexpr int WARPS = THREADS / 32;
+    __shared__ float sh_s[WARPS][MOE_MAX_EXPERTS];
+    __shared__ float sh_c[WARPS][MOE_MAX_EXPERTS];
+    __shared__ uint32_t sh_taken[WARPS][MOE_MAX_EXPERTS / 32];
+    __shared__ float sh_g[WARPS][MOE_MAX_EXPERTS / 2];  // group scores (groups hold >= 2 experts)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* s = sh_s[warp];
+    float* c = sh_c[warp];
+    uint32_t* taken = sh_taken[warp];
+    const int e_n = num_experts;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * WARPS;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * WARPS + warp; t < tokens; t += stride) {
         const int64_t row = t * e_n;
         if (sigmoid) {
-            for (int e = 0; e < e_n; ++e) {
-                const float v = In::load(logits, row + e);
-                s[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f32(-v)));
-            }
+            for (int e = lane; e < e_n; e += 32) s[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f32(-In::load(logits, row + e))));
         } else {
-            float mx = __int_as_float(0xFF800000);
-            for (int e = 0; e < e_n; ++e) mx = fmaxf(mx, In::load(logits, row + e));
+            float mx = __int_as_float(0xFF800000);  // fmaxf ignores NaN, as Rust's f32::max: any order
+            for (int e = lane; e < e_n; e += 32) mx = fmaxf(mx, In::load(logits, row + e));
+            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+            for (int e = lane; e < e_n; e += 32) s[e] = exp_f32(__fsub_rn(In::load(logits, row + e), mx));
+            __syncwarp();
             float sum = 0.0f;
-            for (int e = 0; e < e_n; ++e) {
-                s[e] = exp_f32(__fsub_rn(In::load(logits, row + e), mx));
-                sum = __fadd_rn(sum, s[e]);
+            if (lane == 0) {
+                for (int e = 0; e < e_n; ++e) sum = __fadd_rn(sum, s[e]);
             }
-            for (int e = 0; e < e_n; ++e) s[e] = __fdiv_rn(s[e], sum);
+            sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
+            for (int e = lane; e < e_n; e += 32) s[e] = __fdiv_rn(s[e], sum);
         }
-        for (int e = 0; e < e_n; ++e) c[e] = bias ? __fadd_rn(s[e], bias[e]) : s[e];
-        if (n_group > 0) {
+        for (int e = lane; e < e_n; e += 32) c[e] = bias ? __fadd_rn(s[e], bias[e]) : s[e];
+        __syncwarp();
+        if (n_group > 0 && lane == 0) {
             const int size = e_n / n_group;
-            float gs[MOE_MAX_EXPERTS / 2];
+            float* gs = sh_g[warp];
             for (int g = 0; g < n_group; ++g) {
-                // The group's best two (size >= 2), in the reference's order.
-                for (int w = 0; w < (size + 31) / 32; ++w) taken[w] = 0u;
-                const int b0 = best_free(c + g * size, size, taken);
-                taken[b0 >> 5] |= 1u << (b0 & 31);
-                const int b1 = best_free(c + g * size, size, taken);
-                gs[g] = __fadd_rn(c[g * size + b0], c[g * size + b1]);
+                const float* v = c + g * size;
+                int b0 = 0;
+                for (int i = 1; i < size; ++i)
+                    if (better(v[i], i, v[b0], b0)) b0 = i;
+                int b1 = b0 == 0 ? 1 : 0;
+                for (int i = 0; i < size; ++i)
+                    if (i != b0 && better(v[i], i, v[b1], b1)) b1 = i;
+                gs[g] = __fadd_rn(v[b0], v[b1]);
             }
-            uint32_t gtaken[MOE_MAX_EXPERTS / 64];
-            for (int w = 0; w < (n_group + 31) / 32; ++w) gtaken[w] = 0u;
+            uint32_t keep[MOE_MAX_EXPERTS / 64];
+            for (int w = 0; w < (n_group + 31) / 32; ++w) keep[w] = 0u;
             for (int j = 0; j < kept; ++j) {
-                const int g = best_free(gs, n_group, gtaken);
-                gtaken[g >> 5] |= 1u << (g & 31);
+                int best = -1;
+                for (int g = 0; g < n_group; ++g) {
+                    if ((keep[g >> 5] >> (g & 31)) & 1u) continue;
+                    if (best < 0 || better(gs[g], g, gs[best], best)) best = g;
+                }
+                keep[best >> 5] |= 1u << (best & 31);
             }
             for (int g = 0; g < n_group; ++g) {
-                if ((gtaken[g >> 5] >> (g & 31)) & 1u) continue;
+                if ((keep[g >> 5] >> (g & 31)) & 1u) continue;
                 for (int e = g * size; e < (g + 1) * size; ++e) c[e] = __int_as_float(0xFF800000);
             }
         }
-        for (int w = 0; w < words; ++w) taken[w] = 0u;
-        for (int j = 0; j < top_k; ++j) {
-            const int e = best_free(c, e_n, taken);
-            taken[e >> 5] |= 1u << (e & 31);
-            experts[t * top_k + j] = e;
-        }
-        for (int w = 0; w < words; ++w) taken[w] = 0u;
-        for (int j = 0; j < top_k; ++j) {
-            const int e = best_free(s, e_n, taken);
-            taken[e >> 5] |= 1u << (e & 31);
-            plain[t * top_k + j] = e;
-        }
+        __syncwarp();
+        warp_top_k(c, e_n, top_k, taken, experts + t * top_k);
+        warp_top_k(s, e_n, top_k, taken, plain + t * top_k);
     }
 }
 

@@ -12,7 +12,7 @@ pub enum Scan {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Moe {
-    /// `moe_route_select<In>`: one thread per token.
+    /// `moe_route_select<In>`: one warp per token.
     RouteSelect { input: Float },
     /// `moe_expert_scan<Mode>`: one CTA per expert.
     ExpertScan { mode: Scan },
@@ -40,10 +40,10 @@ pub struct MoeSizes {
 impl Family for Moe {
     type Sizes = MoeSizes;
 
-    /// moe.cuh's **Per CTA**: THREADS tokens (select), one expert (scan), everything (offsets).
+    /// moe.cuh's **Per CTA**: THREADS / 32 tokens (select), one expert (scan), everything (offsets).
     fn geometry(self, s: MoeSizes, wave: Wave) -> Geometry {
         match self {
-            Moe::RouteSelect { .. } => wave.cover(s.tokens, T),
+            Moe::RouteSelect { .. } => wave.cover(s.tokens, T / 32),
             Moe::ExpertScan { .. } => wave.cover(s.experts, 1),
             Moe::Offsets => wave.cover(1, 1),
         }
@@ -67,7 +67,9 @@ mod tests {
     #[test]
     fn geometry_follows_the_work_per_cta() {
         let g = |k: Moe, tokens, experts| k.geometry(MoeSizes { tokens, experts }, H100).grid;
-        assert_eq!(g(Moe::RouteSelect { input: Float::F32 }, 8192, 64), 32);
+        assert_eq!(g(Moe::RouteSelect { input: Float::F32 }, 8192, 64), 1024); // CTAs of 8 tokens
+        assert_eq!(g(Moe::RouteSelect { input: Float::F32 }, 1 << 20, 64), 132 * 8); // one wave
+        assert_eq!(g(Moe::RouteSelect { input: Float::F32 }, 100, 64), 13);
         assert_eq!(g(Moe::ExpertScan { mode: Scan::Place }, 8192, 64), 64);
         assert_eq!(g(Moe::ExpertScan { mode: Scan::Count }, 8192, 4096), 132 * 8);
         assert_eq!(g(Moe::Offsets, 8192, 64), 1);
@@ -83,6 +85,6 @@ mod tests {
             assert_eq!(cuh_int(Header::Moe, name), mode as u64);
         }
         assert!(Header::Moe.source().contains("**Per CTA:** one expert."));
-        assert!(Header::Moe.source().contains("**Per CTA:** THREADS tokens."));
+        assert!(Header::Moe.source().contains("**Per CTA:** THREADS / 32 = 8 tokens."));
     }
 }
