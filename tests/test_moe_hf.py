@@ -114,9 +114,11 @@ def test_gradients_match_hf_in_fp32():
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5)
 
 
-def _tiny_mixtral():
+def _tiny_mixtral(ffn: int = 48):
     torch.manual_seed(1)
-    return transformers.MixtralForCausalLM(_config("mixtral")).eval()
+    config = _config("mixtral")
+    config.intermediate_size = ffn
+    return transformers.MixtralForCausalLM(config).eval()
 
 
 def test_swap_hf_moe_in_a_whole_model_gives_the_same_logits():
@@ -159,3 +161,19 @@ def test_swapped_blocks_follow_the_policy_by_name():
     assert planned == [("bf16", "bf16"), ("bf16", "bf16")]
     reasons = [m.plan_reasons for m in model.modules() if isinstance(m, deepwell.DeepwellMoE)][1]
     assert "model.layers.1.mlp.experts.gate_up_proj" in reasons[0] and "128" in reasons[0]
+
+
+def test_optimize_runs_the_swapped_experts_in_the_policy_recipe():
+    model = _tiny_mixtral(ffn=64)
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        want = model(ids).logits
+    torch._dynamo.reset()
+    policy = deepwell.PrecisionPolicy(precision="mxfp8", min_features=0, name_overrides={"*attn*": "bf16"})
+    compiled = deepwell.optimize(model, policy=policy)
+    got = compiled(ids).logits
+    got.float().square().mean().backward()
+    experts = model.model.layers[0].mlp.experts
+    assert torch.isfinite(experts.gate_up_proj.grad).all() and experts.gate_up_proj.grad.abs().sum() > 0
+    err = ((got.detach() - want).norm() / want.norm()).item()
+    assert 1e-3 < err < 0.1  # quantized experts (D=64, F=64: whole MXFP8 blocks), not fp32 ones

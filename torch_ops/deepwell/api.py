@@ -27,7 +27,7 @@ def optimize(
     if swap_moe and isinstance(model, torch.nn.Module):
         from .nn.moe_hf import swap_hf_moe
 
-        swapped = swap_hf_moe(model, recipe="auto", policy=policy or PrecisionPolicy(precision=precision))
+        swapped = swap_hf_moe(model, recipe="auto", policy=policy or PrecisionPolicy(precision=precision), verbose=verbose)
         if verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
     options = {"precision": precision, "verbose": verbose}

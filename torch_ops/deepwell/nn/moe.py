@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _env
 from ..ops.grouped_linear import block_of, grouped_linear
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..plan import recipes
@@ -86,9 +87,12 @@ class _AddLossToGrad(torch.autograd.Function):
 
 
 @torch._dynamo.assume_constant_result
-def _plan_experts(policy_json: str, device: str, name: str, kind: str, dim: int, ffn_dim: int) -> tuple[str, ...]:
+def _plan_experts(
+    policy_json: str, device: str, name: str, kind: str, dim: int, ffn_dim: int, verbose: bool
+) -> tuple[str, ...]:
     """The Rust planner's recipes for the two expert projections (role "experts") on `device`, and
-    its reasons: (gate_up recipe, down recipe, gate_up reason, down reason)."""
+    its reasons: (gate_up recipe, down recipe, gate_up reason, down reason). Printed when `verbose`
+    or DEEPWELL_PRINT_PLAN=1 (this runs eagerly, also while torch.compile traces)."""
     infos = [
         LayerInfo(f"{name}.experts.gate_up_proj", kind, "experts", 1, 3, dim, 2 * ffn_dim),
         LayerInfo(f"{name}.experts.down_proj", kind, "experts", 1, 3, ffn_dim, dim),
@@ -96,6 +100,9 @@ def _plan_experts(policy_json: str, device: str, name: str, kind: str, dim: int,
     # Sites 1 of 3: the policy's first/last rule is about the model's ends, not this block's.
     decisions = PrecisionPolicy(**json.loads(policy_json)).decide(infos, recipes.device_arch(device))
     reasons = tuple(f"{i.name}: {d.recipe} ({d.reason})" for i, d in zip(infos, decisions))
+    if verbose or _env.print_plan():
+        for r in reasons:
+            print(f"deepwell MoE plan ({device}): {r}")
     return (decisions[0].recipe, decisions[1].recipe, *reasons)
 
 
@@ -117,7 +124,8 @@ class DeepwellMoE(nn.Module):
         recipe: the experts' GEMMs: "bf16", "fp8_block", "mxfp8", "nvfp4" or "auto" (the Rust planner
             decides per projection on the device of the first forward, role "experts", under
             `policy`: default `PrecisionPolicy()`, whose precision "auto" is the device's fastest
-            native recipe; `name` is the module's qualified name the policy's globs see).
+            native recipe; `name` is the module's qualified name the policy's globs see; `verbose`
+            prints the decisions, as DEEPWELL_PRINT_PLAN=1 does).
     """
 
     def __init__(
@@ -144,6 +152,7 @@ class DeepwellMoE(nn.Module):
         recipe: str = "bf16",
         policy=None,
         name: str = "moe",
+        verbose: bool = False,
         device=None,
         dtype=None,
     ):
@@ -161,7 +170,7 @@ class DeepwellMoE(nn.Module):
         self.n_group, self.topk_group, self.capacity_factor = n_group, topk_group, capacity_factor
         self.aux_loss, self.aux_loss_coef, self.z_loss_coef = aux_loss, aux_loss_coef, z_loss_coef
         self.router_dtype, self.recipe = router_dtype, recipe
-        self.policy, self.name = policy, name
+        self.policy, self.name, self.verbose = policy, name, verbose
         # Read once, here: a plain string is a constant to torch.compile.
         self._policy_json = json.dumps(asdict(policy or PrecisionPolicy(precision="auto")))
         self.gate = nn.Linear(dim, num_experts, bias=False, **factory)
@@ -235,7 +244,9 @@ class DeepwellMoE(nn.Module):
         constant to torch.compile, which cannot trace the planner's JSON call)."""
         if self._planned is not None:
             return self._planned
-        up, down, *reasons = _plan_experts(self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim)
+        up, down, *reasons = _plan_experts(
+            self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim, self.verbose
+        )
         if not torch.compiler.is_compiling():
             self._planned, self.plan_reasons = (up, down), list(reasons)
         return up, down
