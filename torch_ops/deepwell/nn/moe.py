@@ -262,9 +262,9 @@ class DeepwellMoE(nn.Module):
         r_up, r_down = self._recipes(x2)
         row_of_slot, slot_of_row, offsets = moe_permute_index(experts, dropped, self.num_experts, self._align((r_up, r_down)))
         xp = moe_dispatch(x2, slot_of_row, row_of_slot)
-        gate_up = grouped_linear(xp, self.experts.gate_up_proj, offsets, r_up)
+        gate_up = grouped_linear(xp, self.experts.gate_up_proj, offsets, r_up, groups_aligned=True)
         g, u = gate_up.chunk(2, dim=-1)
-        yp = grouped_linear(F.silu(g) * u, self.experts.down_proj, offsets, r_down)
+        yp = grouped_linear(F.silu(g) * u, self.experts.down_proj, offsets, r_down, groups_aligned=True)
         y = moe_combine(yp, weights, row_of_slot, slot_of_row)
         if self.shared_experts is not None:
             s = self.shared_experts(x2)
