@@ -177,3 +177,24 @@ def test_optimize_runs_the_swapped_experts_in_the_policy_recipe():
     assert torch.isfinite(experts.gate_up_proj.grad).all() and experts.gate_up_proj.grad.abs().sum() > 0
     err = ((got.detach() - want).norm() / want.norm()).item()
     assert 1e-3 < err < 0.1  # quantized experts (D=64, F=64: whole MXFP8 blocks), not fp32 ones
+
+
+def test_hf_router_logits_and_aux_loss_survive_the_swap():
+    """The swapped gate is still an instance of HF's router class: HF's output recorders find it,
+    and the model's own load-balancing loss comes out the same."""
+    model, ref = _tiny_mixtral(), _tiny_mixtral()  # the same weights
+    ids = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        want = ref(ids, labels=ids, output_router_logits=True)
+    # Before the model's first output_router_logits call: HF installs its hooks once, then.
+    deepwell.swap_hf_moe(model, recipe="bf16")
+    from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
+
+    assert isinstance(model.model.layers[0].mlp.gate, MixtralTopKRouter)
+    with torch.no_grad():
+        got = model(ids, labels=ids, output_router_logits=True)
+    assert len(got.router_logits) == 2
+    for a, b in zip(got.router_logits, want.router_logits):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(got.aux_loss, want.aux_loss)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-4, atol=1e-4)

@@ -3,7 +3,7 @@
     moe = deepwell.DeepwellMoE(dim=4096, ffn_dim=14336, num_experts=8, top_k=2)   # Mixtral
     y = moe(x)                                   # x (..., dim) -> y (..., dim)
 
-One forward: the router gate (an nn.Linear, kept in the model's precision: router gates stay bf16 by
+One forward: the router gate (`Router`, kept in the model's precision: router gates stay bf16 by
 policy) gives logits; `deepwell.moe_route` (Rust) picks each token's experts; torch computes the
 routing weights from those indices (differentiable); `moe_permute_index` (Rust) lays the kept
 assignments out expert by expert; `moe_dispatch` gathers the tokens; the SwiGLU experts run as two
@@ -54,6 +54,27 @@ class SwiGLU(nn.Module):
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """The router gate: logits = x · weightᵀ (weight (E, D), no bias), computed in `router_dtype`
+    (None: the input's). Hugging Face conversions use a subclass that is also an instance of the HF
+    router class, so HF's `output_router_logits` hooks still find it (nn/moe_hf.py)."""
+
+    def __init__(self, dim: int, num_experts: int, router_dtype: torch.dtype | None = None, device=None, dtype=None):
+        nn.Module.__init__(self)  # not super(): HF-compatible subclasses put the HF class after this one
+        self.router_dtype = router_dtype
+        self.weight = nn.Parameter(torch.empty(num_experts, dim, device=device, dtype=dtype))
+        bound = 1.0 / math.sqrt(dim)  # nn.Linear's default init
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.router_dtype is None:
+            return F.linear(x, self.weight)
+        return F.linear(x.to(self.router_dtype), self.weight.to(self.router_dtype))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[1]}, num_experts={self.weight.shape[0]}, router_dtype={self.router_dtype}"
 
 
 class Experts(nn.Module):
@@ -173,7 +194,7 @@ class DeepwellMoE(nn.Module):
         self.policy, self.name, self.verbose = policy, name, verbose
         # Read once, here: a plain string is a constant to torch.compile.
         self._policy_json = json.dumps(asdict(policy or PrecisionPolicy(precision="auto")))
-        self.gate = nn.Linear(dim, num_experts, bias=False, **factory)
+        self.gate = Router(dim, num_experts, router_dtype, **factory)
         self.experts = Experts(num_experts, dim, ffn_dim, **factory)
         if expert_bias:
             self.register_buffer("expert_bias", torch.zeros(num_experts, device=device))
@@ -197,11 +218,7 @@ class DeepwellMoE(nn.Module):
 
     def route(self, x2: torch.Tensor):
         """(logits, experts, dropped, counts, lb_counts, weights) for tokens x2 (T, D)."""
-        w = self.gate.weight
-        if self.router_dtype is not None:
-            logits = F.linear(x2.to(self.router_dtype), w.to(self.router_dtype))
-        else:
-            logits = F.linear(x2, w)
+        logits = self.gate(x2)
         bias = self.expert_bias
         experts, dropped, counts, lb_counts = moe_route(
             logits.detach(), bias, self.top_k, self.score_func, self.n_group, self.topk_group,

@@ -11,9 +11,13 @@ experts in the fused layout DeepwellMoE uses (`experts.gate_up_proj` (E, 2F, D),
 | Qwen3-MoE | same | top-k | renormalised if `norm_topk_prob` | none |
 | DeepSeek-V3 | sigmoid, gate GEMM in fp32 | top-k of scores + e_score_correction_bias within the best topk_group of n_group groups (masked to -inf) | renormalised if `norm_topk_prob` (+1e-20), × routed_scaling_factor | ungated, F · n_shared_experts |
 
-Not carried over: Mixtral's `router_jitter_noise` (training-time input noise; a warning says so),
-and Hugging Face's `output_router_logits` aux loss, which hooks the HF router class: use
-DeepwellMoE's own `aux_loss` / `aux_loss_coef` instead.
+The converted block's gate is an instance of the HF router class too (a `Router` subclass made
+per HF class), so Hugging Face's `output_router_logits` hooks still record its logits and the
+model's own aux loss keeps working — swap before the model's first `output_router_logits` call, when
+HF installs its hooks once (for Qwen2/3-MoE the HF router's slot holds probabilities, which
+HF's loss softmaxes again; the converted gate gives the logits). Such a module pickles only through
+its state_dict. Not carried over: Mixtral's `router_jitter_noise` (training-time input noise; a
+warning says so).
 """
 
 from __future__ import annotations
@@ -35,6 +39,22 @@ def _check_silu(block) -> None:
 def _copy_swiglu(dst, src) -> None:
     for name in ("gate_proj", "up_proj", "down_proj"):
         getattr(dst, name).weight.data.copy_(getattr(src, name).weight.data)
+
+
+_ROUTER_CLASSES: dict[type, type] = {}
+
+
+def hf_compatible_router(hf_router_class: type, router: nn.Module) -> nn.Module:
+    """`router` (a deepwell Router) re-classed as a subclass of both Router and `hf_router_class`:
+    Router's init and forward, HF's isinstance (what transformers' output recorders check)."""
+    from .moe import Router
+
+    cls = _ROUTER_CLASSES.get(hf_router_class)
+    if cls is None:
+        cls = type(f"Deepwell{hf_router_class.__name__}", (Router, hf_router_class), {"__module__": __name__})
+        _ROUTER_CLASSES[hf_router_class] = cls
+    router.__class__ = cls
+    return router
 
 
 def from_hf(cls, block: nn.Module, **kw):
@@ -72,6 +92,7 @@ def from_hf(cls, block: nn.Module, **kw):
         opts.update(num_shared_experts=1, shared_ffn_dim=shared.down_proj.in_features)
     opts.update(kw)
     moe = cls(dim, ffn_dim, num_experts, **opts)
+    hf_compatible_router(type(gate), moe.gate)
     with torch.no_grad():
         moe.gate.weight.copy_(gate.weight)
         moe.experts.gate_up_proj.copy_(experts.gate_up_proj)
