@@ -19,9 +19,9 @@ namespace moe_detail {
 
 // exp_f32 of rust/core/src/moe/router.rs, operation for operation.
 __device__ __forceinline__ float exp_f32(float x) {
-    const float LOG2E = 1.4426950408889634f;
-    const float LN2_HI = 0.693145751953125f;
-    const float LN2_LO = 1.428606765330187e-6f;
+    const float LOG2E = __int_as_float(0x3fb8aa3b);
+    const float LN2_HI = __int_as_float(0x3f317200);
+    const float LN2_LO = __int_as_float(0x35bfbe8e);
     if (x != x) return x;
     if (x > 88.72284f) return __int_as_float(0x7F800000);
     if (x < -103.97208f) return 0.0f;

@@ -113,9 +113,9 @@ impl RouterConfig {
 /// and routing on the GPU matches this reference exactly (libm's and CUDA's expf differ by an ulp
 /// now and then, enough to flip a near-tie). Error below 2 ulp (`exp_f32_is_accurate`).
 pub fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = 1.442_695_040_888_963_4;
-    const LN2_HI: f32 = 0.693_145_751_953_125; // 0x3f317200: n · LN2_HI is exact for |n| < 2^11
-    const LN2_LO: f32 = 1.428_606_765_330_187e-6; // ln 2 - LN2_HI
+    const LOG2E: f32 = std::f32::consts::LOG2_E; // 0x3fb8aa3b
+    let ln2_hi = f32::from_bits(0x3f31_7200); // 0.693145751953125: n · ln2_hi is exact for |n| < 2^11
+    let ln2_lo = f32::from_bits(0x35bf_be8e); // ln 2 - ln2_hi, rounded
     const C: [f32; 8] = [1.0, 1.0, 0.5, 0.166_666_67, 0.041_666_668, 0.008_333_334, 0.001_388_888_9, 0.000_198_412_7];
     if x.is_nan() {
         return x;
@@ -127,7 +127,7 @@ pub fn exp_f32(x: f32) -> f32 {
         return 0.0; // below half the smallest subnormal
     }
     let n = (x * LOG2E).round_ties_even();
-    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let r = (-n).mul_add(ln2_lo, (-n).mul_add(ln2_hi, x));
     let p = C[..7].iter().rev().fold(C[7], |p, &c| p.mul_add(r, c));
     // p · 2^n as p · 2^a · 2^b with a = n / 2, b = n - a (both in [-75, 64], normal powers of two):
     // the first multiply is exact, the second rounds once (to a subnormal when it must).

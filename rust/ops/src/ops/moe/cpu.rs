@@ -7,10 +7,12 @@ use crate::error::{Error, Op, Result};
 use crate::host::{self, with_floats};
 use crate::tensor::Tensor;
 
-/// Reads a validated float tensor as fp32 (exact widening).
+/// Reads a validated float tensor as fp32 (exact widening; `f32::from` is the identity on the
+/// fp32 arm of `with_floats!`).
 ///
 /// # Safety
 /// `t` must be a non-empty CPU tensor of dtype `dtype` (one of the float inputs).
+#[allow(clippy::useless_conversion)]
 unsafe fn f32s(op: Op, t: &Tensor, dtype: crate::dtype::DType) -> Result<Vec<f32>> {
     let mut out = host::buffer(op, t.numel(), "fp32 router logits")?;
     // SAFETY: guaranteed by the caller.

@@ -117,7 +117,7 @@ impl Route {
             return Err(Error::arg(op, "logits", "be 2-d (tokens, experts)", format!("a {}-d tensor", logits.dim())));
         }
         check::non_empty(op, "logits", &logits, 2)?;
-        let (tokens, e) = (logits.sizes()[0] as usize, logits.sizes()[1] as i64);
+        let (tokens, e) = (logits.sizes()[0] as usize, logits.sizes()[1]);
         if let Some(b) = &bias {
             check::dtype_in(op, "bias", b, &check::FLOAT_INPUTS)?;
             check::shape_eq(op, "bias", b, &[e])?;
