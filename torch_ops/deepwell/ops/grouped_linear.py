@@ -18,6 +18,8 @@ not a multiple of the block runs its wgrad unquantized (the dense layer's rule).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..plan import recipes
@@ -173,6 +175,11 @@ class _GroupedEmulated(torch.autograd.Function):
 @torch._dynamo.assume_constant_result
 def emulated_on(recipe: str, device: str) -> bool:
     """Whether Rust's dispatch table runs `recipe` emulated on `device` (deepwell_core policy)."""
+    return _emulated_on(recipe, device)
+
+
+@functools.cache
+def _emulated_on(recipe: str, device: str) -> bool:
     from ..plan.policy import LayerInfo, PrecisionPolicy
 
     policy = PrecisionPolicy(precision=recipe, first_last_bf16=False, min_features=0)
