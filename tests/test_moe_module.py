@@ -214,3 +214,17 @@ def test_cuda_bf16_layer_runs_under_cuda_graphs():
         for _ in range(3):
             got = f(x)
     torch.testing.assert_close(got, want)
+
+
+def test_compiles_once_for_every_token_count():
+    """Shapes follow T symbolically (the static grouped buffer is a formula of T, K, E and align):
+    one graph serves every batch size."""
+    torch.manual_seed(9)
+    moe = deepwell.DeepwellMoE(128, 128, 8, top_k=2, capacity_factor=1.25, num_shared_experts=1)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    f = torch.compile(moe, fullgraph=True, dynamic=True)
+    for t in (16, 24, 40):
+        x = torch.randn(2, t, 128)
+        torch.testing.assert_close(f(x), moe(x), rtol=1e-5, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
