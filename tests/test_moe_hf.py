@@ -198,3 +198,18 @@ def test_hf_router_logits_and_aux_loss_survive_the_swap():
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(got.aux_loss, want.aux_loss)
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-4, atol=1e-4)
+
+
+def test_a_swapped_model_pickles():
+    import io
+
+    model = _tiny_mixtral()
+    deepwell.swap_hf_moe(model, recipe="bf16")
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    ids = torch.randint(0, 97, (1, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, model(ids).logits)
+    assert type(back.model.layers[0].mlp.gate) is type(model.model.layers[0].mlp.gate)

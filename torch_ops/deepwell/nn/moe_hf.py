@@ -12,12 +12,11 @@ experts in the fused layout DeepwellMoE uses (`experts.gate_up_proj` (E, 2F, D),
 | DeepSeek-V3 | sigmoid, gate GEMM in fp32 | top-k of scores + e_score_correction_bias within the best topk_group of n_group groups (masked to -inf) | renormalised if `norm_topk_prob` (+1e-20), × routed_scaling_factor | ungated, F · n_shared_experts |
 
 The converted block's gate is an instance of the HF router class too (a `Router` subclass made
-per HF class), so Hugging Face's `output_router_logits` hooks still record its logits and the
-model's own aux loss keeps working — swap before the model's first `output_router_logits` call, when
-HF installs its hooks once (for Qwen2/3-MoE the HF router's slot holds probabilities, which
-HF's loss softmaxes again; the converted gate gives the logits). Such a module pickles only through
-its state_dict. Not carried over: Mixtral's `router_jitter_noise` (training-time input noise; a
-warning says so).
+per HF class, pickled by its HF class), so Hugging Face's `output_router_logits` hooks still record
+its logits and the model's own aux loss keeps working. Swap before the model's first
+`output_router_logits` call: HF installs its hooks once, then. For Qwen2/3-MoE the HF router's slot
+holds probabilities, which HF's loss softmaxes again; the converted gate gives the logits.
+Not carried over: Mixtral's `router_jitter_noise` (training-time input noise; a warning says so).
 """
 
 from __future__ import annotations
@@ -49,11 +48,28 @@ def hf_compatible_router(hf_router_class: type, router: nn.Module) -> nn.Module:
     Router's init and forward, HF's isinstance (what transformers' output recorders check)."""
     from .moe import Router
 
+    router.__class__ = _router_class(hf_router_class)
+    return router
+
+
+def _router_class(hf_router_class: type) -> type:
+    from .moe import Router
+
     cls = _ROUTER_CLASSES.get(hf_router_class)
     if cls is None:
-        cls = type(f"Deepwell{hf_router_class.__name__}", (Router, hf_router_class), {"__module__": __name__})
+        # Pickled by its HF class (a made class has no importable name): torch.save(model) works.
+        def reduce(self, protocol):
+            return _unpickle_router, (hf_router_class, self.__dict__)
+
+        body = {"__module__": __name__, "__reduce_ex__": reduce}
+        cls = type(f"Deepwell{hf_router_class.__name__}", (Router, hf_router_class), body)
         _ROUTER_CLASSES[hf_router_class] = cls
-    router.__class__ = cls
+    return cls
+
+
+def _unpickle_router(hf_router_class: type, state: dict) -> nn.Module:
+    router = _router_class(hf_router_class).__new__(_router_class(hf_router_class))
+    router.__dict__.update(state)
     return router
 
 
