@@ -58,3 +58,22 @@ def write_json(name: str, env: dict, rows: list[dict], extra: dict | None = None
     with open(path, "w") as f:
         json.dump({"env": env, "rows": rows, **(extra or {})}, f, indent=1)
     return path
+
+
+def torchao_float8(model: torch.nn.Module, recipe: str = "tensorwise"):
+    """`model` with torchao's float8 training linears (the peer a Hopper user would otherwise pick),
+    the LM head (`output`) kept in bf16 as deepwell's policy does; None when torchao is absent."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    return convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn != "output")
+
+
+def torchao_version() -> str | None:
+    try:
+        import torchao
+    except ImportError:
+        return None
+    return torchao.__version__

@@ -9,7 +9,10 @@ For each (M, K, N): bf16 inputs x (M, K), W (N, K), dy (M, N); times of
 and TFLOP/s = 3 * 2MNK / step (2MNK for fwd), the speedup over bf16, and the forward output's
 relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block, `gemms` is the three
 cuBLASLt blockwise GEMMs alone on pre-quantized operands: step - gemms is what quantization and
-glue cost (the gap to explain; see the README's performance notes).
+glue cost (the gap to explain; see the README's performance notes). Also, in the same process:
+fp8_block's forward + backward under torch.compile (it must not be slower than eager), and
+torchao's float8 training linear (tensorwise and rowwise recipes, eager and compiled) when torchao
+is installed. The last shape, 8192 x 2048 x 5632, is small enough that per-call host time matters.
 
     python benchmarks/bench_linear.py [--quick]
 """
@@ -22,10 +25,10 @@ import torch
 import torch.nn.functional as F
 
 import deepwell
-from _common import environment, header, time_ms, write_json
+from _common import environment, header, time_ms, torchao_version, write_json
 
 ops = torch.ops.deepwell
-SHAPES = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096)]
+SHAPES = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 2048, 5632)]
 RECIPES = ["fp8_block", "mxfp8", "nvfp4", "bf16"]
 NATIVE_ON_SM90 = {"fp8_block", "bf16"}
 
@@ -75,6 +78,20 @@ def blockwise_gemms(x, w, dy):
     return run
 
 
+def torchao_steps(x, w, dy) -> dict:
+    """torchao's Float8Linear (eager and compiled) forward + backward per recipe, on a copy of w."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    out = {}
+    for recipe in ("tensorwise", "rowwise"):
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+        lin.weight.data.copy_(w.detach())
+        lin = convert_to_float8_training(lin, config=Float8LinearConfig.from_recipe_name(recipe))
+        for mode, fn in (("eager", lin), ("compiled", torch.compile(lin))):
+            out[f"torchao {recipe} {mode}"] = time_ms(lambda: torch.autograd.grad(fn(x), (x, lin.weight), dy))
+    return out
+
+
 def rel_err(y, y64) -> float:
     return ((y.double() - y64).norm() / y64.norm()).item()
 
@@ -122,13 +139,23 @@ def main() -> None:
             print(f"{shape:>20} {recipe:>10} {step:8.3f} {cached:8.3f} {fwd:7.3f} {row['tflops']:8.0f} "
                   f"{row['speedup']:8.2f} {row['fwd_speedup']:11.2f} {err:9.2e}  {note}")
             rows.append(row)
+        compiled = torch.compile(lambda x, w: ops.scaled_linear(x, w, None, "fp8_block", None))
+        peers = {"deepwell fp8_block compiled": time_ms(lambda: torch.autograd.grad(compiled(x, w), (x, w), dy))}
+        if torchao_version():
+            peers.update(torchao_steps(x, w, dy))
+        for what, ms in peers.items():
+            print(f"{shape:>20} {what:>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
+            rows.append({"m": m, "k": k, "n": n, "recipe": what, "step_ms": ms, "speedup": base_step / ms,
+                         "torchao": torchao_version() if "torchao" in what else None})
         # The backward op alone (dgrad + wgrad, the weight quantized in it), for the breakdown.
         bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))
         print(f"{shape:>20} {'fp8_block':>10} backward op alone: {bwd:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "backward_op_ms": bwd})
         del x, w, dy, y64
         torch.cuda.empty_cache()
-    print("wrote", write_json("bench_linear", env, rows))
+    if not torchao_version():
+        print("torchao is not installed: its rows are skipped (pip install torchao)")
+    print("wrote", write_json("bench_linear" + ("-quick" if args.quick else ""), env, rows))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
 #   train     benchmarks/bench_train_step.py      (train-quick: 4 layers)
 #   overhead  benchmarks/bench_overhead.py        (per-call host overhead on tiny inputs)
+#   profile   benchmarks/profile_linear.py        (host vs kernel time of one layer's step)
+#   torchao   installs a torchao wheel carried in .device/wheels/ (the machine has no network), so
+#             the train and linear steps measure torchao float8 in the same process
 #   moe       benchmarks/bench_moe.py             (moe-quick: the E64 layer only, no model step)
 #   moe-tests the MoE GPU tests (-m gpu; the CPU ones, HF parity included, run in CI against transformers 5.23)
 # Logs and JSON go to $OUT.
@@ -48,6 +51,17 @@ for step in $steps; do
             quick=; [ "$step" = train-quick ] && quick=--quick
             python3 benchmarks/bench_train_step.py $quick 2>&1 | tee "$OUT/bench_train_step.log" || status=1
             cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
+            ;;
+        profile)
+            python3 benchmarks/profile_linear.py 2>&1 | tee "$OUT/profile_linear.log" || status=1
+            cp benchmarks/results/profile_linear*.json "$OUT/" 2>/dev/null
+            ;;
+        torchao)
+            # Wheels sit next to the carried library (.device/wheels); the first that imports stays.
+            for wheel in $(find "$(dirname "$DEEPWELL_LIBRARY")/wheels" -name 'torchao-*' 2>/dev/null | sort); do
+                python3 -m pip install -q --no-deps "$wheel" && python3 -c 'import torchao.float8' && break
+            done
+            python3 -c 'import torchao; print("torchao", torchao.__version__)' || status=1
             ;;
         overhead)
             python3 benchmarks/bench_overhead.py 2>&1 | tee "$OUT/bench_overhead.log" || status=1

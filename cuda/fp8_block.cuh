@@ -162,9 +162,10 @@ __device__ __forceinline__ void band_tile(int64_t t, int64_t row_tiles, int64_t 
 //             by tile parity, so the next tile's writes never race this tile's reads).
 // Elements are quantized from the registers loaded once.
 
-template <class In, int BR, int BC, bool VEC>
+template <class In, int BR, int BC, bool VEC, int MM>
 __device__ __forceinline__ void quantize_tiles(const void* x, uint8_t* data, float* scale_inv, int64_t nrows,
-                                               int64_t ncols, int pow2, float* s_part, float* s_scale) {
+                                               int64_t ncols, int64_t cols, int pow2, float* s_part,
+                                               float* s_scale) {
     using G = Geo<In>;
     constexpr int V = G::V, L = G::L, RS = G::RS, S = G::S;
     const int li = threadIdx.x % L, rsub = threadIdx.x / L;
@@ -202,7 +203,11 @@ __device__ __forceinline__ void quantize_tiles(const void* x, uint8_t* data, flo
                 encode_chunk<In, V>(raw[s], f, out);
                 if (r < nrows) {
                     store_chunk<V, VEC>(data + r * ncols + c, out, nv);
-                    if (li == 0) scale_inv[r] = __fdiv_rn(1.0f, scale);  // block index = view row
+                    // Block index = view row r = (row, k-block); MM: stored M-major (k-block, row).
+                    if (li == 0) {
+                        const int64_t kb = cols / TILE;
+                        scale_inv[MM ? (r % kb) * (nrows / kb) + r / kb : r] = __fdiv_rn(1.0f, scale);
+                    }
                 }
             }
         } else {
@@ -265,21 +270,36 @@ __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* o
     }
 }
 
-// Rows + transposed columns, one read of x (m, k), 128 x 128 tiles.
+// What one transposing pass over x (m, k) writes (the `transposed_tiles` template argument):
+//   ROWCOL: 1x128 row blocks (row_data, row_scale_inv) and the transposed 1x128 column blocks
+//           (col_data (k, m), col_scale_inv (k, m/128));
+//   COLS:   the transposed column blocks alone (a wgrad operand: x or dy along the tokens);
+//   TILE_T: x^T in 128x128 blocks (col_data (k, m), col_scale_inv (k/128, m/128)): the tile's scale
+//           is shared by both orientations, so this is exactly fp8_block_quantize(x, 128, 128)
+//           transposed, bytes and scales (docs/NUMERICS.md "Transposes"): the dgrad copy of W.
+enum TransposedOut { ROWCOL = 0, COLS = 1, TILE_T = 2 };
+
+// One read of x (m, k), 128 x 128 tiles, rows and/or transposed columns as MODE says. MM = 1
+// writes the 1x128 scales M-major, the layout cuBLASLt's blockwise GEMM reads (row scales
+// (k/128, m) for the logical (m, k/128), column scales (m/128, k) for (k, m/128)); TILE_T's
+// scales ignore it.
 //  1. Load the tile's chunks (as in quantize_tiles).
-//  2. Row blocks (1 x 128 = a tile row): shuffle reduce over L lanes, quantize, store row_data.
+//  2. Row blocks (1 x 128 = a tile row; ROWCOL only): shuffle reduce over L lanes, quantize, store
+//     row_data.
 //  3. Column amax: per thread over its S rows, across the warp by shuffles, across warps through
-//     s_part; threads 0..127 compute the column scales (s_scale, col_scale_inv).
+//     s_part; threads 0..127 compute the column scales (s_scale, col_scale_inv). TILE_T: the tile
+//     amax instead (warp reduce, then the 8 warps' partials in s_part, as quantize_tiles (128,128)).
 //  4. Quantize the register chunks with the column scales into the shared byte tile (row = x row).
 //  5. transpose_store: whole 128-byte lines of col_data (k, m).
-// Three barriers per tile (B1 after step 3's partials, B2 after the scales, B3 after the bytes).
+// Three barriers per tile (B1 after step 3's partials, B2 after the scales, B3 after the bytes;
+// TILE_T has no B2: every thread reads s_part between B1 and B3, and it is rewritten after B3).
 // Every shared buffer is rewritten only behind a barrier that all its readers have passed:
 // s_part is read before B2, rewritten before the next B1; s_scale is read before B3, rewritten
 // after the next B1; the byte tile is read after B3, rewritten after the next B2 (> next B1).
 // The next tile's loads are issued before B3, so they overlap the barrier and transpose_store.
 
-template <class In, bool VEC>
-__device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
+template <class In, bool VEC, int MODE, int MM>
+__device__ __forceinline__ void transposed_tiles(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
                                              float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
                                              float* s_part, float* s_scale, uint32_t* s_bytes) {
     using G = Geo<In>;
@@ -304,7 +324,7 @@ __device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k
 
         // 2. Row blocks.
 #pragma unroll
-        for (int s = 0; s < S; ++s) {
+        for (int s = 0; s < (MODE == ROWCOL ? S : 0); ++s) {
             const int64_t r = r0 + rsub + s * RS;
             float amax = 0.0f;
 #pragma unroll
@@ -316,19 +336,37 @@ __device__ __forceinline__ void rowcol_tiles(const void* x, int64_t m, int64_t k
             uint32_t out[V / 4];
             encode_chunk<In, V>(raw[s], f, out);
             store_chunk<V, VEC>(row_data + r * k + c, out, V);
-            if (li == 0) row_scale_inv[r * col_tiles + ct] = __fdiv_rn(1.0f, scale);
+            if (li == 0) row_scale_inv[MM ? ct * m + r : r * col_tiles + ct] = __fdiv_rn(1.0f, scale);
         }
 
-        // 3. Column scales.
+        // 3. Column scales (TILE_T: the tile's scale).
         float camax[V];
         column_amax<In>(raw, camax);
-        const float scale = tile_column_scales<L>(camax, warp, lane, li, pow2, s_part, s_scale);
-        if (threadIdx.x < TILE) col_scale_inv[(c0 + threadIdx.x) * row_tiles + rt] = __fdiv_rn(1.0f, scale);
+        float f[V];
+        if constexpr (MODE == TILE_T) {
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; ++j) a = abs_max(a, camax[j]);
+            a = row_reduce<32>(a);
+            if (lane == 0) s_part[warp] = a;
+            __syncthreads();
+            a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < THREADS / 32; ++w) a = abs_max(a, s_part[w]);
+            const float scale = block_scale(a, pow2);
+            if (threadIdx.x == 0) col_scale_inv[ct * row_tiles + rt] = __fdiv_rn(1.0f, scale);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = scale;
+        } else {
+            const float scale = tile_column_scales<L>(camax, warp, lane, li, pow2, s_part, s_scale);
+            if (threadIdx.x < TILE)
+                col_scale_inv[MM ? rt * k + c0 + threadIdx.x : (c0 + threadIdx.x) * row_tiles + rt] =
+                    __fdiv_rn(1.0f, scale);
+#pragma unroll
+            for (int j = 0; j < V; ++j) f[j] = s_scale[li * V + j];
+        }
 
         // 4. Column-quantized bytes into the shared byte tile.
-        float f[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) f[j] = s_scale[li * V + j];
 #pragma unroll
         for (int s = 0; s < S; ++s) {
             const int row = rsub + s * RS;
@@ -440,12 +478,14 @@ __device__ __forceinline__ void dequant_scalar(const uint8_t* data, const float*
 // =============================================================================================
 // Kernels (INTERFACE.md "fp8_block.cuh").
 
-template <class In, int BR, int BC>
+// MM = 1 ((1,128) only): the scales stored M-major, (cols/128, batch*rows), as cuBLASLt reads them.
+template <class In, int BR, int BC, int MM>
 __global__ void __launch_bounds__(THREADS)
     fp8_block_quantize(const void* x, uint8_t* data, float* scale_inv, int64_t batch, int64_t rows, int64_t cols,
                        int pow2) {
     using namespace fp8_block_detail;
     static_assert((BR == 1 && BC == 128) || (BR == 128 && BC == 1) || (BR == 128 && BC == 128), "block shape");
+    static_assert(MM == 0 || BR == 1, "M-major scales are for 1x128 blocks");
     constexpr int V = Geo<In>::V;
     // (1,128) blocks tile the flat tensor: view it as (n / 128, 128).
     const int64_t nrows = BR == 1 ? batch * rows * cols / TILE : batch * rows;
@@ -453,12 +493,12 @@ __global__ void __launch_bounds__(THREADS)
     __shared__ float s_part[BC == 1 ? (THREADS / 32) * TILE : 16];
     __shared__ float s_scale[BC == 1 ? TILE : 1];
     if (ncols % V == 0 && aligned(x, 16) && aligned(data, V))
-        quantize_tiles<In, BR, BC, true>(x, data, scale_inv, nrows, ncols, pow2, s_part, s_scale);
+        quantize_tiles<In, BR, BC, true, MM>(x, data, scale_inv, nrows, ncols, cols, pow2, s_part, s_scale);
     else
-        quantize_tiles<In, BR, BC, false>(x, data, scale_inv, nrows, ncols, pow2, s_part, s_scale);
+        quantize_tiles<In, BR, BC, false, MM>(x, data, scale_inv, nrows, ncols, cols, pow2, s_part, s_scale);
 }
 
-template <class In>
+template <class In, int MM>
 __global__ void __launch_bounds__(THREADS)
     fp8_block_quantize_rowcol(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
                               float* row_scale_inv, uint8_t* col_data, float* col_scale_inv) {
@@ -467,11 +507,30 @@ __global__ void __launch_bounds__(THREADS)
     __shared__ float s_scale[TILE];
     __shared__ __align__(16) uint32_t s_bytes[TILE * TILE / 4];
     if (aligned(x, 16) && aligned(row_data, Geo<In>::V) && aligned(col_data, 16))
-        rowcol_tiles<In, true>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part, s_scale,
-                               s_bytes);
+        transposed_tiles<In, true, ROWCOL, MM>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part,
+                                           s_scale, s_bytes);
     else
-        rowcol_tiles<In, false>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part, s_scale,
-                                s_bytes);
+        transposed_tiles<In, false, ROWCOL, MM>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part,
+                                            s_scale, s_bytes);
+}
+
+// The transposed half of rowcol alone (MODE COLS, scales M-major) or x^T in 128x128 blocks
+// (MODE TILE_T).
+template <class In, int MODE>
+__global__ void __launch_bounds__(THREADS)
+    fp8_block_quantize_transposed(const void* x, int64_t m, int64_t k, int pow2, uint8_t* col_data,
+                                  float* col_scale_inv) {
+    using namespace fp8_block_detail;
+    static_assert(MODE == COLS || MODE == TILE_T, "MODE");
+    __shared__ float s_part[(THREADS / 32) * TILE];
+    __shared__ float s_scale[TILE];
+    __shared__ __align__(16) uint32_t s_bytes[TILE * TILE / 4];
+    if (aligned(x, 16) && aligned(col_data, 16))
+        transposed_tiles<In, true, MODE, 1>(x, m, k, pow2, nullptr, nullptr, col_data, col_scale_inv, s_part, s_scale,
+                                         s_bytes);
+    else
+        transposed_tiles<In, false, MODE, 1>(x, m, k, pow2, nullptr, nullptr, col_data, col_scale_inv, s_part, s_scale,
+                                          s_bytes);
 }
 
 template <class Out, int BR, int BC>

@@ -6,6 +6,8 @@ unquantized float64 maths within each recipe's documented error budget, and the 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -239,12 +241,9 @@ def test_native_gemm_arguments_on_the_cpu(arch, recipe, gen):
     arguments (swizzled E8M0 / E4M3 scales, float4_e2m1fn_x2 data, the NVFP4 global scale, sm_90's
     M-major and transposed fp32 scales), decode them with the CPU model of `_scaled_mm_v2`, and get
     the float64 model's answer: the argument construction of GPUs we do not have is tested here."""
-    from deepwell import _native
-
     x, w, b, dy = _inputs(gen, 256, 512, 512)
     with deepwell.microbatches():
-        with _native.cpu_gemm_arch(arch):
-            native = _run(x, w, b, dy, recipe, seed=6)
+        native = _run(x, w, b, dy, f"{recipe}@{arch}", seed=6)
         emulated = _run(x, w, b, dy, recipe, seed=6)
         # The two runs cached the weight in two operand forms: the native path really ran.
         assert deepwell.weight_cache_info()["entries"] == 2
@@ -255,9 +254,49 @@ def test_native_gemm_arguments_on_the_cpu(arch, recipe, gen):
         assert _rel(got, emu) < 2e-6
 
 
-def test_cpu_gemm_arch_rejects_unknown_archs():
-    from deepwell import _native
+@pytest.mark.parametrize("recipe", ["fp8_block@sm_9x", "fp8_block@", "mxfp8@sm_100@sm_90", "fp8_block@gpu"])
+def test_modelled_arch_must_be_known(recipe, gen):
+    x, w, b, dy = _inputs(gen, 128, 128, 128)
+    quoted = recipe.replace("@", "@")
+    with pytest.raises(RuntimeError, match=f"argument 'recipe' must name a known GPU after '@'.*got \"{quoted}\""):
+        ops.scaled_linear(x, w, b, recipe, None)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fx, fw, fb = (mode.from_tensor(t) for t in (x, w, b))
+        with pytest.raises(RuntimeError, match="must name a known GPU after '@'"):
+            ops.scaled_linear(fx, fw, fb, recipe, None)
 
-    with pytest.raises(ValueError, match="unknown arch"):
-        with _native.cpu_gemm_arch("sm_9x"):
-            pass
+
+@pytest.mark.gpu
+def test_modelled_arch_only_on_the_cpu(gen):
+    x, w, b, _ = (t.cuda() for t in _inputs(gen, 128, 128, 128))
+    with pytest.raises(RuntimeError, match="must name a GPU to model after '@' only for CPU tensors"):
+        ops.scaled_linear(x, w, b, "fp8_block@sm_90", None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n", [(256, 512, 1024), (384, 1024, 512)])  # every pass native (K % 512)
+def test_sm90_fp8_block_passes_bit_identical_to_the_public_quantizers(m, k, n, gen):
+    """On sm_90 each fp8_block pass's operands come from internal one-pass kernels (x and dy along
+    the tokens without a row copy; W^T's 128x128 blocks from one transposing read of W). Every
+    output must equal, bit for bit, the same cuBLASLt GEMMs fed by the public quantizers: the row
+    and transposed copies of fp8_block_quantize_rowcol and W's 128x128 copy transposed."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("sm_90's native blockwise GEMM")
+    x, w, _, dy = (t.cuda().bfloat16() for t in _inputs(gen, m, k, n))
+    st, mm = torch.nn.functional.ScalingType, torch.nn.functional.scaled_mm
+
+    def m_major(s):
+        return s.t().contiguous().t()
+
+    xr, xs, xc, xcs = ops.fp8_block_quantize_rowcol(x)
+    dr, ds, dc, dcs = ops.fp8_block_quantize_rowcol(dy)
+    wq, ws = ops.fp8_block_quantize(w, 128, 128)
+    wt, wts = wq.t().contiguous(), ws.t().contiguous()
+    tiles, rows = st.BlockWise128x128, st.BlockWise1x128
+    y = mm(xr, wq.t(), m_major(xs), rows, ws.t(), tiles, output_dtype=torch.bfloat16)
+    dx = mm(dr, wt.t(), m_major(ds), rows, wts.t(), tiles, output_dtype=torch.bfloat16)
+    dw = mm(dc, xc.t(), m_major(dcs), rows, m_major(xcs), rows, output_dtype=torch.bfloat16)
+    got_y = ops.scaled_linear(x, w, None, "fp8_block", None)
+    got_dx, got_dw = ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True)
+    for got, want in ((got_y, y), (got_dx, dx), (got_dw, dw)):
+        assert same_bits(got, want)

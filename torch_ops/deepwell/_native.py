@@ -127,21 +127,3 @@ def manual_seed(seed: int) -> None:
         raise TypeError(f"deepwell.manual_seed: argument 'seed' must be an int, got {type(seed).__name__} {seed!r}") from None
     call("manual_seed", {"seed": seed & (2**64 - 1)})
 
-
-class cpu_gemm_arch:
-    """Context manager (tests): CPU calls of the linear ops dispatch as on `arch` ("sm_90", "sm_100",
-    ...), build that GPU's native GEMM arguments, and run them through a CPU model of
-    `_scaled_mm_v2` (rust/ops/src/gemm/scaled_mm_model.rs). CUDA calls are unaffected."""
-
-    def __init__(self, arch: str):
-        self.arch = arch
-
-    def __enter__(self):
-        try:
-            call("set_cpu_gemm_arch", {"arch": self.arch})
-        except ValueError:
-            raise ValueError(f"deepwell: unknown arch {self.arch!r}") from None
-        return self
-
-    def __exit__(self, *exc):
-        call("set_cpu_gemm_arch", {"arch": None})

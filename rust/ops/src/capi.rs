@@ -72,7 +72,6 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("weight_cache_new_epoch", weight_cache::clear_entry, "{} -> null (an optimizer stepped)"),
     ("weight_cache_scope", weight_cache::scope_entry, "{enter: bool} -> null"),
     ("manual_seed", linear::manual_seed_entry, "{seed: u64} -> null"),
-    ("set_cpu_gemm_arch", linear::cpu_gemm_arch_entry, "{arch: \"sm_100\" | null} -> null"),
     ("entries", entries_entry, "{} -> [[name, request -> answer], ...]"),
 ];
 

@@ -33,9 +33,36 @@ define(
 )
 
 
-def _check_layer(op: str, x, weight, recipe: str, others=()) -> list[int]:
+def _is_arch(s: str) -> bool:
+    """Mirrors `Arch::from_str` (rust/core/src/policy/arch.rs): "cpu", "9.0", "sm_90", "sm_90a"."""
+
+    def num(t: str) -> bool:
+        return t.isascii() and t.isdigit() and int(t) < 2**32
+
+    if s == "cpu":
+        return True
+    if "." in s:
+        major, _, minor = s.partition(".")
+        return num(major) and num(minor)
+    if not s.startswith("sm_"):
+        return False
+    digits = s[3:].rstrip("af")
+    return len(digits) >= 2 and num(digits[:-1]) and num(digits[-1])
+
+
+def _parse_recipe(op: str, recipe: str) -> tuple[str, bool]:
+    """Mirrors `parse_recipe` in rust/ops/src/ops/linear/mod.rs: "recipe", or "recipe@arch" (CPU
+    tensors only) to run the GEMMs that GPU would run through a CPU model. (name, modelled)."""
+    name, at, arch = recipe.partition("@")
+    _checks.choice(op, "recipe", name, recipes.names())
+    if at and not _is_arch(arch):
+        _checks.fail(op, "recipe", "name a known GPU after '@' (e.g. 'fp8_block@sm_90')", _checks.quoted(recipe))
+    return name, bool(at)
+
+
+def _check_layer(op: str, x, weight, recipe_arg: str, others=()) -> list[int]:
     """Mirrors `Layer::new` in rust/ops/src/ops/linear/mod.rs; returns y's shape."""
-    _checks.choice(op, "recipe", recipe, recipes.names())
+    recipe, modelled = _parse_recipe(op, recipe_arg)
     _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
     _checks.same_device(op, ("x", x), ("weight", weight), *others)
@@ -55,6 +82,8 @@ def _check_layer(op: str, x, weight, recipe: str, others=()) -> list[int]:
         _checks.divisible(
             op, "weight", weight, 0, block, f"{recipe} quantizes W along out_features for dgrad in blocks of {block}"
         )
+    if modelled and x.device.type not in ("cpu", "meta"):
+        _checks.fail(op, "recipe", "name a GPU to model after '@' only for CPU tensors", _checks.quoted(recipe_arg))
     return [*x.shape[:-1], n]
 
 

@@ -28,9 +28,35 @@ impl Block {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fp8Block {
-    Quantize { input: Float, block: Block },
-    Rowcol { input: Float },
+    /// `m_major` (1x128 only): scales stored M-major (template `MM`), as cuBLASLt reads them.
+    Quantize { input: Float, block: Block, m_major: bool },
+    /// `m_major`: both scale tensors stored M-major (template `MM`), as cuBLASLt reads them.
+    Rowcol { input: Float, m_major: bool },
+    /// One half of a transposing pass (`fp8_block_quantize_transposed`).
+    Transposed { input: Float, out: Transposed },
     Dequantize { out: Float, block: Block },
+}
+
+/// What `fp8_block_quantize_transposed` writes of x (m, k) (template `MODE`, cuda/fp8_block.cuh
+/// `TransposedOut`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transposed {
+    /// x^T (k, m) in 1x128 blocks along m: rowcol's column copy alone, its (k, m/128) scales
+    /// stored M-major as (m/128, k) (`COLS` = 1).
+    Cols,
+    /// x^T (k, m) in 128x128 blocks: fp8_block_quantize(x, 128, 128) transposed (`TILE_T` = 2).
+    TileT,
+}
+
+impl Transposed {
+    pub const ALL: [Transposed; 2] = [Transposed::Cols, Transposed::TileT];
+
+    fn mode(self) -> u8 {
+        match self {
+            Transposed::Cols => 1,
+            Transposed::TileT => 2,
+        }
+    }
 }
 
 /// x (batch, rows, cols); Rowcol takes x (m, k) as (1, m, k). `aligned`: every pointer argument
@@ -44,7 +70,7 @@ pub struct Sizes {
 }
 
 // Per-CTA work, mirrored from cuda/fp8_block.cuh (the tests parse the originals).
-/// Side of the tile a CTA quantizes per iteration, in quantize_tiles and rowcol_tiles
+/// Side of the tile a CTA quantizes per iteration, in quantize_tiles and transposed_tiles
 /// (fp8_block.cuh:25, 175, 300).
 pub(super) const TILE: u64 = 128;
 
@@ -52,11 +78,12 @@ impl Fp8Block {
     pub(super) fn template(self) -> (&'static str, Vec<Arg>) {
         use Arg::{Float as F, Int as I};
         match self {
-            Fp8Block::Quantize { input, block } => {
+            Fp8Block::Quantize { input, block, m_major } => {
                 let (br, bc) = block.shape();
-                ("fp8_block_quantize", vec![F(input), I(br), I(bc)])
+                ("fp8_block_quantize", vec![F(input), I(br), I(bc), I(m_major as u8)])
             }
-            Fp8Block::Rowcol { input } => ("fp8_block_quantize_rowcol", vec![F(input)]),
+            Fp8Block::Rowcol { input, m_major } => ("fp8_block_quantize_rowcol", vec![F(input), I(m_major as u8)]),
+            Fp8Block::Transposed { input, out } => ("fp8_block_quantize_transposed", vec![F(input), I(out.mode())]),
             Fp8Block::Dequantize { out, block } => {
                 let (br, bc) = block.shape();
                 ("fp8_block_dequantize", vec![F(out), I(br), I(bc)])
@@ -78,7 +105,9 @@ impl Family for Fp8Block {
                 wave.cover(nrows.div_ceil(TILE) * ncols.div_ceil(TILE), 1)
             }
             // Whole tiles only (m, k multiples of 128; fp8_block.cuh:289).
-            Fp8Block::Rowcol { .. } => wave.cover((s.rows / TILE) * (s.cols / TILE), 1),
+            Fp8Block::Rowcol { .. } | Fp8Block::Transposed { .. } => {
+                wave.cover((s.rows / TILE) * (s.cols / TILE), 1)
+            }
             // The vector path needs cols % (16 / sizeof(Out)) == 0 (fp8_block.cuh:484).
             Fp8Block::Dequantize { out, .. } => wave.dequantize(out, n, s.aligned && s.cols % (16 / out.bytes()) == 0),
         }
@@ -90,10 +119,15 @@ pub fn all() -> Vec<Fp8Block> {
     let mut v = Vec::new();
     for input in Float::ALL {
         for block in Block::ALL {
-            v.push(Fp8Block::Quantize { input, block });
+            v.push(Fp8Block::Quantize { input, block, m_major: false });
             v.push(Fp8Block::Dequantize { out: input, block });
         }
-        v.push(Fp8Block::Rowcol { input });
+        v.push(Fp8Block::Quantize { input, block: Block::Row, m_major: true });
+        v.push(Fp8Block::Rowcol { input, m_major: false });
+        v.push(Fp8Block::Rowcol { input, m_major: true });
+        for out in Transposed::ALL {
+            v.push(Fp8Block::Transposed { input, out });
+        }
     }
     v
 }
@@ -108,7 +142,7 @@ mod tests {
     }
 
     fn quantize(block: Block) -> Fp8Block {
-        Fp8Block::Quantize { input: Float::BF16, block }
+        Fp8Block::Quantize { input: Float::BF16, block, m_major: false }
     }
 
     #[test]
@@ -128,10 +162,13 @@ mod tests {
 
     #[test]
     fn rowcol_covers_one_tile_per_cta() {
-        let rc = Fp8Block::Rowcol { input: Float::BF16 };
-        assert_eq!(grid(rc, 1, 128, 128), 1);
-        assert_eq!(grid(rc, 1, 1024, 512), 32);
-        assert_eq!(grid(rc, 1, 16384, 4096), 132 * 8);
+        let cols = Fp8Block::Transposed { input: Float::BF16, out: Transposed::Cols };
+        let tile_t = Fp8Block::Transposed { input: Float::F32, out: Transposed::TileT };
+        for k in [Fp8Block::Rowcol { input: Float::BF16, m_major: false }, cols, tile_t] {
+            assert_eq!(grid(k, 1, 128, 128), 1);
+            assert_eq!(grid(k, 1, 1024, 512), 32);
+            assert_eq!(grid(k, 1, 16384, 4096), 132 * 8);
+        }
     }
 
     #[test]

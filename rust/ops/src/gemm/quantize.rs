@@ -39,11 +39,6 @@ fn dense(op: Op, t: Tensor) -> Result<Tensor> {
     aten::to_dtype(op, b, dense_dtype(device))
 }
 
-/// fp32 scales (rows, K/128) row-major -> the same values M-major: strides (1, rows).
-fn m_major(op: Op, scale: Tensor) -> Result<Tensor> {
-    aten::transpose_copy(op, &scale)?.t(op)
-}
-
 fn nvfp4_options(role: Role, seed: u64, hadamard: bool) -> Nvfp4Options {
     Nvfp4Options { block_2d: role == Role::Weight, stochastic_seed: (role == Role::Gradient).then_some(seed), hadamard }
 }
@@ -70,18 +65,18 @@ fn along_last(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u
         }
         (Form::Emulated, Recipe::Fp8Block) => {
             let block = if role == Role::Weight { (128, 128) } else { (1, 128) };
-            let (data, scale) = k::fp8_block_quantize(op, t, block)?;
+            let (data, scale) = k::fp8_block_quantize(op, t, block, k::ScaleLayout::RowMajor)?;
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, block, dense_dtype(device))?))
         }
         (Form::Emulated, Recipe::Nvfp4) => nvfp4_emulated(op, t, nvfp4_options(role, seed, hadamard)),
         (Form::Blockwise(ScalingType::BlockWise128x128), _) => {
-            let (data, scale) = k::fp8_block_quantize(op, t, (128, 128))?;
+            let (data, scale) = k::fp8_block_quantize(op, t, (128, 128), k::ScaleLayout::RowMajor)?;
             let scale = scale.t(op)?;
             Ok(Operand::Blockwise { data, scale, scaling: ScalingType::BlockWise128x128 })
         }
         (Form::Blockwise(scaling), _) => {
-            let (data, scale) = k::fp8_block_quantize(op, t, (1, 128))?;
-            Ok(Operand::Blockwise { data, scale: m_major(op, scale)?, scaling })
+            let (data, scale) = k::fp8_block_quantize(op, t, (1, 128), k::ScaleLayout::MMajor)?;
+            Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling }) // stored M-major
         }
         (Form::Mx(scaling @ ScalingType::BlockWise1x16), _) => {
             let [data, scale, global] = k::nvfp4_quantize(op, t, nvfp4_options(role, seed, hadamard))?;
@@ -112,12 +107,12 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
             Ok(Operand::Dense(k::mxfp8_dequantize(op, data, scale, 0, dense_dtype(device))?.t(op)?))
         }
         (Form::Emulated, Recipe::Fp8Block) => {
-            let (data, scale) = k::fp8_block_quantize(op, t, (128, 1))?;
+            let (data, scale) = k::fp8_block_quantize(op, t, (128, 1), k::ScaleLayout::RowMajor)?;
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 1), dense_dtype(device))?.t(op)?))
         }
         (Form::Blockwise(scaling), _) => {
-            let [_, _, data, scale] = k::fp8_block_quantize_rowcol(op, t)?;
-            Ok(Operand::Blockwise { data, scale: m_major(op, scale)?, scaling })
+            let (data, scale) = k::fp8_block_quantize_transposed(op, t, k::Transposed::Cols)?;
+            Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling }) // stored M-major
         }
         // NVFP4's Hadamard transform runs along the quantized dim, so the operand is transposed first.
         (Form::Emulated, Recipe::Nvfp4) | (Form::Mx(_), _) => {
@@ -127,11 +122,12 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
     }
 }
 
-/// The weight's two operands: W (N, K) along K for fprop, and W^T (K, N) along N for dgrad, made
-/// from one quantization where they coincide: dense values and 2-D blocks (fp8_block 128x128,
-/// NVFP4 16x16) give W^T's operand as the transpose of W's (docs/NUMERICS.md "Transposes"), as a view
-/// for dense GEMMs or an FP8 transpose copy for cuBLASLt; MXFP8's 1x32 blocks quantize W along N
-/// (dim 0) instead, read through a transposed view.
+/// The weight's two operands: W (N, K) along K for fprop, and W^T (K, N) along N for dgrad. Dense
+/// GEMMs read W^T's operand as a transposed view of W's where they coincide (dense values and 2-D
+/// blocks: fp8_block 128x128, NVFP4 16x16; docs/NUMERICS.md "Transposes"); cuBLASLt's 128x128 FP8
+/// operand is made by one transposing pass over W (the same bytes and scales as transposing W's
+/// FP8 copy, at a fraction of the cost of a strided 1-byte transpose); MXFP8's 1x32 blocks quantize
+/// W along N (dim 0) instead, read through a transposed view.
 pub fn weight_pair(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) -> Result<(Operand, Operand)> {
     let f = along_k(op, recipe, fprop, Role::Weight, w.share(op)?, 0)?;
     let d = match dgrad_from_fprop(op, recipe, &f, fprop, dgrad)? {
@@ -150,38 +146,33 @@ pub fn weight_dgrad(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor)
     dgrad_alone(op, recipe, dgrad, w)
 }
 
-/// Whether W^T's operand is a transpose of W's (then one quantization makes both).
+/// Whether W^T's dense operand is a transposed view of W's (then one quantization makes both).
 fn derives_from_fprop(recipe: Recipe, fprop: Form, dgrad: Form) -> bool {
     let symmetric = matches!(recipe, Recipe::Fp8Block | Recipe::Nvfp4 | Recipe::Bf16);
     match (fprop, dgrad) {
         (Form::Dense | Form::Emulated, Form::Dense | Form::Emulated) => symmetric || fprop == Form::Dense,
-        (Form::Blockwise(a), Form::Blockwise(b)) => a == b,
         _ => false,
     }
 }
 
-/// W^T's operand as the transpose of W's, where `derives_from_fprop`.
+/// W^T's operand as a transposed view of W's, where `derives_from_fprop`.
 fn dgrad_from_fprop(op: Op, recipe: Recipe, f: &Operand, fprop: Form, dgrad: Form) -> Result<Option<Operand>> {
     if !derives_from_fprop(recipe, fprop, dgrad) {
         return Ok(None);
     }
-    match f {
-        Operand::Dense(_) | Operand::DenseScaled { .. } => f.transposed_view(op),
-        Operand::Blockwise { data, scale, scaling } => {
-            // fprop's scale is a (K/128, N/128) view of the (N/128, K/128) tiles; dgrad wants the
-            // (N/128, K/128) view of their (K/128, N/128) transpose.
-            let data = aten::transpose_copy(op, data)?;
-            let scale = aten::contiguous(op, scale.share(op)?)?.t(op)?;
-            Ok(Some(Operand::Blockwise { data, scale, scaling: *scaling }))
-        }
-        Operand::Mx { .. } => Ok(None),
-    }
+    f.transposed_view(op)
 }
 
-/// W^T's operand quantized on its own along N (1x32 MXFP8 blocks, native MX/NV layouts).
+/// W^T's operand made from W on its own: along N (1x32 MXFP8 blocks, native MX/NV layouts), or
+/// cuBLASLt's 128x128 FP8 blocks of W^T from one transposing pass (data (K, N); its (K/128, N/128)
+/// scales, read as the (N/128, K/128) view the GEMM's B operand takes).
 fn dgrad_alone(op: Op, recipe: Recipe, dgrad: Form, w: Tensor) -> Result<Operand> {
     if recipe == Recipe::Mxfp8 && dgrad == Form::Emulated {
         return along_m(op, recipe, dgrad, Role::Weight, w, 0);
+    }
+    if let Form::Blockwise(scaling @ ScalingType::BlockWise128x128) = dgrad {
+        let (data, scale) = k::fp8_block_quantize_transposed(op, w, k::Transposed::TileT)?;
+        return Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling });
     }
     along_k(op, recipe, dgrad, Role::Weight, aten::transpose_copy(op, &w)?, 0)
 }
@@ -207,15 +198,16 @@ pub fn gradient_pair(
             Ok((Some(Operand::Dense(rows)), Some(Operand::Dense(cols))))
         }
         (Recipe::Fp8Block, Some(Form::Emulated), Some(Form::Emulated)) => {
-            let [rd, rs, cd, cs] = k::fp8_block_quantize_rowcol(op, dy)?;
+            let [rd, rs, cd, cs] = k::fp8_block_quantize_rowcol(op, dy, k::ScaleLayout::RowMajor)?;
             let rows = k::fp8_block_dequantize(op, rd, rs, (1, 128), dense_dtype(device))?;
             let cols = k::fp8_block_dequantize(op, cd, cs, (1, 128), dense_dtype(device))?;
             Ok((Some(Operand::Dense(rows)), Some(Operand::Dense(cols))))
         }
         (Recipe::Fp8Block, Some(Form::Blockwise(sd)), Some(Form::Blockwise(sw))) => {
-            let [rd, rs, cd, cs] = k::fp8_block_quantize_rowcol(op, dy)?;
-            let rows = Operand::Blockwise { data: rd, scale: m_major(op, rs)?, scaling: sd };
-            let cols = Operand::Blockwise { data: cd, scale: m_major(op, cs)?, scaling: sw };
+            // Scales stored M-major by the kernel: their .t() views are what cuBLASLt reads.
+            let [rd, rs, cd, cs] = k::fp8_block_quantize_rowcol(op, dy, k::ScaleLayout::MMajor)?;
+            let rows = Operand::Blockwise { data: rd, scale: rs.t(op)?, scaling: sd };
+            let cols = Operand::Blockwise { data: cd, scale: cs.t(op)?, scaling: sw };
             Ok((Some(rows), Some(cols)))
         }
         _ => {

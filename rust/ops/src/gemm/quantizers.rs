@@ -9,6 +9,7 @@ use crate::ops::mxfp8::MxOptions;
 use crate::ops::{fp8_block, mxfp8, nvfp4, swizzle};
 use crate::tensor::Tensor;
 
+pub use crate::ops::fp8_block::{ScaleLayout, Transposed};
 pub use crate::ops::nvfp4::Nvfp4Options;
 
 fn on(op: Op, t: &Tensor) -> Result<Backend> {
@@ -31,16 +32,23 @@ pub fn mxfp8_dequantize(op: Op, data: Tensor, scale: Tensor, dim: i64, out: DTyp
     mxfp8::dequantize(op, on(op, &data)?, data, scale, dim, Some(out))
 }
 
-/// FP8 with fp32 power-of-two block scales: (data, scale_inv).
-pub fn fp8_block_quantize(op: Op, x: Tensor, block: (i64, i64)) -> Result<(Tensor, Tensor)> {
-    let [data, scale] = fp8_block::quantize(op, on(op, &x)?, x, block, true)?;
+/// FP8 with fp32 power-of-two block scales: (data, scale_inv), the scales stored as `scales` says.
+pub fn fp8_block_quantize(op: Op, x: Tensor, block: (i64, i64), scales: ScaleLayout) -> Result<(Tensor, Tensor)> {
+    let [data, scale] = fp8_block::quantize(op, on(op, &x)?, x, block, true, scales)?;
     Ok((data, scale))
 }
 
 /// x (m, k) in 1x128 blocks along k and, transposed, along m: [data (m, k), scale (m, k/128),
-/// data (k, m), scale (k, m/128)].
-pub fn fp8_block_quantize_rowcol(op: Op, x: Tensor) -> Result<[Tensor; 4]> {
-    fp8_block::quantize_rowcol(op, on(op, &x)?, x, true)
+/// data (k, m), scale (k, m/128)], the scales stored as `scales` says.
+pub fn fp8_block_quantize_rowcol(op: Op, x: Tensor, scales: ScaleLayout) -> Result<[Tensor; 4]> {
+    fp8_block::quantize_rowcol(op, on(op, &x)?, x, true, scales)
+}
+
+/// x (m, k) transposed and quantized in one pass, without a row copy: (data (k, m), scale_inv) in
+/// 1x128 blocks along m (`Cols`, scales stored M-major) or 128x128 blocks (`TileT`).
+pub fn fp8_block_quantize_transposed(op: Op, x: Tensor, out: Transposed) -> Result<(Tensor, Tensor)> {
+    let [data, scale] = fp8_block::quantize_transposed(op, on(op, &x)?, x, out, true)?;
+    Ok((data, scale))
 }
 
 pub fn fp8_block_dequantize(op: Op, data: Tensor, scale: Tensor, block: (i64, i64), out: DType) -> Result<Tensor> {

@@ -4,7 +4,7 @@
 //! the 128x4 swizzle, reading float4_e2m1fn_x2 data as packed bytes) and multiplies in fp32.
 //!
 //! Its purpose: the native paths of GPUs we do not have (Blackwell) are exercised on any machine.
-//! With `deepwell._native.cpu_gemm_arch("sm_100")` the CPU kernels dispatch as that GPU would,
+//! With a recipe like `"mxfp8@sm_100"` on CPU tensors the linear ops dispatch as that GPU would,
 //! build the native arguments, and run them here; tests compare the result with the emulation and
 //! with the float64 model. What this cannot check is cuBLASLt's own reading of the arguments.
 

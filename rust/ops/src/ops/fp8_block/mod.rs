@@ -17,6 +17,8 @@ use crate::ops::run_on;
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
+pub use deepwell_gpu::kernels::fp8_block::Transposed;
+
 pub static QUANTIZE: OpSpec = OpSpec {
     name: "fp8_block_quantize",
     args: &[("x", Kind::Tensor), ("block_rows", Kind::Int), ("block_cols", Kind::Int), ("pow2", Kind::Bool)],
@@ -52,16 +54,52 @@ pub fn kernels() -> Vec<Kernel> {
 
 /// `fp8_block_quantize`: E4M3 with one fp32 scale per (block_rows, block_cols) block of the last two
 /// dims, power-of-two scales when `pow2`; (data, scale_inv).
-pub fn quantize(op: Op, on: Backend, x: Tensor, block: (i64, i64), pow2: bool) -> Result<[Tensor; 2]> {
-    let q = Quantize::new(op, on, x, block, pow2)?;
+/// `scales`: `MMajor` (1x128 blocks only) stores the (batch*rows, cols/128) scales transposed.
+pub fn quantize(
+    op: Op,
+    on: Backend,
+    x: Tensor,
+    block: (i64, i64),
+    pow2: bool,
+    scales: ScaleLayout,
+) -> Result<[Tensor; 2]> {
+    let mut q = Quantize::new(op, on, x, block, pow2)?;
+    if scales == ScaleLayout::MMajor {
+        if (q.g.br, q.g.bc) != (1, BLOCK as usize) {
+            return Err(Error::Internal { op, msg: format!("M-major scales of {:?} blocks", (q.g.br, q.g.bc)) });
+        }
+        q.g.scale_shape = vec![(q.g.cols / q.g.bc) as i64, (q.g.batch * q.g.rows) as i64];
+    }
+    q.scales = scales;
     run_on(op, on, q, cpu::quantize, cuda::quantize)
 }
 
 /// `fp8_block_quantize_rowcol`: x (m, k) in 1x128 blocks along k and, transposed, along m, from one
 /// read; [data (m, k), scale_inv (m, k/128), data (k, m), scale_inv (k, m/128)].
-pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, pow2: bool) -> Result<[Tensor; 4]> {
-    let q = QuantizeRowCol::new(op, on, x, pow2)?;
+/// `scales`: how both scale tensors are stored (the torch op: `RowMajor`; the GEMMs: `MMajor`).
+pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, pow2: bool, scales: ScaleLayout) -> Result<[Tensor; 4]> {
+    let q = QuantizeRowCol { scales, ..QuantizeRowCol::new(op, on, x, pow2)? };
     run_on(op, on, q, cpu::quantize_rowcol, cuda::quantize_rowcol)
+}
+
+/// How a kernel stores 1x128 scales of logical shape (rows, cols / 128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleLayout {
+    /// Row-major (rows, cols / 128): the torch ops' layout.
+    RowMajor,
+    /// Stored transposed, (cols / 128, rows) row-major: the M-major layout cuBLASLt's blockwise
+    /// GEMM reads; the logical scales are its `.t()` view.
+    MMajor,
+}
+
+/// x (m, k) transposed and quantized in one read, without the row copy (no torch op of its own: the
+/// linear layers' operands): `Cols` gives [data (k, m), scale_inv stored M-major as (m/128, k)],
+/// rowcol's last two outputs with `ScaleLayout::MMajor`; `TileT` gives [data (k, m), scale_inv (k/128, m/128)], `quantize(x, (128, 128))`
+/// transposed (docs/NUMERICS.md "Transposes": a 128x128 block's scale does not depend on the
+/// orientation).
+pub fn quantize_transposed(op: Op, on: Backend, x: Tensor, out: Transposed, pow2: bool) -> Result<[Tensor; 2]> {
+    let q = QuantizeTransposed { q: QuantizeRowCol::new(op, on, x, pow2)?, out };
+    run_on(op, on, q, cpu::quantize_transposed, cuda::quantize_transposed)
 }
 
 /// `fp8_block_dequantize`: data * scale_inv per block, in `out_dtype` (bf16 when None).
@@ -82,12 +120,12 @@ pub fn dequantize(
 
 fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (x, block, pow2) = (a.tensor("x")?, (a.int("block_rows")?, a.int("block_cols")?), a.bool("pow2")?);
-    Ok(quantize(a.op(), on, x, block, pow2)?.into())
+    Ok(quantize(a.op(), on, x, block, pow2, ScaleLayout::RowMajor)?.into())
 }
 
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (x, pow2) = (a.tensor("x")?, a.bool("pow2")?);
-    Ok(quantize_rowcol(a.op(), on, x, pow2)?.into())
+    Ok(quantize_rowcol(a.op(), on, x, pow2, ScaleLayout::RowMajor)?.into())
 }
 
 fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
@@ -146,6 +184,7 @@ struct Quantize {
     device: Device,
     g: Geometry,
     pow2: bool,
+    scales: ScaleLayout,
 }
 
 impl Quantize {
@@ -153,7 +192,7 @@ impl Quantize {
         let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
         let device = check::same_device(op, backend, &[("x", &x)])?;
         let g = geometry(op, "x", &x, br, bc)?;
-        Ok(Quantize { x, dtype, device, g, pow2 })
+        Ok(Quantize { x, dtype, device, g, pow2, scales: ScaleLayout::RowMajor })
     }
 }
 
@@ -165,6 +204,7 @@ struct QuantizeRowCol {
     m: i64,
     k: i64,
     pow2: bool,
+    scales: ScaleLayout,
 }
 
 impl QuantizeRowCol {
@@ -178,13 +218,34 @@ impl QuantizeRowCol {
         check::divisible(op, "x", &x, 0, BLOCK as usize, "the transposed copy has 1x128 blocks along rows")?;
         check::divisible(op, "x", &x, 1, BLOCK as usize, "the row-wise copy has 1x128 blocks along k")?;
         let (m, k) = (x.sizes()[0], x.sizes()[1]);
-        Ok(QuantizeRowCol { x, dtype, device, m, k, pow2 })
+        Ok(QuantizeRowCol { x, dtype, device, m, k, pow2, scales: ScaleLayout::RowMajor })
     }
 
-    /// Row data (m, k), row scales (m, k/128), transposed col data (k, m), col scales (k, m/128).
+    /// Row data (m, k), row scales (m, k/128), transposed col data (k, m), col scales (k, m/128);
+    /// the scales' storage transposed for `ScaleLayout::MMajor`.
     fn shapes(&self) -> [Vec<i64>; 4] {
         let (m, k) = (self.m, self.k);
-        [vec![m, k], vec![m, k / BLOCK], vec![k, m], vec![k, m / BLOCK]]
+        match self.scales {
+            ScaleLayout::RowMajor => [vec![m, k], vec![m, k / BLOCK], vec![k, m], vec![k, m / BLOCK]],
+            ScaleLayout::MMajor => [vec![m, k], vec![k / BLOCK, m], vec![k, m], vec![m / BLOCK, k]],
+        }
+    }
+}
+
+/// A validated `quantize_transposed` call (x as for rowcol).
+struct QuantizeTransposed {
+    q: QuantizeRowCol,
+    out: Transposed,
+}
+
+impl QuantizeTransposed {
+    /// Data (k, m) and its scales: (k, m/128) for `Cols`, (k/128, m/128) for `TileT`.
+    fn shapes(&self) -> [Vec<i64>; 2] {
+        let (m, k) = (self.q.m, self.q.k);
+        match self.out {
+            Transposed::Cols => [vec![k, m], vec![m / BLOCK, k]],
+            Transposed::TileT => [vec![k, m], vec![k / BLOCK, m / BLOCK]],
+        }
     }
 }
 

@@ -18,7 +18,6 @@
 pub mod weight_cache;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
 
 use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe};
 use serde_json::Value;
@@ -116,33 +115,49 @@ struct Layer {
     out_shape: Vec<i64>,
 }
 
-/// The GPU whose dispatch CPU calls follow (None: the CPU's own). Tests set it to run the native
-/// paths of GPUs we do not have on the CPU (`scaled_mm_model.rs`); CUDA calls never read it.
-static CPU_GEMM_ARCH: RwLock<Option<Arch>> = RwLock::new(None);
-
-/// `set_cpu_gemm_arch`: `{"arch": "sm_100"}` makes CPU calls dispatch as on that GPU; null, ""
-/// or "cpu" restores the CPU's own table. (What `deepwell._native.cpu_gemm_arch` sets for tests.)
-pub fn cpu_gemm_arch_entry(req: &Value) -> Answer {
-    let name = fields::opt_text(req, "arch")?.unwrap_or_default();
-    let arch = if name.is_empty() { Arch::CPU } else { name.parse::<Arch>().map_err(|e| e.to_string())? };
-    *CPU_GEMM_ARCH.write().unwrap_or_else(|p| p.into_inner()) = (arch != Arch::CPU).then_some(arch);
-    Ok(Value::Null)
-}
-
-fn arch_of(op: Op, device: Device) -> Result<Arch> {
-    match device {
-        Device::Cpu => Ok(CPU_GEMM_ARCH.read().unwrap_or_else(|p| p.into_inner()).unwrap_or(Arch::CPU)),
-        Device::Cuda(i) => {
+/// Where a call's GEMMs dispatch: the CUDA device's own arch, the CPU's table, or, for CPU tensors
+/// with a recipe like `"fp8_block@sm_90"`, the named GPU's table: its native GEMM arguments are
+/// built and run through a CPU model of `_scaled_mm_v2` (`gemm/scaled_mm_model.rs`), so what a GPU
+/// we do not have computes is reproduced (and tested) on any machine.
+fn arch_of(op: Op, device: Device, modelled: Option<Arch>, recipe_arg: &str) -> Result<Arch> {
+    match (device, modelled) {
+        (Device::Cpu, Some(arch)) => Ok(arch),
+        (Device::Cpu, None) => Ok(Arch::CPU),
+        (_, Some(_)) => Err(Error::arg(
+            op,
+            "recipe",
+            "name a GPU to model after '@' only for CPU tensors",
+            check::quoted(recipe_arg),
+        )),
+        (Device::Cuda(i), None) => {
             let (major, minor) = crate::cuda::device(op, i)?.capability();
             Ok(Arch::sm(major, minor))
         }
-        other => Err(Error::Unsupported { op, what: format!("no kernels for {other}") }),
+        (other, None) => Err(Error::Unsupported { op, what: format!("no kernels for {other}") }),
     }
+}
+
+/// `"recipe"` or `"recipe@arch"` (see `arch_of`).
+fn parse_recipe(op: Op, s: &str) -> Result<(Recipe, Option<Arch>)> {
+    let (name, arch) = match s.split_once('@') {
+        Some((name, arch)) => (name, Some(arch)),
+        None => (s, None),
+    };
+    let recipe = check::parse(op, "recipe", name, "'mxfp8', 'nvfp4', 'fp8_block', 'bf16'")?;
+    let arch = arch
+        .map(|a| {
+            a.parse::<Arch>().map_err(|_| {
+                Error::arg(op, "recipe", "name a known GPU after '@' (e.g. 'fp8_block@sm_90')", check::quoted(s))
+            })
+        })
+        .transpose()?;
+    Ok((recipe, arch))
 }
 
 impl Layer {
     fn new(op: Op, x: Tensor, weight: Tensor, others: &[(&'static str, &Tensor)], recipe: &str) -> Result<Layer> {
-        let recipe: Recipe = check::parse(op, "recipe", recipe, "'mxfp8', 'nvfp4', 'fp8_block', 'bf16'")?;
+        let recipe_arg = recipe;
+        let (recipe, modelled) = parse_recipe(op, recipe_arg)?;
         check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
         check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
         let mut tensors = vec![("x", &x), ("weight", &weight)];
@@ -182,7 +197,7 @@ impl Layer {
         let m = x.numel() / k;
         let mut out_shape = x.sizes().to_vec();
         *out_shape.last_mut().unwrap_or(&mut 0) = n as i64;
-        let arch = arch_of(op, device)?;
+        let arch = arch_of(op, device, modelled, recipe_arg)?;
         Ok(Layer { x, weight, recipe, device, arch, m, k, n, out_shape })
     }
 
