@@ -13,7 +13,7 @@ the HF loop at fine-grained shapes; fp8_block >= 1.3x deepwell bf16 at Mixtral s
 grouped GEMM at E64/K2048/N1408 >= 900 TFLOP/s; the model's train step >= 1.3x torch.compile bf16.
 Anchors (the team's H100 measurements of others' kernels): torch bf16 grouped 541-704 TFLOP/s, fp8 rowwise grouped 307 at E64.
 
-    python benchmarks/bench_moe.py [--quick] [--tokens 8192] [--all-recipes] [--no-model]
+    python benchmarks/bench_moe.py [--quick] [--tokens 8192] [--all-recipes] [--no-model] [--sections layer,gemm,router,model]
 """
 
 from __future__ import annotations
@@ -211,23 +211,29 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--all-recipes", action="store_true", help="also mxfp8 and nvfp4 (emulated on sm_90)")
     p.add_argument("--no-model", action="store_true")
+    p.add_argument("--sections", default="layer,gemm,router,model",
+                   help="comma-separated subset of layer,gemm,router,model (to split a run under a time limit)")
     args = p.parse_args()
+    sections = set(args.sections.split(","))
     env = environment()
     header(f"bench_moe: one MoE layer forward + backward, {args.tokens} tokens, bf16", env)
     recipes_ = ["bf16", "fp8_block"] + (["mxfp8", "nvfp4"] if args.all_recipes else [])
     rows = {"layer": [], "gemm": [], "router": [], "model": []}
-    print(f"{'shape':>10} {'variant':>18} {'step ms':>9} {'Mtok/s':>10} {'TFLOP/s':>8} {'vs loop':>8} {'vs dw bf16':>9}")
-    for name, e, d, f, k in SHAPES[1:2] if args.quick else SHAPES:
-        rows["layer"] += layer_rows(name, e, d, f, k, args.tokens, recipes_)
-    print("# grouped GEMMs alone (forward shape)")
-    rows["gemm"] += gemm_rows(64, 2048, 1408, 1024)
-    if not args.quick:
-        rows["gemm"] += gemm_rows(8, 4096, 28672, 2048)
-        rows["gemm"] += gemm_rows(128, 2048, 1536, 512)
-    print("# router ops")
-    for _, e, _, _, k in SHAPES:
-        rows["router"] += router_rows(args.tokens, e, k)
-    if not (args.quick or args.no_model):
+    if "layer" in sections:
+        print(f"{'shape':>10} {'variant':>18} {'step ms':>9} {'Mtok/s':>10} {'TFLOP/s':>8} {'vs loop':>8} {'vs dw bf16':>9}")
+        for name, e, d, f, k in SHAPES[1:2] if args.quick else SHAPES:
+            rows["layer"] += layer_rows(name, e, d, f, k, args.tokens, recipes_)
+    if "gemm" in sections:
+        print("# grouped GEMMs alone (forward shape)")
+        rows["gemm"] += gemm_rows(64, 2048, 1408, 1024)
+        if not args.quick:
+            rows["gemm"] += gemm_rows(8, 4096, 28672, 2048)
+            rows["gemm"] += gemm_rows(128, 2048, 1536, 512)
+    if "router" in sections:
+        print("# router ops")
+        for _, e, _, _, k in SHAPES:
+            rows["router"] += router_rows(args.tokens, e, k)
+    if "model" in sections and not (args.quick or args.no_model):
         print("# Mixtral-style model, training step")
         rows["model"] += model_rows(steps=5)
     print("wrote", write_json("bench_moe", env, [r for v in rows.values() for r in v], {"sections": list(rows)}))
