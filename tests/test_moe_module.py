@@ -145,6 +145,10 @@ def test_auto_recipe_is_planned_by_rust():
     moe = deepwell.DeepwellMoE(128, 128, 4, top_k=2, recipe="auto")
     moe(torch.randn(8, 128))
     assert moe._planned == ("bf16", "bf16") and len(moe.plan_reasons) == 2  # the CPU plans bf16
+    moe.to(torch.bfloat16)  # a move (to another device, say) plans again at the next forward
+    assert moe._planned is None
+    moe(torch.randn(8, 128, dtype=torch.bfloat16))
+    assert moe._planned == ("bf16", "bf16")
 
 
 @pytest.mark.parametrize("opts", [dict(top_k=2), dict(top_k=3, score_func="sigmoid", n_group=4, topk_group=2,

@@ -268,6 +268,12 @@ class DeepwellMoE(nn.Module):
             self._planned, self.plan_reasons = (up, down), list(reasons)
         return up, down
 
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() may move the experts to another device: plan "auto" again there.
+        if self.recipe == "auto":
+            self._planned, self.plan_reasons = None, []
+        return super()._apply(fn, recurse)
+
     def _align(self, recipe_pair) -> int:
         """Rows per group: the recipes' block, so wgrad's K (an expert's rows) is whole blocks."""
         return max(block_of(r) for r in recipe_pair)
