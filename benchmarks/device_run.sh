@@ -11,6 +11,8 @@
 #   profile   benchmarks/profile_linear.py        (host vs kernel time of one layer's step)
 #   torchao   installs a torchao wheel carried in .device/wheels/ (the machine has no network), so
 #             the train and linear steps measure torchao float8 in the same process
+#   moe       benchmarks/bench_moe.py             (moe-quick: the E64 layer only, no model step)
+#   moe-tests the MoE GPU tests (-m gpu; the CPU ones, HF parity included, run in CI against transformers 5.23)
 # Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +66,15 @@ for step in $steps; do
         overhead)
             python3 benchmarks/bench_overhead.py 2>&1 | tee "$OUT/bench_overhead.log" || status=1
             cp benchmarks/results/bench_overhead*.json "$OUT/" 2>/dev/null
+            ;;
+        moe | moe-quick)
+            quick=; [ "$step" = moe-quick ] && quick=--quick
+            python3 benchmarks/bench_moe.py $quick 2>&1 | tee "$OUT/bench_moe.log" || status=1
+            find benchmarks/results -name "bench_moe-*.json" -exec cp {} "$OUT/" \;
+            ;;
+        moe-tests)
+            python3 -m pytest tests/test_moe.py tests/test_moe_module.py tests/test_grouped_linear.py -m gpu \
+                -p no:cacheprovider -rf 2>&1 | tee "$OUT/moe_tests.log" | tail -40 || status=1
             ;;
         *)
             echo "unknown step $step" >&2

@@ -36,6 +36,8 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
     fb = _fb(_x(128, 256), 1, 128)
     fb2 = _fb(_x(128, 256), 128, 128)
     scale = torch.randint(0, 255, (130, 6), dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    routed = torch.ops.deepwell.moe_route(_x(7, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.0)
+    routed_drop = torch.ops.deepwell.moe_route(_x(9, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.5)
     return {
         "mxfp8_quantize": [
             ((_x(4, 64),), {}),
@@ -78,4 +80,12 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(128, 128), _x(128, 128, seed=1), _x(128, 128, seed=2), "fp8_block", None, False, True), {}),
         ],
         "unswizzle_scales": [((torch.ops.deepwell.swizzle_scales(scale), 130, 6), {})],
+        "moe_route": [
+            ((_x(6, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.0), {}),
+            ((_x(5, 8), _x(8, dtype=torch.float32, seed=1), 3, "sigmoid", 4, 2, 1.25), {}),
+        ],
+        "moe_permute_index": [
+            ((routed[0], routed[1], 8, 1), {}),
+            ((routed_drop[0], routed_drop[1], 8, 16), {}),
+        ],
     }

@@ -9,6 +9,11 @@ from .ops import (
     fp8_block_dequantize,
     fp8_block_quantize,
     fp8_block_quantize_rowcol,
+    grouped_linear,
+    moe_combine,
+    moe_dispatch,
+    moe_permute_index,
+    moe_route,
     mxfp8_dequantize,
     mxfp8_linear,
     mxfp8_quantize,
@@ -27,6 +32,8 @@ from .plan.hardware import Hardware, probe, print_hardware_info
 from .plan.sites import Plan
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
+from .nn.moe import DeepwellMoE
+from .nn.moe_hf import swap_hf_moe
 from .plan.policy import LayerDecision, LayerInfo, PrecisionPolicy
 
 _native.load()
@@ -44,6 +51,7 @@ def last_plan():
 __version__ = _native.version()
 
 __all__ = [
+    "DeepwellMoE",
     "Engine",
     "Estimate",
     "GuardrailConfig",
@@ -67,6 +75,11 @@ __all__ = [
     "fp8_block_dequantize",
     "fp8_block_quantize",
     "fp8_block_quantize_rowcol",
+    "grouped_linear",
+    "moe_combine",
+    "moe_dispatch",
+    "moe_permute_index",
+    "moe_route",
     "mxfp8_dequantize",
     "mxfp8_linear",
     "mxfp8_quantize",
@@ -79,6 +92,7 @@ __all__ = [
     "print_hardware_info",
     "probe",
     "scaled_linear",
+    "swap_hf_moe",
     "swizzle_scales",
     "unswizzle_scales",
 ]

@@ -9,10 +9,27 @@ import torch
 from .plan.policy import PrecisionPolicy
 
 
-def optimize(model, precision: str = "auto", policy: PrecisionPolicy | None = None, verbose: bool = False, **compile_kw):
+def optimize(
+    model,
+    precision: str = "auto",
+    policy: PrecisionPolicy | None = None,
+    verbose: bool = False,
+    swap_moe: bool = True,
+    **compile_kw,
+):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
     parameter runs in the recipe the Rust planner picks for it (`precision="auto"`: the device's
-    fastest native recipe), the rest is fused by Inductor. `verbose=True` prints the plan."""
+    fastest native recipe), the rest is fused by Inductor. `verbose=True` prints the plan.
+
+    With `swap_moe` (default) the Hugging Face MoE blocks of `model` (Mixtral, Qwen2/3-MoE,
+    DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
+    experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role)."""
+    if swap_moe and isinstance(model, torch.nn.Module):
+        from .nn.moe_hf import swap_hf_moe
+
+        swapped = swap_hf_moe(model, recipe="auto", policy=policy or PrecisionPolicy(precision=precision), verbose=verbose)
+        if verbose and swapped:
+            print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
     options = {"precision": precision, "verbose": verbose}
     if policy is not None:
         options["policy"] = policy

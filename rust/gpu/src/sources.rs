@@ -11,11 +11,12 @@ pub enum Header {
     Nvfp4,
     Swizzle,
     Linear,
+    Moe,
 }
 
 impl Header {
-    pub const ALL: [Header; 6] =
-        [Header::Common, Header::Mxfp8, Header::Fp8Block, Header::Nvfp4, Header::Swizzle, Header::Linear];
+    pub const ALL: [Header; 7] =
+        [Header::Common, Header::Mxfp8, Header::Fp8Block, Header::Nvfp4, Header::Swizzle, Header::Linear, Header::Moe];
 
     pub fn file_name(self) -> &'static str {
         match self {
@@ -25,6 +26,7 @@ impl Header {
             Header::Nvfp4 => "nvfp4.cuh",
             Header::Swizzle => "swizzle.cuh",
             Header::Linear => "linear.cuh",
+            Header::Moe => "moe.cuh",
         }
     }
 
@@ -36,6 +38,7 @@ impl Header {
             Header::Nvfp4 => include_str!("../../../cuda/nvfp4.cuh"),
             Header::Swizzle => include_str!("../../../cuda/swizzle.cuh"),
             Header::Linear => include_str!("../../../cuda/linear.cuh"),
+            Header::Moe => include_str!("../../../cuda/moe.cuh"),
         }
     }
 }

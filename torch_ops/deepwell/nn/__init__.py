@@ -1,6 +1,9 @@
-"""Modules and training-time state: `deepwell.Linear` (`linear`), its run-time guardrails
+"""Modules and training-time state: `deepwell.Linear` (`linear`), `deepwell.DeepwellMoE` (`moe`, with
+the Hugging Face conversion in `moe_hf`), its run-time guardrails
 (`guardrails`), and when the linear layers may reuse a quantized weight (`weight_cache`)."""
 
 from .linear import Linear
+from .moe import DeepwellMoE
+from .moe_hf import swap_hf_moe
 
-__all__ = ["Linear"]
+__all__ = ["DeepwellMoE", "Linear", "swap_hf_moe"]

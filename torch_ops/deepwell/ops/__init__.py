@@ -3,6 +3,8 @@ and typed wrapper. Importing this package defines the schemas; `deepwell._native
 registers the Rust kernels behind them."""
 
 from .linear import mxfp8_linear, scaled_linear
+from .grouped_linear import grouped_linear
+from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize, fp8_block_quantize_rowcol
 from .mxfp8 import mxfp8_dequantize, mxfp8_quantize, mxfp8_quantize_rowcol
 from .nvfp4 import nvfp4_dequantize, nvfp4_quantize
@@ -12,6 +14,11 @@ __all__ = [
     "fp8_block_dequantize",
     "fp8_block_quantize",
     "fp8_block_quantize_rowcol",
+    "grouped_linear",
+    "moe_combine",
+    "moe_dispatch",
+    "moe_permute_index",
+    "moe_route",
     "mxfp8_dequantize",
     "mxfp8_linear",
     "mxfp8_quantize",

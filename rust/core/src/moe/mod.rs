@@ -5,5 +5,5 @@
 pub mod permute;
 pub mod router;
 
-pub use permute::{combine, permutation, Permutation};
-pub use router::{route, Groups, RouterConfig, RouterError, Routing, ScoreFn};
+pub use permute::{combine, permutation, static_rows, Permutation};
+pub use router::{apply_capacity, capacity, route, Groups, RouterConfig, RouterError, Routing, ScoreFn};

@@ -58,6 +58,30 @@ pub fn permutation(r: &Routing, align: usize) -> Permutation {
     Permutation { rows, row_of_slot, group_sizes, offsets }
 }
 
+/// Rows of the expert-grouped buffer that any routing of `assignments` (T·K) among `experts` fits
+/// in once every group is padded to `align`: at most T·K + E·(align − 1), rounded up to `align`.
+/// A buffer of this fixed size keeps every shape static (no host sync, torch.compile without
+/// data-dependent shapes, CUDA graphs); [`Permutation::padded_to`] gives the spare rows to the last
+/// group, as zero rows, so each group stays a multiple of `align`.
+pub fn static_rows(assignments: usize, experts: usize, align: usize) -> usize {
+    let align = align.max(1);
+    (assignments + experts * (align - 1)).div_ceil(align) * align
+}
+
+impl Permutation {
+    /// The same permutation in a buffer of `rows` (>= the current total) rows: the extra rows are
+    /// padding appended to the last expert's group, so the offsets end at `rows`.
+    pub fn padded_to(mut self, rows: usize) -> Permutation {
+        let total = self.rows.len();
+        assert!(rows >= total, "padded_to: {rows} rows cannot hold {total}");
+        self.rows.resize(rows, None);
+        if let Some(last) = self.offsets.last_mut() {
+            *last = rows;
+        }
+        self
+    }
+}
+
 /// `out[t] = Σ_k w[t·K + k] · y[row(t·K + k)]` for y (rows, d) row-major; out (T, d), in k order.
 pub fn combine(p: &Permutation, r: &Routing, y: &[f32], d: usize) -> Vec<f32> {
     let (weights, top_k) = (&r.weights, r.top_k);
@@ -87,6 +111,7 @@ mod tests {
             experts: experts.to_vec(),
             weights: weights.to_vec(),
             dropped: dropped.to_vec(),
+            lb_counts: counts.clone(),
             counts,
             aux_loss: 0.0,
             z_loss: 0.0,
@@ -112,6 +137,20 @@ mod tests {
         assert_eq!(p.group_sizes, vec![0, 3]);
         assert_eq!(p.offsets, vec![0, 0, 3]);
         assert_eq!(p.row_of_slot, vec![Some(0), None, Some(1), Some(2)]);
+    }
+
+    #[test]
+    fn the_static_buffer_fits_every_routing_and_keeps_groups_aligned() {
+        // 3 tokens, top-2, 3 experts, align 4: at most 6 + 3 * 3 = 15 rows, rounded to 16.
+        assert_eq!(static_rows(6, 3, 4), 16);
+        assert_eq!(static_rows(6, 3, 1), 6);
+        for experts in [[0, 0, 0, 0, 0, 0], [0, 1, 2, 0, 1, 2], [2, 2, 1, 2, 0, 2]] {
+            let p = permutation(&routing(2, &experts, &[false; 6], 3, &[1.0; 6]), 4);
+            assert!(p.rows.len() <= 16);
+            let p = p.padded_to(16);
+            assert_eq!((p.rows.len(), p.offsets[3]), (16, 16));
+            assert!(p.offsets.iter().all(|o| o % 4 == 0));
+        }
     }
 
     #[test]

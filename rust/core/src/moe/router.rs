@@ -66,6 +66,9 @@ pub struct Routing {
     pub dropped: Vec<bool>,
     /// Kept assignments per expert (E).
     pub counts: Vec<usize>,
+    /// Tokens per expert under a plain top-K of the scores (no bias, groups or capacity): the f_e of
+    /// the Switch load-balancing loss (Megatron's `compute_routing_scores_for_aux_loss`).
+    pub lb_counts: Vec<usize>,
     /// The Switch load-balancing loss (unweighted) and the router z-loss.
     pub aux_loss: f32,
     pub z_loss: f32,
@@ -104,9 +107,39 @@ impl RouterConfig {
     }
 }
 
+/// e^x in fp32 from IEEE multiplies, adds and fmas only (Cody-Waite reduction x = n·ln2 + r, a
+/// degree-7 Taylor polynomial on |r| <= ln2/2, then an exact scaling by 2^n), so that
+/// `moe_detail::exp_f32` in cuda/moe.cuh, which performs the same operations, gives the same bits
+/// and routing on the GPU matches this reference exactly (libm's and CUDA's expf differ by an ulp
+/// now and then, enough to flip a near-tie). Error below 2 ulp (`exp_f32_is_accurate`).
+pub fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E; // 0x3fb8aa3b
+    let ln2_hi = f32::from_bits(0x3f31_7200); // 0.693145751953125: n · ln2_hi is exact for |n| < 2^11
+    let ln2_lo = f32::from_bits(0x35bf_be8e); // ln 2 - ln2_hi, rounded
+    const C: [f32; 8] = [1.0, 1.0, 0.5, 0.166_666_67, 0.041_666_668, 0.008_333_334, 0.001_388_888_9, 0.000_198_412_7];
+    if x.is_nan() {
+        return x;
+    }
+    if x > 88.722_84 {
+        return f32::INFINITY; // above ln(FLT_MAX)
+    }
+    if x < -103.972_08 {
+        return 0.0; // below half the smallest subnormal
+    }
+    let n = (x * LOG2E).round_ties_even();
+    let r = (-n).mul_add(ln2_lo, (-n).mul_add(ln2_hi, x));
+    let p = C[..7].iter().rev().fold(C[7], |p, &c| p.mul_add(r, c));
+    // p · 2^n as p · 2^a · 2^b with a = n / 2, b = n - a (both in [-75, 64], normal powers of two):
+    // the first multiply is exact, the second rounds once (to a subnormal when it must).
+    let n = n as i32;
+    let (a, b) = (n / 2, n - n / 2);
+    let pow2 = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    p * pow2(a) * pow2(b)
+}
+
 fn softmax(row: &[f32]) -> Vec<f32> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = row.iter().map(|&v| (v - max).exp()).collect();
+    let exps: Vec<f32> = row.iter().map(|&v| exp_f32(v - max)).collect();
     let sum: f32 = exps.iter().sum();
     exps.iter().map(|&v| v / sum).collect()
 }
@@ -130,8 +163,28 @@ fn top_k(values: &[f32], k: usize) -> Vec<usize> {
 fn scores(row: &[f32], f: ScoreFn) -> Vec<f32> {
     match f {
         ScoreFn::Softmax => softmax(row),
-        ScoreFn::Sigmoid => row.iter().map(|&v| 1.0 / (1.0 + (-v).exp())).collect(),
+        ScoreFn::Sigmoid => row.iter().map(|&v| 1.0 / (1.0 + exp_f32(-v))).collect(),
     }
+}
+
+/// The per-expert capacity C = ceil(T·K/E · cf) of `tokens` tokens, None when dropless.
+pub fn capacity(tokens: usize, cfg: &RouterConfig) -> Option<usize> {
+    cfg.capacity_factor.map(|cf| ((tokens * cfg.top_k) as f64 / cfg.experts as f64 * cf as f64).ceil() as usize)
+}
+
+/// "Position" dropping: walks the assignments in flat order t·K + k and drops those that find
+/// their expert already holding `capacity` of them; (dropped per assignment, kept per expert).
+pub fn apply_capacity(experts: &[usize], num_experts: usize, capacity: Option<usize>) -> (Vec<bool>, Vec<usize>) {
+    let mut counts = vec![0usize; num_experts];
+    let mut dropped = vec![false; experts.len()];
+    for (slot, &x) in experts.iter().enumerate() {
+        if capacity.is_some_and(|c| counts[x] >= c) {
+            dropped[slot] = true;
+        } else {
+            counts[x] += 1;
+        }
+    }
+    (dropped, counts)
 }
 
 /// Routes T tokens: `logits` is (T, E) row-major, `bias` (E) the aux-loss-free expert bias.
@@ -176,20 +229,15 @@ pub fn route(logits: &[f32], bias: Option<&[f32]>, cfg: &RouterConfig) -> Result
         top_k(&s, k).iter().for_each(|&i| plain_counts[i] += 1);
         z += logsumexp(row).powi(2) / t as f32;
     }
-    let capacity = cfg.capacity_factor.map(|cf| ((t * k) as f64 / e as f64 * cf as f64).ceil() as usize);
-    let mut counts = vec![0usize; e];
-    let mut dropped = vec![false; t * k];
-    for (slot, &x) in experts.iter().enumerate() {
-        if capacity.is_some_and(|c| counts[x] >= c) {
-            dropped[slot] = true;
-            weights[slot] = 0.0;
-        } else {
-            counts[x] += 1;
+    let (dropped, counts) = apply_capacity(&experts, e, capacity(t, cfg));
+    for (w, &d) in weights.iter_mut().zip(&dropped) {
+        if d {
+            *w = 0.0;
         }
     }
     let aux_loss =
         e as f32 * plain_counts.iter().zip(&mean_p).map(|(&c, &p)| c as f32 / (t * k) as f32 * p).sum::<f32>();
-    Ok(Routing { top_k: k, experts, weights, dropped, counts, aux_loss, z_loss: z })
+    Ok(Routing { top_k: k, experts, weights, dropped, counts, lb_counts: plain_counts, aux_loss, z_loss: z })
 }
 
 #[cfg(test)]
@@ -217,6 +265,28 @@ mod tests {
         let w1 = (3f32.exp()) / (3f32.exp() + 2f32.exp());
         assert!((r.weights[0] - w1).abs() < 1e-6 && (r.weights[0] + r.weights[1] - 1.0).abs() < 1e-6);
         assert_eq!(r.counts, vec![0, 1, 1, 0]);
+    }
+
+    #[test]
+    fn exp_f32_is_accurate() {
+        let ulps =
+            |a: f32, b: f64| ((a as f64 - b) / (b as f32).abs().max(f32::MIN_POSITIVE) as f64 * 2f64.powi(23)).abs();
+        let mut x = -103.9f32;
+        while x < 88.7 {
+            let e = exp_f32(x);
+            let want = (x as f64).exp();
+            if want > f32::MIN_POSITIVE as f64 {
+                assert!(ulps(e, want) <= 2.0, "exp({x}) = {e}, want {want}");
+            } else {
+                assert!((e as f64 - want).abs() <= 1.5e-45, "exp({x}) = {e}, want {want}");
+            }
+            x += 0.0137;
+        }
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(100.0), f32::INFINITY);
+        assert_eq!(exp_f32(-200.0), 0.0);
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 pub mod fp8_block;
 pub mod linear;
+pub mod moe;
 pub mod mxfp8;
 pub mod nvfp4;
 pub mod swizzle;
@@ -18,6 +19,7 @@ use crate::sources::Header;
 
 pub use fp8_block::{Block, Fp8Block};
 pub use linear::LinearEpilogue;
+pub use moe::Moe;
 pub use mxfp8::Mxfp8;
 pub use nvfp4::Nvfp4;
 pub use swizzle::Swizzle;
@@ -62,6 +64,7 @@ pub enum KernelId {
     Nvfp4(Nvfp4),
     Swizzle(Swizzle),
     Linear(LinearEpilogue),
+    Moe(Moe),
 }
 
 impl KernelId {
@@ -72,6 +75,7 @@ impl KernelId {
             KernelId::Nvfp4(_) => Header::Nvfp4,
             KernelId::Swizzle(_) => Header::Swizzle,
             KernelId::Linear(_) => Header::Linear,
+            KernelId::Moe(_) => Header::Moe,
         }
     }
 
@@ -83,6 +87,7 @@ impl KernelId {
             KernelId::Nvfp4(k) => k.template(),
             KernelId::Swizzle(k) => k.template(),
             KernelId::Linear(k) => k.template(),
+            KernelId::Moe(k) => k.template(),
         };
         let args: Vec<String> = args.iter().map(Arg::to_string).collect();
         format!("deepwell::{template}<{}>", args.join(", "))
@@ -105,7 +110,7 @@ macro_rules! family_ids {
         }
     )*};
 }
-family_ids!(Mxfp8(Mxfp8), Fp8Block(Fp8Block), Nvfp4(Nvfp4), Swizzle(Swizzle), Linear(LinearEpilogue));
+family_ids!(Mxfp8(Mxfp8), Fp8Block(Fp8Block), Nvfp4(Nvfp4), Swizzle(Swizzle), Linear(LinearEpilogue), Moe(Moe));
 
 /// A template argument: a float tag or an `int` (cuda/INTERFACE.md: booleans and enums are ints).
 #[derive(Clone, Copy)]
@@ -130,6 +135,7 @@ pub fn all() -> Vec<KernelId> {
     v.extend(fp8_block::all().into_iter().map(KernelId::Fp8Block));
     v.extend(swizzle::all().into_iter().map(KernelId::Swizzle));
     v.extend(linear::all().into_iter().map(KernelId::Linear));
+    v.extend(moe::all().into_iter().map(KernelId::Moe));
     v
 }
 
@@ -205,7 +211,7 @@ pub(crate) mod tests {
     #[test]
     fn every_kernel_is_distinct_and_named_like_interface_md() {
         let all = all();
-        assert_eq!(all.len(), 131);
+        assert_eq!(all.len(), 131 + 7); // + the 7 of moe.cuh
         let names: std::collections::HashSet<String> = all.iter().map(|k| k.name_expression()).collect();
         assert_eq!(names.len(), all.len());
         let rows =

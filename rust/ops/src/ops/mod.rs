@@ -10,6 +10,7 @@
 
 pub mod fp8_block;
 pub mod linear;
+pub mod moe;
 pub mod mxfp8;
 pub mod nvfp4;
 pub mod swizzle;
@@ -40,5 +41,6 @@ pub fn all_kernels() -> Vec<Kernel> {
     k.extend(fp8_block::kernels());
     k.extend(swizzle::kernels());
     k.extend(linear::kernels());
+    k.extend(moe::kernels());
     k
 }

@@ -1,0 +1,243 @@
+"""One MoE layer's forward + backward, side by side, on the GPU: the Hugging Face eager expert loop,
+Hugging Face's `torch._grouped_mm` path, and deepwell.DeepwellMoE in bf16 and fp8_block (and the
+emulated recipes with --all-recipes); then the grouped GEMMs alone in TFLOP/s, the router ops, and
+(with transformers installed) a Mixtral-style model's training step vs torch.compile bf16.
+
+Shapes (tokens T = 8192 by default, bf16):
+- Mixtral: E=8, D=4096, F=14336, top-2;
+- fine-grained: E=64, D=2048, F=1408, top-8 and E=128, D=2048, F=768, top-8.
+
+Every layer variant computes the same thing (softmax router, renormalised top-k, SwiGLU experts);
+the routing is balanced-random (router weights N(0, 1/D)). Targets (issue 12): deepwell bf16 >= 3x
+the HF loop at fine-grained shapes; fp8_block >= 1.3x deepwell bf16 at Mixtral shapes; an fp8
+grouped GEMM at E64/K2048/N1408 >= 900 TFLOP/s; the model's train step >= 1.3x torch.compile bf16.
+Anchors (the team's H100 measurements of others' kernels): torch bf16 grouped 541-704 TFLOP/s, fp8 rowwise grouped 307 at E64.
+
+    python benchmarks/bench_moe.py [--quick] [--tokens 8192] [--all-recipes] [--no-model] [--sections layer,gemm,router,model]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+import deepwell
+from _common import environment, header, time_ms, write_json
+
+ops = torch.ops.deepwell
+SHAPES = [("mixtral", 8, 4096, 14336, 2), ("fine-e64", 64, 2048, 1408, 8), ("fine-e128", 128, 2048, 768, 8)]
+
+
+def router(x, gate_w, top_k):
+    logits = F.linear(x, gate_w)
+    p = logits.float().softmax(-1)
+    w, idx = p.topk(top_k, dim=-1)
+    return (w / w.sum(-1, keepdim=True)), idx
+
+
+def hf_eager_loop(x, gate_w, gate_up, down, top_k):
+    """transformers 5's MixtralExperts eager forward (modeling_mixtral.py), verbatim in substance."""
+    w, idx = router(x, gate_w, top_k)
+    e = gate_up.shape[0]
+    out = torch.zeros_like(x)
+    with torch.no_grad():
+        mask = F.one_hot(idx, num_classes=e + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for ex in hit:
+        ex = ex[0]
+        if ex == e:
+            continue
+        pos, tok = torch.where(mask[ex])
+        g, u = F.linear(x[tok], gate_up[ex]).chunk(2, dim=-1)
+        h = F.linear(F.silu(g) * u, down[ex]) * w[tok, pos, None]
+        out.index_add_(0, tok, h.to(out.dtype))
+    return out
+
+
+def hf_grouped_mm(x, gate_w, gate_up, down, top_k):
+    """transformers 5's `grouped_mm` experts implementation (`transformers.integrations.moe`), without EP."""
+    w, idx = router(x, gate_w, top_k)
+    e = gate_up.shape[0]
+    ids = idx.reshape(-1)
+    ids_g, perm = torch.sort(ids)
+    xg = x[perm // top_k]
+    counts = torch.histc(ids_g.int(), bins=e, min=0, max=e - 1)
+    offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+    g, u = torch._grouped_mm(xg, gate_up.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+    h = torch._grouped_mm(F.silu(g) * u, down.transpose(-2, -1), offs=offs)
+    h = h * w.reshape(-1)[perm, None]
+    out = torch.zeros_like(x)
+    out.index_add_(0, perm // top_k, h.to(out.dtype))
+    return out
+
+
+def step(fn, x, params, dy):
+    y = fn(x)
+    return torch.autograd.grad(y, (x, *params), dy)
+
+
+def layer_rows(name, e, d, f, k, tokens, recipes_) -> list[dict]:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(tokens, d, device="cuda", generator=g).bfloat16().requires_grad_()
+    dy = torch.randn(tokens, d, device="cuda", generator=g).bfloat16()
+    moe = deepwell.DeepwellMoE(d, f, e, k, aux_loss=None, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        moe.gate.weight.normal_(0, d**-0.5)
+    params = (moe.gate.weight, moe.experts.gate_up_proj, moe.experts.down_proj)
+    flops = 3 * 2 * tokens * k * (d * 2 * f + f * d)  # fwd + dgrad + wgrad of both expert GEMMs
+    variants = [
+        ("hf eager loop", lambda x: hf_eager_loop(x, *params, k)),
+        ("hf grouped_mm", lambda x: hf_grouped_mm(x, *params, k)),
+    ]
+    for r in recipes_:
+        m = deepwell.DeepwellMoE(d, f, e, k, aux_loss=None, recipe=r, device="cuda", dtype=torch.bfloat16)
+        m.load_state_dict(moe.state_dict())
+        variants.append((f"deepwell {r}", m))
+    rows, base = [], {}
+    for label, fn in variants:
+        p = params if not isinstance(fn, torch.nn.Module) else (fn.gate.weight, fn.experts.gate_up_proj, fn.experts.down_proj)
+        try:
+            ms = time_ms(lambda: step(fn, x, p, dy), warmup=2, iters=5, reps=3)
+        except torch.OutOfMemoryError as err:
+            print(f"{name:>10} {label:>18} out of memory ({str(err)[:60]})")
+            continue
+        base[label] = ms
+        vs_loop = base["hf eager loop"] / ms if "hf eager loop" in base else float("nan")
+        vs_dw = base["deepwell bf16"] / ms if "deepwell bf16" in base else float("nan")
+        print(f"{name:>10} {label:>18} {ms:9.3f} {tokens / ms / 1e3:10.1f} {flops / ms / 1e9:8.0f} {vs_loop:8.2f} {vs_dw:9.2f}")
+        rows.append({"shape": name, "experts": e, "dim": d, "ffn": f, "top_k": k, "tokens": tokens, "variant": label,
+                     "step_ms": ms, "mtok_s": tokens / ms / 1e3, "tflops": flops / ms / 1e9, "vs_hf_loop": vs_loop,
+                     "vs_deepwell_bf16": vs_dw})
+        torch.cuda.empty_cache()
+    return rows
+
+
+def gemm_rows(e, k_dim, n, rows_per_expert) -> list[dict]:
+    """The grouped GEMM alone (fprop shape: (E·m) x K times E x (N, K)) in every implementation at hand."""
+    m = rows_per_expert * e
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(m, k_dim, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(e, n, k_dim, device="cuda", generator=g) / k_dim**0.5).bfloat16()
+    off = torch.arange(0, m + 1, rows_per_expert, device="cuda", dtype=torch.int32)
+    flops = 2 * m * n * k_dim
+    out = []
+
+    def row(label, fn, note=""):
+        try:
+            ms = time_ms(fn)
+        except (RuntimeError, NotImplementedError) as err:
+            print(f"{'':>4} E{e} K{k_dim} N{n} m{rows_per_expert} {label:>28}   unavailable: {str(err).splitlines()[0][:80]}")
+            return
+        print(f"{'':>4} E{e} K{k_dim} N{n} m{rows_per_expert} {label:>28} {ms:8.3f} ms {flops / ms / 1e9:7.0f} TFLOP/s {note}")
+        out.append({"experts": e, "k": k_dim, "n": n, "rows_per_expert": rows_per_expert, "gemm": label,
+                    "ms": ms, "tflops": flops / ms / 1e9})
+
+    row("torch._grouped_mm bf16", lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=off[1:]))
+    row("deepwell grouped_linear bf16", lambda: deepwell.grouped_linear(x, w, off, "bf16"))
+    row("deepwell grouped_linear fp8_block", lambda: deepwell.grouped_linear(x, w, off, "fp8_block"),
+        "(per-expert loop, quantization included)")
+    if hasattr(torch, "_scaled_grouped_mm"):
+        xq = x.to(torch.float8_e4m3fn)
+        wq = w.to(torch.float8_e4m3fn)
+        sx = torch.ones(m, device="cuda")
+        sw = torch.ones(e, n, device="cuda")
+        row("torch._scaled_grouped_mm fp8 rowwise",
+            lambda: torch._scaled_grouped_mm(xq, wq.transpose(-2, -1), sx, sw, offs=off[1:], out_dtype=torch.bfloat16),
+            "(pre-quantized)")
+    return out
+
+
+def router_rows(tokens, e, k) -> list[dict]:
+    logits = torch.randn(tokens, e, device="cuda")
+    r = ops.moe_route(logits, None, k, "softmax", 0, 0, 0.0)
+    route_ms = time_ms(lambda: ops.moe_route(logits, None, k, "softmax", 0, 0, 0.0))
+    perm_ms = time_ms(lambda: ops.moe_permute_index(r[0], r[1], e, 1))
+    topk_ms = time_ms(lambda: logits.softmax(-1).topk(k, dim=-1))
+    print(f"    router T={tokens} E={e} K={k}: moe_route {route_ms:.3f} ms, moe_permute_index {perm_ms:.3f} ms "
+          f"(torch softmax+topk {topk_ms:.3f} ms)")
+    return [{"tokens": tokens, "experts": e, "top_k": k, "moe_route_ms": route_ms, "moe_permute_index_ms": perm_ms,
+             "torch_softmax_topk_ms": topk_ms}]
+
+
+def model_rows(steps: int) -> list[dict]:
+    """A Mixtral-style model (4 layers, 8 experts, top-2, d=1024): torch.compile of the HF model in
+    bf16 vs deepwell.optimize (MoE blocks swapped, precision auto)."""
+    try:
+        import transformers
+    except ImportError:
+        print("    (transformers not installed: model step skipped)")
+        return []
+    cfg = dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=16,
+               num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
+               max_position_embeddings=4096)
+    batch, seq = 8, 2048
+    tokens = torch.randint(0, 32000, (batch, seq), device="cuda")
+    out = []
+    for label in ("torch.compile bf16 (HF)", "deepwell.optimize auto"):
+        torch.manual_seed(0)
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**cfg)).to("cuda", torch.bfloat16).train()
+        impl = getattr(model.config, "_experts_implementation", None)
+        compiled = torch.compile(model) if label.startswith("torch") else deepwell.optimize(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+        def train_step():
+            loss = compiled(tokens, labels=tokens).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        t0 = time.perf_counter()
+        train_step()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        ms = time_ms(train_step, warmup=2, iters=steps, reps=1)
+        print(f"    {label:>26}: {ms:8.1f} ms/step, {batch * seq / ms:8.1f} ktok/s, first call {first:.1f} s "
+              f"(HF experts_implementation={impl})")
+        out.append({"model": "mixtral-4L-8E-d1024", "variant": label, "step_ms": ms, "first_s": first,
+                    "experts_implementation": str(impl)})
+        del model, compiled, opt
+        torch.cuda.empty_cache()
+    if len(out) == 2:
+        print(f"    deepwell / torch.compile bf16: {out[0]['step_ms'] / out[1]['step_ms']:.2f}x")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fine-grained E64 shape only, no model step")
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--all-recipes", action="store_true", help="also mxfp8 and nvfp4 (emulated on sm_90)")
+    p.add_argument("--no-model", action="store_true")
+    p.add_argument("--sections", default="layer,gemm,router,model",
+                   help="comma-separated subset of layer,gemm,router,model (to split a run under a time limit)")
+    args = p.parse_args()
+    sections = set(args.sections.split(","))
+    env = environment()
+    header(f"bench_moe: one MoE layer forward + backward, {args.tokens} tokens, bf16", env)
+    recipes_ = ["bf16", "fp8_block"] + (["mxfp8", "nvfp4"] if args.all_recipes else [])
+    rows = {"layer": [], "gemm": [], "router": [], "model": []}
+    if "layer" in sections:
+        print(f"{'shape':>10} {'variant':>18} {'step ms':>9} {'Mtok/s':>10} {'TFLOP/s':>8} {'vs loop':>8} {'vs dw bf16':>9}")
+        for name, e, d, f, k in SHAPES[1:2] if args.quick else SHAPES:
+            rows["layer"] += layer_rows(name, e, d, f, k, args.tokens, recipes_)
+    if "gemm" in sections:
+        print("# grouped GEMMs alone (forward shape)")
+        rows["gemm"] += gemm_rows(64, 2048, 1408, 1024)
+        if not args.quick:
+            rows["gemm"] += gemm_rows(8, 4096, 28672, 2048)
+            rows["gemm"] += gemm_rows(128, 2048, 1536, 512)
+    if "router" in sections:
+        print("# router ops")
+        for _, e, _, _, k in SHAPES:
+            rows["router"] += router_rows(args.tokens, e, k)
+    if "model" in sections and not (args.quick or args.no_model):
+        print("# Mixtral-style model, training step")
+        rows["model"] += model_rows(steps=5)
+    print("wrote", write_json("bench_moe", env, [r for v in rows.values() for r in v], {"sections": list(rows)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+// Mixture-of-Experts routing and permutation (docs/DESIGN.md "MoE"): bit-exact twins of
+// rust/core/src/moe/router.rs (`route`, `capacity`, `apply_capacity`) and permute.rs
+// (`permutation(..).padded_to(..)`). Deterministic: no float atomics, no data race; every value is
+// computed in the reference's order with IEEE round-to-nearest intrinsics (no fma contraction).
+//
+// Kernels (cuda/INTERFACE.md "moe.cuh"):
+//   moe_route_select<In>   one warp per token: scores, bias, groups, top-K and the plain top-K
+//   moe_expert_scan<Mode>  one CTA per expert: a prefix count over the T·K assignments in flat
+//                          order (capacity / counts / placement)
+//   moe_offsets<0>         one thread: the groups' start rows
+#pragma once
+#include "common.cuh"
+
+namespace deepwell {
+
+constexpr int MOE_MAX_EXPERTS = 512;
+
+namespace moe_detail {
+
+// exp_f32 of rust/core/src/moe/router.rs, operation for operation.
+__device__ __forceinline__ float exp_f32(float x) {
+    const float LOG2E = __int_as_float(0x3fb8aa3b);
+    const float LN2_HI = __int_as_float(0x3f317200);
+    const float LN2_LO = __int_as_float(0x35bfbe8e);
+    if (x != x) return x;
+    if (x > 88.72284f) return __int_as_float(0x7F800000);
+    if (x < -103.97208f) return 0.0f;
+    const float n = rintf(__fmul_rn(x, LOG2E));
+    const float r = __fmaf_rn(-n, LN2_LO, __fmaf_rn(-n, LN2_HI, x));
+    float p = 0.0001984127f;
+    p = __fmaf_rn(p, r, 0.0013888889f);
+    p = __fmaf_rn(p, r, 0.008333334f);
+    p = __fmaf_rn(p, r, 0.041666668f);
+    p = __fmaf_rn(p, r, 0.16666667f);
+    p = __fmaf_rn(p, r, 0.5f);
+    p = __fmaf_rn(p, r, 1.0f);
+    p = __fmaf_rn(p, r, 1.0f);
+    const int ni = static_cast<int>(n);
+    const int a = ni / 2, b = ni - ni / 2;  // C++ and Rust both truncate toward zero
+    return __fmul_rn(__fmul_rn(p, __int_as_float((a + 127) << 23)), __int_as_float((b + 127) << 23));
+}
+
+// The reference's order: non-NaN first, then value descending, then index ascending.
+__device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
+    const bool na = va != va, nb = vb != vb;
+    if (na != nb) return nb;
+    if (!na && va != vb) return va > vb;
+    return ia < ib;
+}
+
+}  // namespace moe_detail
+
+// The best (by `better`) of the warp's candidates: lane l offers (v, i) (i < 0: none); every lane
+// gets the winner's index. `better` is a total order, so the result does not depend on the lanes.
+__device__ __forceinline__ int warp_best(float v, int i) {
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xFFFFFFFFu, v, off);
+        const int oi = __shfl_xor_sync(0xFFFFFFFFu, i, off);
+        if (oi >= 0 && (i < 0 || moe_detail::better(ov, oi, v, i))) {
+            v = ov;
+            i = oi;
+        }
+    }
+    return i;
+}
+
+// The top `k` of v[0..n) (shared memory, the warp's), best first, into out[0..k) (lane 0 writes);
+// `taken` is the warp's scratch bit mask of n bits.
+__device__ __forceinline__ void warp_top_k(const float* v, int n, int k, uint32_t* taken, int* out) {
+    const int lane = threadIdx.x & 31;
+    for (int w = lane; w < (n + 31) / 32; w += 32) taken[w] = 0u;
+    __syncwarp();
+    for (int j = 0; j < k; ++j) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int e = lane; e < n; e += 32) {
+            if ((taken[e >> 5] >> (e & 31)) & 1u) continue;
+            if (bi < 0 || moe_detail::better(v[e], e, bv, bi)) {
+                bv = v[e];
+                bi = e;
+            }
+        }
+        const int best = warp_best(bv, bi);
+        if (lane == 0) {
+            taken[best >> 5] |= 1u << (best & 31);
+            out[j] = best;
+        }
+        __syncwarp();
+    }
+}
+
+// Per token t (one warp; its scores staged in shared memory): s = softmax(l_t) (the max, then
+// exp(l - max) per expert, summed by lane 0 in expert order, then divided) or sigmoid(l_t) =
+// 1 / (1 + exp(-l)); choice c = s + bias; with n_group > 0, groups of E / n_group scored by the sum
+// of their best two (best first), the best `kept` groups stay and the others become -inf (lane 0,
+// in the reference's order); experts[t, :] = the top-K of c, best first; plain[t, :] = the top-K
+// of s (the Switch loss's f_e). logits (T, E) contiguous, bias fp32 (E) or null,
+// E <= MOE_MAX_EXPERTS. **Per CTA:** THREADS / 32 = 8 tokens.
+template <class In>
+__global__ void __launch_bounds__(THREADS) moe_route_select(const void* logits, const float* bias, int* experts, int* plain,
+                                                            int64_t tokens, int num_experts, int top_k, int sigmoid,
+                                                            int n_group, int kept) {
+    using namespace moe_detail;
+    constexpr int WARPS = THREADS / 32;
+    __shared__ float sh_s[WARPS][MOE_MAX_EXPERTS];
+    __shared__ float sh_c[WARPS][MOE_MAX_EXPERTS];
+    __shared__ uint32_t sh_taken[WARPS][MOE_MAX_EXPERTS / 32];
+    __shared__ float sh_g[WARPS][MOE_MAX_EXPERTS / 2];  // group scores (groups hold >= 2 experts)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* s = sh_s[warp];
+    float* c = sh_c[warp];
+    uint32_t* taken = sh_taken[warp];
+    const int e_n = num_experts;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * WARPS;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * WARPS + warp; t < tokens; t += stride) {
+        const int64_t row = t * e_n;
+        if (sigmoid) {
+            for (int e = lane; e < e_n; e += 32) s[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f32(-In::load(logits, row + e))));
+        } else {
+            float mx = __int_as_float(0xFF800000);  // fmaxf ignores NaN, as Rust's f32::max: any order
+            for (int e = lane; e < e_n; e += 32) mx = fmaxf(mx, In::load(logits, row + e));
+            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+            for (int e = lane; e < e_n; e += 32) s[e] = exp_f32(__fsub_rn(In::load(logits, row + e), mx));
+            __syncwarp();
+            float sum = 0.0f;
+            if (lane == 0) {
+                for (int e = 0; e < e_n; ++e) sum = __fadd_rn(sum, s[e]);
+            }
+            sum = __shfl_sync(0xFFFFFFFFu, sum, 0);
+            for (int e = lane; e < e_n; e += 32) s[e] = __fdiv_rn(s[e], sum);
+        }
+        for (int e = lane; e < e_n; e += 32) c[e] = bias ? __fadd_rn(s[e], bias[e]) : s[e];
+        __syncwarp();
+        if (n_group > 0 && lane == 0) {
+            const int size = e_n / n_group;
+            float* gs = sh_g[warp];
+            for (int g = 0; g < n_group; ++g) {
+                const float* v = c + g * size;
+                int b0 = 0;
+                for (int i = 1; i < size; ++i)
+                    if (better(v[i], i, v[b0], b0)) b0 = i;
+                int b1 = b0 == 0 ? 1 : 0;
+                for (int i = 0; i < size; ++i)
+                    if (i != b0 && better(v[i], i, v[b1], b1)) b1 = i;
+                gs[g] = __fadd_rn(v[b0], v[b1]);
+            }
+            uint32_t keep[MOE_MAX_EXPERTS / 64];
+            for (int w = 0; w < (n_group + 31) / 32; ++w) keep[w] = 0u;
+            for (int j = 0; j < kept; ++j) {
+                int best = -1;
+                for (int g = 0; g < n_group; ++g) {
+                    if ((keep[g >> 5] >> (g & 31)) & 1u) continue;
+                    if (best < 0 || better(gs[g], g, gs[best], best)) best = g;
+                }
+                keep[best >> 5] |= 1u << (best & 31);
+            }
+            for (int g = 0; g < n_group; ++g) {
+                if ((keep[g >> 5] >> (g & 31)) & 1u) continue;
+                for (int e = g * size; e < (g + 1) * size; ++e) c[e] = __int_as_float(0xFF800000);
+            }
+        }
+        __syncwarp();
+        warp_top_k(c, e_n, top_k, taken, experts + t * top_k);
+        warp_top_k(s, e_n, top_k, taken, plain + t * top_k);
+    }
+}
+
+// Modes of moe_expert_scan.
+constexpr int SCAN_CAPACITY = 0;  // dropped_out[s] = (rank of s among ids == e) >= capacity; counts[e] = kept
+constexpr int SCAN_COUNT = 1;     // counts[e] = #{s : ids[s] == e, not dropped[s]}
+constexpr int SCAN_PLACE = 2;     // row_of_slot / slot_of_row of the kept assignments, -1 elsewhere
+
+// One CTA per expert e (grid-stride over experts) walks the n assignments in flat order, 256 at a
+// time, and ranks those of expert e with a block-wide prefix count (warp ballots + a shared total
+// per warp), so every rank is the reference's "earlier assignments of the same expert". ids out of
+// [0, E) belong to no expert (treated as dropped). `dropped` may be null (nothing dropped);
+// capacity < 0 is dropless. **Per CTA:** one expert.
+template <int Mode>
+__global__ void __launch_bounds__(THREADS) moe_expert_scan(const int* ids, const uint8_t* dropped, int64_t n, int num_experts,
+                                                           int64_t capacity, const int* offsets, uint8_t* dropped_out,
+                                                           int* counts, int* row_of_slot, int* slot_of_row) {
+    __shared__ int warp_total[THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int e = blockIdx.x; e < num_experts; e += gridDim.x) {
+        int64_t base = 0;
+        for (int64_t start = 0; start < n; start += THREADS) {
+            const int64_t s = start + threadIdx.x;
+            const int id = s < n ? ids[s] : -1;
+            const bool mine = id == e && !(dropped && dropped[s]);
+            const unsigned ballot = __ballot_sync(0xFFFFFFFFu, mine);
+            if (lane == 0) warp_total[warp] = __popc(ballot);
+            __syncthreads();
+            int64_t rank = base + __popc(ballot & ((1u << lane) - 1u));
+            int64_t chunk = 0;
+            for (int w = 0; w < THREADS / 32; ++w) {
+                if (w < warp) rank += warp_total[w];
+                chunk += warp_total[w];
+            }
+            if (Mode == SCAN_CAPACITY) {
+                if (id == e) dropped_out[s] = (capacity >= 0 && rank >= capacity) ? 1 : 0;
+            } else if (Mode == SCAN_PLACE) {
+                if (mine) {
+                    const int row = offsets[e] + static_cast<int>(rank);
+                    row_of_slot[s] = row;
+                    slot_of_row[row] = static_cast<int>(s);
+                } else if (s < n && ((id == e && dropped && dropped[s]) || (e == 0 && (id < 0 || id >= num_experts)))) {
+                    row_of_slot[s] = -1;
+                }
+            }
+            base += chunk;
+            __syncthreads();
+        }
+        if (Mode == SCAN_CAPACITY) {
+            if (threadIdx.x == 0) counts[e] = static_cast<int>(capacity >= 0 && base > capacity ? capacity : base);
+        } else if (Mode == SCAN_COUNT) {
+            if (threadIdx.x == 0) counts[e] = static_cast<int>(base);
+        } else {
+            // Padding rows of the group (and, for the last expert, the spare rows up to R).
+            for (int64_t r = offsets[e] + base + threadIdx.x; r < offsets[e + 1]; r += THREADS) slot_of_row[r] = -1;
+        }
+    }
+}
+
+// offsets[e] = Σ_{e' < e} round_up(counts[e'], align); offsets[E] = rows (the static buffer: the
+// spare rows join the last group). **Per CTA:** everything (one thread).
+template <int Unused = 0>
+__global__ void __launch_bounds__(THREADS) moe_offsets(const int* counts, int num_experts, int64_t align, int64_t rows, int* offsets) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int64_t total = 0;
+    for (int e = 0; e < num_experts; ++e) {
+        offsets[e] = static_cast<int>(total);
+        total += (counts[e] + align - 1) / align * align;
+    }
+    offsets[num_experts] = static_cast<int>(rows);
+}
+
+}  // namespace deepwell

@@ -1,0 +1,346 @@
+"""`deepwell.DeepwellMoE`: a drop-in Mixture-of-Experts block (docs/DESIGN.md "MoE").
+
+    moe = deepwell.DeepwellMoE(dim=4096, ffn_dim=14336, num_experts=8, top_k=2)   # Mixtral
+    y = moe(x)                                   # x (..., dim) -> y (..., dim)
+
+One forward: the router gate (`Router`, kept in the model's precision: router gates stay bf16 by
+policy) gives logits; `deepwell.moe_route` (Rust) picks each token's experts; torch computes the
+routing weights from those indices (differentiable); `moe_permute_index` (Rust) lays the kept
+assignments out expert by expert; `moe_dispatch` gathers the tokens; the SwiGLU experts run as two
+grouped GEMMs (`grouped_linear`, in `recipe`); `moe_combine` weights and sums them back per token in
+a fixed order. Shared experts (Qwen2-MoE's gated one, DeepSeek-V3's ungated ones) are added.
+
+Router options (docs/DESIGN.md "MoE" names the system each one comes from):
+- `score_func`: "softmax" (Mixtral, Qwen) or "sigmoid" (DeepSeek-V3); selection on scores + the
+  expert bias (aux-loss-free balancing, arXiv:2408.15664: the bias never changes the weights);
+- `n_group` / `topk_group`: group-limited routing (DeepSeek-V3; groups masked to -inf);
+- `renormalize` (w / (Σw + 1e-20)) then `route_scale` (DeepSeek-V3's routed_scaling_factor);
+- `capacity_factor`: None is dropless; else each expert keeps ceil(T·K/E · cf) assignments, the
+  earliest ones ("position" dropping), and a dropped assignment's weight is 0 (not renormalised);
+- `aux_loss`: "switch" (E · Σ_e f_e · P_e over the batch, Megatron's `aux_loss`), "seq" (the same per
+  sequence, averaged: DeepSeek-V3's sequence-wise loss) or None; `z_loss_coef` > 0 adds the router
+  z-loss mean_t logsumexp(l_t)² (ST-MoE). With a coefficient > 0 the loss joins the gradient by
+  itself, as Megatron's MoEAuxLossAutoScaler does (nothing to add to the training loss); the
+  unweighted values of the last forward are in `moe.losses` (eager mode) for logging.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import _env
+from ..ops.grouped_linear import block_of, grouped_linear
+from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
+from ..plan import recipes
+from ..plan.policy import LayerInfo, PrecisionPolicy
+
+AUX_LOSSES = ("switch", "seq", None)
+
+
+class SwiGLU(nn.Module):
+    """A dense SwiGLU MLP, `down(silu(gate(x)) * up(x))` (the shared experts; Hugging Face names)."""
+
+    def __init__(self, dim: int, ffn_dim: int, **factory):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, ffn_dim, bias=False, **factory)
+        self.up_proj = nn.Linear(dim, ffn_dim, bias=False, **factory)
+        self.down_proj = nn.Linear(ffn_dim, dim, bias=False, **factory)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """The router gate: logits = x · weightᵀ (weight (E, D), no bias), computed in `router_dtype`
+    (None: the input's). Hugging Face conversions use a subclass that is also an instance of the HF
+    router class, so HF's `output_router_logits` hooks still find it (nn/moe_hf.py)."""
+
+    def __init__(self, dim: int, num_experts: int, router_dtype: torch.dtype | None = None, device=None, dtype=None):
+        nn.Module.__init__(self)  # not super(): HF-compatible subclasses put the HF class after this one
+        self.router_dtype = router_dtype
+        self.weight = nn.Parameter(torch.empty(num_experts, dim, device=device, dtype=dtype))
+        bound = 1.0 / math.sqrt(dim)  # nn.Linear's default init
+        nn.init.uniform_(self.weight, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.router_dtype is None:
+            return F.linear(x, self.weight)
+        return F.linear(x.to(self.router_dtype), self.weight.to(self.router_dtype))
+
+    def extra_repr(self) -> str:
+        return f"dim={self.weight.shape[1]}, num_experts={self.weight.shape[0]}, router_dtype={self.router_dtype}"
+
+
+class Experts(nn.Module):
+    """The routed experts' weights in Hugging Face transformers 5's fused layout: `gate_up_proj`
+    (E, 2F, D) with the gate rows first, `down_proj` (E, D, F)."""
+
+    def __init__(self, num_experts: int, dim: int, ffn_dim: int, **factory):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * ffn_dim, dim, **factory))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, dim, ffn_dim, **factory))
+        # nn.Linear's default init, per expert.
+        for w in (self.gate_up_proj, self.down_proj):
+            bound = 1.0 / math.sqrt(w.shape[-1])
+            nn.init.uniform_(w, -bound, bound)
+
+
+class _AddLossToGrad(torch.autograd.Function):
+    """Returns y unchanged; its backward also sends d(loss)/d(loss) = 1 to `loss` (which carries its
+    coefficient), so the loss trains the router without the user adding it (Megatron-Core's
+    MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, y, loss):
+        ctx.loss_meta = (loss.dtype, loss.device)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        dtype, device = ctx.loss_meta
+        return grad, torch.ones((), dtype=dtype, device=device)
+
+
+@torch._dynamo.assume_constant_result
+def _plan_experts(
+    policy_json: str, device: str, name: str, kind: str, dim: int, ffn_dim: int, verbose: bool
+) -> tuple[str, ...]:
+    """The Rust planner's recipes for the two expert projections (role "experts") on `device`, and
+    its reasons: (gate_up recipe, down recipe, gate_up reason, down reason). Printed when `verbose`
+    or DEEPWELL_PRINT_PLAN=1 (this runs eagerly, also while torch.compile traces)."""
+    infos = [
+        LayerInfo(f"{name}.experts.gate_up_proj", kind, "experts", 1, 3, dim, 2 * ffn_dim),
+        LayerInfo(f"{name}.experts.down_proj", kind, "experts", 1, 3, ffn_dim, dim),
+    ]
+    # Sites 1 of 3: the policy's first/last rule is about the model's ends, not this block's.
+    decisions = PrecisionPolicy(**json.loads(policy_json)).decide(infos, recipes.device_arch(device))
+    reasons = tuple(f"{i.name}: {d.recipe} ({d.reason})" for i, d in zip(infos, decisions))
+    if verbose or _env.print_plan():
+        for r in reasons:
+            print(f"deepwell MoE plan ({device}): {r}")
+    return (decisions[0].recipe, decisions[1].recipe, *reasons)
+
+
+class DeepwellMoE(nn.Module):
+    """A Mixture-of-Experts block: router, SwiGLU experts as grouped GEMMs in `recipe`, shared experts.
+
+    Args:
+        dim, ffn_dim, num_experts, top_k: D, F (each routed expert's hidden size), E, K.
+        score_func, renormalize, route_scale, n_group, topk_group, capacity_factor: the router (see
+            the module docs). Defaults are Mixtral's.
+        expert_bias: keep an aux-loss-free balancing bias (`expert_bias`, fp32, selection only),
+            updated by `update_expert_bias()` from the token counts of the training forwards.
+        num_shared_experts, shared_ffn_dim: shared SwiGLU experts of hidden size
+            `shared_ffn_dim` (default F · num_shared_experts, DeepSeek-V3's), added to every token;
+            `shared_expert_gate`: scale them by sigmoid(x · w_g) (Qwen2-MoE).
+        aux_loss, aux_loss_coef, z_loss_coef: the balancing losses (see the module docs).
+        router_dtype: the dtype of the router GEMM (None: the input's, as Mixtral and Qwen run it;
+            torch.float32 as DeepSeek-V3 does). Scores and weights are always computed in fp32.
+        recipe: the experts' GEMMs: "bf16", "fp8_block", "mxfp8", "nvfp4" or "auto" (the Rust planner
+            decides per projection on the device of the first forward, role "experts", under
+            `policy`: default `PrecisionPolicy()`, whose precision "auto" is the device's fastest
+            native recipe; `name` is the module's qualified name the policy's globs see; `verbose`
+            prints the decisions, as DEEPWELL_PRINT_PLAN=1 does).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        ffn_dim: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        score_func: str = "softmax",
+        renormalize: bool = True,
+        route_scale: float = 1.0,
+        n_group: int = 0,
+        topk_group: int = 0,
+        capacity_factor: float | None = None,
+        expert_bias: bool = False,
+        num_shared_experts: int = 0,
+        shared_ffn_dim: int | None = None,
+        shared_expert_gate: bool = False,
+        aux_loss: str | None = "switch",
+        aux_loss_coef: float = 0.0,
+        z_loss_coef: float = 0.0,
+        router_dtype: torch.dtype | None = None,
+        recipe: str = "bf16",
+        policy=None,
+        name: str = "moe",
+        verbose: bool = False,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if aux_loss not in AUX_LOSSES:
+            raise ValueError(f"deepwell.DeepwellMoE: aux_loss must be 'switch', 'seq' or None, got {aux_loss!r}")
+        if recipe not in (*recipes.names(), "auto"):
+            choices = ", ".join(repr(r) for r in (*recipes.names(), "auto"))
+            raise ValueError(f"deepwell.DeepwellMoE: recipe must be one of {choices}, got {recipe!r}")
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(f"deepwell.DeepwellMoE: capacity_factor must be None or > 0, got {capacity_factor!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.dim, self.ffn_dim, self.num_experts, self.top_k = dim, ffn_dim, num_experts, top_k
+        self.score_func, self.renormalize, self.route_scale = score_func, renormalize, float(route_scale)
+        self.n_group, self.topk_group, self.capacity_factor = n_group, topk_group, capacity_factor
+        self.aux_loss, self.aux_loss_coef, self.z_loss_coef = aux_loss, aux_loss_coef, z_loss_coef
+        self.router_dtype, self.recipe = router_dtype, recipe
+        self.policy, self.name, self.verbose = policy, name, verbose
+        # Read once, here: a plain string is a constant to torch.compile.
+        self._policy_json = json.dumps(asdict(policy or PrecisionPolicy(precision="auto")))
+        self.gate = Router(dim, num_experts, router_dtype, **factory)
+        self.experts = Experts(num_experts, dim, ffn_dim, **factory)
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts, device=device))
+            self.register_buffer("tokens_per_expert", torch.zeros(num_experts, device=device))
+        else:
+            self.expert_bias = self.tokens_per_expert = None
+        self.shared_experts = None
+        self.shared_expert_gate = None
+        if num_shared_experts > 0:
+            self.shared_experts = SwiGLU(dim, shared_ffn_dim or ffn_dim * num_shared_experts, **factory)
+            if shared_expert_gate:
+                self.shared_expert_gate = nn.Linear(dim, 1, bias=False, **factory)
+        self.losses: dict[str, torch.Tensor] = {}
+        self._planned: tuple[str, str] | None = None if recipe == "auto" else (recipe, recipe)
+        self.plan_reasons: list[str] = []
+        # Router checks now, with the same messages as the op (a bad config fails at construction).
+        moe_route(torch.zeros(1, num_experts), None, top_k, score_func, n_group, topk_group, capacity_factor or 0.0)
+
+    # ---------------------------------------------------------------------------------------------
+    # Routing
+
+    def route(self, x2: torch.Tensor):
+        """(logits, experts, dropped, counts, lb_counts, weights) for tokens x2 (T, D)."""
+        logits = self.gate(x2)
+        bias = self.expert_bias
+        experts, dropped, counts, lb_counts = moe_route(
+            logits.detach(), bias, self.top_k, self.score_func, self.n_group, self.topk_group,
+            self.capacity_factor or 0.0,
+        )
+        scores = self._scores(logits)
+        weights = scores.gather(1, experts.long())
+        if self.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        weights = (weights * self.route_scale).masked_fill(dropped, 0.0)
+        return logits, experts, dropped, counts, lb_counts, weights
+
+    def _scores(self, logits):
+        return logits.float().softmax(-1) if self.score_func == "softmax" else logits.float().sigmoid()
+
+    def _losses(self, logits, lb_counts, batch: int) -> dict[str, torch.Tensor]:
+        """The unweighted aux and z losses (module docs)."""
+        out = {}
+        t, e, k = logits.shape[0], self.num_experts, self.top_k
+        if self.aux_loss is not None:
+            s = self._scores(logits)
+            p = s / s.sum(-1, keepdim=True)  # scores normalised over E (sigmoid: Megatron's)
+            if self.aux_loss == "switch":
+                f = lb_counts.float() / (t * k)
+                out["aux"] = e * (f * p.mean(0)).sum()
+            else:
+                idx = p.detach().topk(k, dim=-1).indices.reshape(batch, -1)
+                f = torch.zeros(batch, e, device=p.device).scatter_add_(1, idx, torch.ones(idx.shape, device=p.device))
+                f = f / (t // batch * k)
+                out["aux"] = e * (f * p.reshape(batch, -1, e).mean(1)).sum(-1).mean()
+        if self.z_loss_coef > 0:
+            out["z"] = torch.logsumexp(logits.float(), -1).square().mean()
+        return out
+
+    # ---------------------------------------------------------------------------------------------
+    # Experts
+
+    def _recipes(self, x2) -> tuple[str, str]:
+        """(gate_up, down) recipes: fixed, or planned by Rust for the first input's device (a
+        constant to torch.compile, which cannot trace the planner's JSON call)."""
+        if self._planned is not None:
+            return self._planned
+        up, down, *reasons = _plan_experts(
+            self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim, self.verbose
+        )
+        if not torch.compiler.is_compiling():
+            self._planned, self.plan_reasons = (up, down), list(reasons)
+        return up, down
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .cuda() may move the experts to another device: plan "auto" again there.
+        if self.recipe == "auto":
+            self._planned, self.plan_reasons = None, []
+        return super()._apply(fn, recurse)
+
+    def _align(self, recipe_pair) -> int:
+        """Rows per group: the recipes' block, so wgrad's K (an expert's rows) is whole blocks."""
+        return max(block_of(r) for r in recipe_pair)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        logits, experts, dropped, counts, lb_counts, weights = self.route(x2)
+        r_up, r_down = self._recipes(x2)
+        row_of_slot, slot_of_row, offsets = moe_permute_index(experts, dropped, self.num_experts, self._align((r_up, r_down)))
+        xp = moe_dispatch(x2, slot_of_row, row_of_slot)
+        gate_up = grouped_linear(xp, self.experts.gate_up_proj, offsets, r_up, groups_aligned=True)
+        g, u = gate_up.chunk(2, dim=-1)
+        yp = grouped_linear(F.silu(g) * u, self.experts.down_proj, offsets, r_down, groups_aligned=True)
+        y = moe_combine(yp, weights, row_of_slot, slot_of_row)
+        if self.shared_experts is not None:
+            s = self.shared_experts(x2)
+            if self.shared_expert_gate is not None:
+                s = torch.sigmoid(self.shared_expert_gate(x2)) * s
+            y = y + s
+        if self.tokens_per_expert is not None and self.training and torch.is_grad_enabled():
+            self.tokens_per_expert.add_(counts.float())
+        batch = shape[0] if len(shape) == 3 else 1
+        losses = self._losses(logits, lb_counts, batch)
+        if not torch.compiler.is_compiling():
+            self.losses = {k: v.detach() for k, v in losses.items()}
+        total = None
+        if "aux" in losses and self.aux_loss_coef > 0:
+            total = self.aux_loss_coef * losses["aux"]
+        if "z" in losses:
+            total = self.z_loss_coef * losses["z"] if total is None else total + self.z_loss_coef * losses["z"]
+        if total is not None and torch.is_grad_enabled():
+            y = _AddLossToGrad.apply(y, total)
+        return y.reshape(shape)
+
+    # ---------------------------------------------------------------------------------------------
+    # Aux-loss-free balancing
+
+    @torch.no_grad()
+    def update_expert_bias(self, rate: float = 1e-3) -> None:
+        """b += rate · sign(mean(c) − c), centred (torchtitan's update: Δ −= mean(Δ)), then the
+        counts c of the training forwards since the last update restart at 0 (arXiv:2408.15664)."""
+        if self.expert_bias is None:
+            raise RuntimeError("deepwell.DeepwellMoE.update_expert_bias: built without expert_bias=True")
+        c = self.tokens_per_expert
+        delta = rate * torch.sign(c.mean() - c)
+        self.expert_bias.add_(delta - delta.mean())
+        c.zero_()
+
+    def extra_repr(self) -> str:
+        shared = f", shared_experts={self.shared_experts.down_proj.in_features}" if self.shared_experts else ""
+        return (
+            f"dim={self.dim}, ffn_dim={self.ffn_dim}, num_experts={self.num_experts}, top_k={self.top_k}, "
+            f"score_func={self.score_func!r}, recipe={self.recipe!r}{shared}"
+        )
+
+    # Hugging Face conversion (nn/moe_hf.py).
+    @classmethod
+    def from_hf(cls, block: nn.Module, **kw) -> "DeepwellMoE":
+        """A DeepwellMoE computing what `block` computes (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3
+        MoE blocks of transformers 5), sharing nothing: the weights are copied."""
+        from .moe_hf import from_hf
+
+        return from_hf(cls, block, **kw)
+
+    def to_hf(self, config) -> nn.Module:
+        """The Hugging Face block for `config` (its model type picks the class) with these weights."""
+        from .moe_hf import to_hf
+
+        return to_hf(self, config)

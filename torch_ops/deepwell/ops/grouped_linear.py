@@ -1,0 +1,217 @@
+"""Grouped linear layers for the experts of a Mixture-of-Experts layer: `grouped_linear(x, weight,
+offsets, recipe)` computes, for every expert e, `y[offsets[e]:offsets[e+1]] = x[...] @ weight[e].T`
+over the expert-grouped buffer of `deepwell.moe_dispatch` (docs/DESIGN.md "MoE"). Forward, input
+gradient (dgrad) and weight gradient (wgrad) all run in `recipe`.
+
+| recipe | how |
+|---|---|
+| bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere (CPU, other GPUs, other dtypes) |
+| fp8_block, mxfp8 where Rust's dispatch marks them emulated (fp8_block off sm_90, mxfp8 off Blackwell, the CPU) | grouped exact emulation: the dense layer's quantizers on the whole buffer / all experts, dequantized, then `torch._grouped_mm` per pass (no host sync) |
+| fp8_block, mxfp8 native; nvfp4 | a per-expert loop over `deepwell.scaled_linear` / `scaled_linear_backward`: each expert's three GEMMs quantized and dispatched by Rust exactly like a dense layer's (fp8_block native on sm_90, mxfp8/nvfp4 native on Blackwell; nvfp4's per-tensor scale and stochastic rounding per expert) |
+
+The native path is a loop (one launch sequence per expert and a host read of the offsets, so a
+sync on CUDA) — correct and compiled as one opaque op, but not a grouped kernel yet (see
+docs/DESIGN.md "MoE" for what is missing). Groups should be padded to the recipe's block
+(`moe_permute_index(..., align=block)`): wgrad's K is the expert's rows, and a group whose rows are
+not a multiple of the block runs its wgrad unquantized (the dense layer's rule).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..plan import recipes
+from . import _checks
+
+_OP = "grouped_linear"
+
+
+@torch._dynamo.assume_constant_result
+def recipe_blocks() -> tuple[tuple[str, int], ...]:
+    """(recipe, block along K; 1 for bf16) from Rust's recipe table, a constant to torch.compile
+    (the table comes through the JSON C API, which Dynamo cannot trace)."""
+    return tuple((r, recipes.block_k(r) or 1) for r in recipes.names())
+
+
+def block_of(recipe: str) -> int | None:
+    """The recipe's block along K (1 for bf16), None for an unknown recipe."""
+    return dict(recipe_blocks()).get(recipe)
+
+
+def _check(x, weight, offsets, recipe) -> None:
+    _checks.choice(_OP, "recipe", recipe, tuple(r for r, _ in recipe_blocks()))
+    _checks.dtype_in(_OP, "x", x, _checks.FLOAT_INPUTS)
+    _checks.dtype_in(_OP, "weight", weight, _checks.FLOAT_INPUTS)
+    _checks.dtype_in(_OP, "offsets", offsets, (torch.int32,))
+    _checks.same_device(_OP, ("x", x), ("weight", weight), ("offsets", offsets))
+    if x.dim() != 2:
+        _checks.fail(_OP, "x", "be 2-d (rows, in_features)", f"a {x.dim()}-d tensor")
+    if weight.dim() != 3:
+        _checks.fail(_OP, "weight", "be 3-d (experts, out_features, in_features)", f"a {weight.dim()}-d tensor")
+    _checks.shape_eq(_OP, "offsets", offsets, (weight.shape[0] + 1,))
+    if x.shape[1] != weight.shape[2]:
+        raise RuntimeError(
+            f"deepwell.{_OP}: x has {x.shape[1]} features (shape {_checks.shape_str(x.shape)}) but weight has "
+            f"in_features {weight.shape[2]} (shape {_checks.shape_str(weight.shape)})"
+        )
+
+
+@torch.library.custom_op("deepwell_moe::grouped_scaled_linear", mutates_args=())
+def _grouped_scaled_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, recipe: str) -> torch.Tensor:
+    out = x.new_zeros((x.shape[0], weight.shape[1]))
+    bounds = offsets.tolist()
+    for e in range(weight.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            out[lo:hi] = torch.ops.deepwell.scaled_linear(x[lo:hi], weight[e], None, recipe, None)
+    return out
+
+
+@_grouped_scaled_linear.register_fake
+def _(x, weight, offsets, recipe):
+    return x.new_empty((x.shape[0], weight.shape[1]))
+
+
+@torch.library.custom_op("deepwell_moe::grouped_scaled_linear_backward", mutates_args=())
+def _grouped_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, recipe: str,
+    need_input: bool, need_weight: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dx = torch.zeros_like(x) if need_input else x.new_empty((0,))
+    # An expert without rows gets an exact zero weight gradient.
+    dw = torch.zeros_like(weight) if need_weight else weight.new_empty((0,))
+    bounds = offsets.tolist()
+    for e in range(weight.shape[0]):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            gx, gw = torch.ops.deepwell.scaled_linear_backward(
+                grad[lo:hi].contiguous(), x[lo:hi], weight[e], recipe, None, need_input, need_weight
+            )
+            if need_input:
+                dx[lo:hi] = gx
+            if need_weight:
+                dw[e] = gw
+    return dx, dw
+
+
+@_grouped_backward.register_fake
+def _(grad, x, weight, offsets, recipe, need_input, need_weight):
+    dx = torch.empty_like(x) if need_input else x.new_empty((0,))
+    dw = torch.empty_like(weight) if need_weight else weight.new_empty((0,))
+    return dx, dw
+
+
+def _setup(ctx, inputs, output):
+    x, weight, offsets, recipe = inputs
+    ctx.save_for_backward(x, weight, offsets)
+    ctx.recipe = recipe
+
+
+def _backward(ctx, grad):
+    x, weight, offsets = ctx.saved_tensors
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if not (need_x or need_w):
+        return None, None, None, None
+    dx, dw = _grouped_backward(grad, x, weight, offsets, ctx.recipe, need_x, need_w)
+    return (dx if need_x else None), (dw if need_w else None), None, None
+
+
+_grouped_scaled_linear.register_autograd(_backward, setup_context=_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grouped exact emulation (fp8_block, mxfp8 where Rust's dispatch marks the recipe emulated): the
+# operands quantized by the same kernels and rules as the dense layer's emulation
+# (rust/ops/src/gemm/quantize.rs: x, dy along K per row; W per expert, 128x128 tiles or 1x32 along
+# K, and for dgrad W^T from the same tiles or 1x32 along N; wgrad's x and dy along the rows M, whose
+# blocks never straddle two experts when groups are padded to the block), dequantized exactly (bf16
+# on CUDA, fp32 on the CPU), then multiplied by torch._grouped_mm: the per-expert loop's operands
+# bit for bit, one grouped GEMM per pass, no host sync.
+
+EMULATED_GROUPED = ("fp8_block", "mxfp8")
+
+
+def _dense_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float32 if t.device.type == "cpu" else torch.bfloat16
+
+
+def _fake(recipe: str, t: torch.Tensor, along: int, role: str) -> torch.Tensor:
+    """t quantized along dim `along` as `role` ("act", "weight") and dequantized exactly."""
+    out = _dense_dtype(t)
+    if recipe == "mxfp8":
+        data, scale = torch.ops.deepwell.mxfp8_quantize(t, along)
+        return torch.ops.deepwell.mxfp8_dequantize(data, scale, along, out)
+    block = (128, 128) if role == "weight" else ((1, 128) if along in (-1, t.dim() - 1) else (128, 1))
+    data, scale = torch.ops.deepwell.fp8_block_quantize(t, *block)
+    return torch.ops.deepwell.fp8_block_dequantize(data, scale, *block, out)
+
+
+class _GroupedEmulated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, offsets, recipe):
+        ctx.save_for_backward(x, weight, offsets)
+        ctx.recipe = recipe
+        xq, wq = _fake(recipe, x, -1, "act"), _fake(recipe, weight, -1, "weight")
+        return torch._grouped_mm(xq, wq.transpose(-2, -1), offs=offsets[1:]).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, offsets = ctx.saved_tensors
+        recipe, ends = ctx.recipe, offsets[1:]
+        grad = grad.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            # W^T along N: fp8_block's 128x128 tiles are the same either way; MXFP8 re-quantizes.
+            wt = _fake(recipe, weight, -1 if recipe == "fp8_block" else 1, "weight")
+            dx = torch._grouped_mm(_fake(recipe, grad, -1, "act"), wt, offs=ends).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            gq, xq = _fake(recipe, grad, 0, "act"), _fake(recipe, x, 0, "act")
+            dw = torch._grouped_mm(gq.t(), xq, offs=ends).to(weight.dtype)
+        return dx, dw, None, None
+
+
+@torch._dynamo.assume_constant_result
+def emulated_on(recipe: str, device: str) -> bool:
+    """Whether Rust's dispatch table runs `recipe` emulated on `device` (deepwell_core policy)."""
+    return _emulated_on(recipe, device)
+
+
+@functools.cache
+def _emulated_on(recipe: str, device: str) -> bool:
+    from ..plan.policy import LayerInfo, PrecisionPolicy
+
+    policy = PrecisionPolicy(precision=recipe, first_last_bf16=False, min_features=0)
+    site = LayerInfo("experts", "DeepwellMoE", "experts", 1, 3, 4096, 4096)
+    return policy.decide([site], recipes.device_arch(device))[0].emulated
+
+
+def grouped_linear(
+    x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, recipe: str = "bf16", groups_aligned: bool = False
+) -> torch.Tensor:
+    """Per-expert `x @ weight[e].T` over contiguous row groups, with autograd.
+
+    Args:
+        x: (R, in_features), rows grouped by expert (`deepwell.moe_dispatch`).
+        weight: (E, out_features, in_features), nn.Linear layout per expert.
+        offsets: (E + 1,) int32 start rows, offsets[E] == R (`deepwell.moe_permute_index`).
+        recipe: "bf16" (unquantized: computes in x's dtype), "fp8_block", "mxfp8" or "nvfp4"; the
+            quantized recipes need in_features and out_features multiples of their block.
+        groups_aligned: the caller promises every group's rows are a multiple of the recipe's block
+            (`moe_permute_index(..., align=block)`); then an emulated fp8_block / mxfp8 runs as the
+            grouped exact emulation (no host sync) instead of the per-expert loop.
+
+    Returns:
+        (R, out_features) in x's dtype.
+    """
+    _check(x, weight, offsets, recipe)
+    if recipe == "bf16":
+        # torch._grouped_mm takes the groups' end offsets and wants both operands in one dtype.
+        return torch._grouped_mm(x, weight.to(x.dtype).transpose(-2, -1), offs=offsets[1:])
+    block = block_of(recipe)
+    for d, what in ((2, "in_features"), (1, "out_features")):
+        _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")
+    if groups_aligned and recipe in EMULATED_GROUPED and emulated_on(recipe, str(x.device)):
+        return _GroupedEmulated.apply(x, weight, offsets, recipe)
+    return _grouped_scaled_linear(x, weight, offsets, recipe)
