@@ -88,3 +88,28 @@ def test_a_model_without_a_config_is_loaded_into_a_given_instance(trained, tmp_p
 def test_quantize_weight_refuses_other_recipes():
     with pytest.raises(ValueError, match="recipe must be one of .*got 'bf16'"):
         quantize_weight(torch.ones(32, 32), "bf16")
+
+
+def _round_trip(w: torch.Tensor, recipe: str) -> torch.Tensor:
+    from deepwell.train.quantized import _values
+
+    q = quantize_weight(w, recipe)
+    block = (128, 128) if recipe == "fp8_block" else (1, 0)
+    values, global_scale = _values(recipe, q["data"], q["scale"], q.get("global_scale"), block, torch.float32)
+    return values if global_scale is None else values * global_scale
+
+
+def test_why_codes_are_stored_requantizing_is_not_the_identity_for_nvfp4():
+    """dequantize(quantize(W)) re-quantizes to itself for the power-of-two scales of mxfp8 and
+    fp8_block, not for NVFP4 (its per-tensor and E4M3 block scales are recomputed from rounded
+    values): the artifact stores codes, so its forward never depends on this."""
+    g = torch.Generator().manual_seed(0)
+    changed = 0
+    for _ in range(20):
+        w = torch.randn(256, 512, generator=g) * torch.exp(torch.randn(256, 1, generator=g) * 3)
+        for recipe in ("mxfp8", "fp8_block"):
+            once = _round_trip(w, recipe)
+            assert torch.equal(_round_trip(once, recipe), once), recipe
+        once = _round_trip(w, "nvfp4")
+        changed += not torch.equal(_round_trip(once, "nvfp4"), once)
+    assert changed > 0
