@@ -113,3 +113,19 @@ def test_why_codes_are_stored_requantizing_is_not_the_identity_for_nvfp4():
         once = _round_trip(w, "nvfp4")
         changed += not torch.equal(_round_trip(once, "nvfp4"), once)
     assert changed > 0
+
+
+def test_a_bf16_model_loads_in_bf16_and_matches(tmp_path):
+    """The artifact records the dtype the model trained in; the loaded model computes in it (x, the
+    rotary tables, the output rounding), bit-identical to the eager plan on the CPU."""
+    import dataclasses
+
+    from deepwell.train.parity import build_engine
+
+    eng = build_engine(dataclasses.replace(CONFIG, dtype="bfloat16"), "nvfp4", torch.device("cpu"))  # never called: no Inductor
+    loaded = deepwell.load(deepwell.export(eng, tmp_path / "artifact"))
+    assert loaded.tok_embeddings.weight.dtype == torch.bfloat16 and loaded.cos.dtype == torch.bfloat16
+    tokens = heldout(1)[0][:, :-1]
+    with torch.no_grad():
+        got, want = loaded(tokens), planned_eager(eng)(tokens)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)

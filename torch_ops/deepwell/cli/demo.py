@@ -80,7 +80,7 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
 
     # Export, load, and compare logits on one held-out batch.
     artifact = export(engine, out_dir / "export")
-    loaded = load(artifact)
+    loaded = load(artifact, device=device)
     tokens = heldout[0][:, :-1].to(device)
     with torch.no_grad():
         got, want, compiled = loaded(tokens), planned_eager(engine)(tokens), engine(tokens)

@@ -56,6 +56,11 @@ def _json_config(model: torch.nn.Module):
         return None
 
 
+def _dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's floating-point parameters (what it trained in)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def export(engine, path: str | os.PathLike) -> Path:
     """Writes the inference artifact of `engine` (a deepwell.Engine) to directory `path`."""
     if not hasattr(engine, "plan") or not hasattr(engine, "model"):
@@ -75,7 +80,7 @@ def export(engine, path: str | os.PathLike) -> Path:
     body = {
         "format": FORMAT,
         "version": VERSION,
-        "model": {"class": f"{cls.__module__}.{cls.__qualname__}", "config": _json_config(model)},
+        "model": {"class": f"{cls.__module__}.{cls.__qualname__}", "config": _json_config(model), "dtype": str(_dtype(model)).removeprefix("torch.")},
         "plan": engine.plan.to_dict(),
         "policy": asdict(engine.plan.policy),
         "quantized_sites": sites,
@@ -97,7 +102,8 @@ def _build(spec: dict) -> torch.nn.Module:
     cls = getattr(importlib.import_module(module_name), qualname, None)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise ValueError(f"deepwell.load: the artifact names model class {spec['class']!r}, which is not an nn.Module here")
-    return cls(**spec["config"])
+    # Built in the dtype it trained in: its buffers (rotary tables) too, as the trained model's were.
+    return cls(**spec["config"]).to(getattr(torch, spec.get("dtype", "float32")))
 
 
 def load(path: str | os.PathLike, model: torch.nn.Module | None = None, device: str | torch.device | None = None) -> torch.nn.Module:

@@ -90,7 +90,9 @@ class QuantizedLinear(torch.nn.Module):
         if xa.device.type != "cpu" and gx is None and x.dtype == torch.bfloat16:
             y = torch.nn.functional.linear(xa, wv, None if self.bias is None else self.bias.bfloat16())
         else:
-            y = torch.mm(xa, wv.t()).float()
+            # fp32 out as rust/ops/src/gemm/run.rs: plain mm on the CPU's fp32 values, aten::mm.dtype
+            # (bf16 in, fp32 out) on CUDA.
+            y = torch.mm(xa, wv.t()) if xa.device.type == "cpu" else torch.ops.aten.mm.dtype(xa, wv.t(), torch.float32)
             if gx is not None:
                 y = y * (gx * gw)
             if self.bias is not None:
