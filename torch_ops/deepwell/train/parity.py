@@ -157,12 +157,14 @@ def main(argv: list[str] | None = None) -> list[RecipeResult]:
     p.add_argument("--size", choices=("tiny", "small"), default="small", help="tiny: a 1-layer d=128 model (seconds on the CPU)")
     p.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu or cuda[:N]")
     p.add_argument("--out", default="deepwell_parity", help="directory for parity.png, parity.md, parity.json")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights, the batch order and stochastic rounding")
     args = p.parse_args(argv)
     recipes = tuple(r.strip() for r in args.recipes.split(",") if r.strip())
     unknown = [r for r in recipes if r not in RECIPES]
     if unknown or not recipes:
         p.error(f"--recipes: expected some of {', '.join(RECIPES)}, got {args.recipes!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}, but torch sees no CUDA device")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else ("cpu" if args.device == "auto" else args.device))
     steps = args.steps if args.steps is not None else (300 if device.type == "cuda" else 100)
     if steps < 1:
