@@ -41,7 +41,6 @@ def trainer(eng, steps: int, checkpoint_dir=None, **kw) -> Trainer:
         log_every=1,
         checkpoint_dir=checkpoint_dir,
         progress=False,
-        deterministic=True,
     )
     settings.update(kw)
     return Trainer.from_engine(eng, **settings)

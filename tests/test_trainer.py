@@ -117,3 +117,24 @@ def test_bad_arguments_say_what_was_expected():
         Trainer.from_engine(eng, max_steps=1, loss_fn=_square_loss).fit([torch.ones(2, 64)], resume=True)
     with pytest.raises(ValueError, match=r"a batch must be a \(batch, seq \+ 1\) tensor of token ids, got a 1-d"):
         Trainer.from_engine(eng, max_steps=1, progress=False).fit([torch.ones(64)])
+
+
+def test_a_torch_lr_scheduler_is_stepped_and_checkpointed(tmp_path):
+    def make(d):
+        torch.manual_seed(0)
+        net = _Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        return Trainer.from_engine(EagerEngine(net), optimizer=opt, lr_schedule=sched, max_steps=5, checkpoint_dir=d,
+                                   loss_fn=_square_loss, progress=False, plot=False)
+
+    data = [torch.randn(8, 64) for _ in range(5)]
+    straight = make(None)
+    straight.fit(data)
+    assert [r["lr"] for r in straight.history] == [0.1, 0.1, 0.05, 0.05, 0.025]
+    first = make(tmp_path)
+    first.max_steps = 3
+    first.fit(data)
+    resumed = make(tmp_path)
+    resumed.fit(data, resume=True)
+    assert [r["lr"] for r in resumed.history] == [0.1, 0.1, 0.05, 0.05, 0.025] and losses(resumed) == losses(straight)

@@ -50,11 +50,11 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     params = sum(p.numel() for p in engine.model.parameters())
     print(f"{params / 1e6:.2f}M parameters; outputs in {out_dir}/")
     heldout = heldout_batches(corpus.heldout, config.batch, config.seq_len, eval_batches)
-    deterministic = device.type == "cpu"
+    deterministic = device.type == "cpu"  # the Trainer's default: deterministic kernels on the CPU
     half = max(steps // 2, 1)
     trainer = parity.make_trainer(
         engine, steps, log_every=max(steps // 20, 1), eval_every=max(steps // 4, 1), checkpoint_dir=out_dir / "checkpoints",
-        checkpoint_every=half, log_dir=out_dir / "train", deterministic=deterministic,
+        checkpoint_every=half, log_dir=out_dir / "train",
     )
     trainer.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=0), heldout)
     losses = _steps_losses(trainer)
@@ -69,7 +69,7 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     # Resume from the middle checkpoint into fresh optimizer and data-loader objects.
     mid = out_dir / "checkpoints" / f"step_{half:08d}"
     resumed = parity.make_trainer(engine, steps, log_every=max(steps // 20, 1), log_dir=out_dir / "resumed",
-                                  deterministic=deterministic, progress=False, plot=False)
+                                  progress=False, plot=False)
     resumed.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=0), resume=mid)
     again = _steps_losses(resumed)
     tail = [s for s in losses if s > half]

@@ -112,8 +112,7 @@ def run(corpus: ByteCorpus, config: ModelConfig, steps: int, device: torch.devic
         engine = build_engine(config, recipe, device, seed)
         if progress:
             print(f"parity: {recipe} ({_runs_as(engine)}), {steps} steps")
-        trainer = make_trainer(engine, steps, log_every=max(steps // 5, 1), progress=progress, seed=seed,
-                               deterministic=device.type == "cpu")
+        trainer = make_trainer(engine, steps, log_every=max(steps // 5, 1), progress=progress, seed=seed)
         trainer.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=seed), heldout)
         losses = [r["loss"] for r in trainer.history if "loss" in r]
         tail = losses[-max(len(losses) // 10, 1):]

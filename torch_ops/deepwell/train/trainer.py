@@ -85,7 +85,7 @@ class Trainer:
         progress: bool = True,
         seed: int = 0,
         plot: bool = True,
-        deterministic: bool = False,
+        deterministic: bool | None = None,
     ):
         who = "deepwell.Trainer"
         self.engine = engine
@@ -104,7 +104,11 @@ class Trainer:
         self.log_dir = Path(log_dir) if log_dir is not None else self.checkpoint_dir
         self.loss_fn = loss_fn or next_token_loss
         self.progress, self.seed, self.plot = progress, int(seed), plot
-        self.deterministic = deterministic
+        if deterministic is None:
+            # On the CPU the deterministic kernels cost little and make resume bit for bit; on a GPU
+            # they need cuBLAS's deterministic workspace and cost speed, so they are asked for.
+            deterministic = next(self.model.parameters()).device.type == "cpu"
+        self.deterministic = bool(deterministic)
         self.scheduler = None  # a torch LRScheduler, stepped after each optimizer step
         if isinstance(lr_schedule, torch.optim.lr_scheduler.LRScheduler):
             self.scheduler, self.lr_schedule = lr_schedule, None
@@ -161,9 +165,10 @@ class Trainer:
     def fit(self, train_data: Iterable, eval_data: Iterable | None = None, resume: bool | str | os.PathLike = False) -> "Trainer":
         """Trains until `max_steps`. `resume`: True continues from `checkpoint_dir`'s latest
         checkpoint when there is one; a path resumes from that checkpoint (an error if unreadable).
-        With `deterministic=True` the loop runs under torch.use_deterministic_algorithms (as
-        Lightning's flag): Inductor's CPU code otherwise accumulates the embedding gradient with
-        parallel atomic adds, whose order, and so the weights' last bits, changes from run to run."""
+        With `deterministic` (default: True for a model on the CPU) the loop runs under
+        torch.use_deterministic_algorithms (as Lightning's flag): Inductor's CPU code otherwise
+        accumulates the embedding gradient with parallel atomic adds, whose order, and so the
+        weights' last bits, changes from run to run."""
         was_deterministic = torch.are_deterministic_algorithms_enabled()
         if self.deterministic:
             torch.use_deterministic_algorithms(True)
