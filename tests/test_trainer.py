@@ -115,6 +115,10 @@ def test_bad_arguments_say_what_was_expected():
         Trainer.from_engine(eng, lr_schedule=3)
     with pytest.raises(ValueError, match="resume=True needs a checkpoint_dir"):
         Trainer.from_engine(eng, max_steps=1, loss_fn=_square_loss).fit([torch.ones(2, 64)], resume=True)
+    with pytest.raises(ValueError, match=r"training data ran out after 2 batches; max_steps=2 x grad_accum=2 needs 4"):
+        Trainer.from_engine(eng, max_steps=2, grad_accum=2, loss_fn=_square_loss, progress=False).fit([torch.ones(2, 64)] * 2)
+    with pytest.raises(ValueError, match="eval_data must be a finite list"):
+        Trainer.from_engine(eng, max_steps=1, loss_fn=_square_loss).fit([torch.ones(2, 64)], batches())
     with pytest.raises(ValueError, match=r"a batch must be a \(batch, seq \+ 1\) tensor of token ids, got a 1-d"):
         Trainer.from_engine(eng, max_steps=1, progress=False).fit([torch.ones(64)])
 

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from .. import _native
 from ..nn.weight_cache import microbatches
 from . import checkpoint, plots, state
+from .data import TokenBatches
 from .log import JsonlLog
 from .schedule import WarmupCosine, constant
 
@@ -56,7 +57,7 @@ def _tokens(batch) -> int:
     return 0
 
 
-def _positive_int(who: str, name: str, v, allow_none: bool = False):
+def _positive_int(name: str, v, allow_none: bool = False):
     if v is None and allow_none:
         return v
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -91,11 +92,11 @@ class Trainer:
         self.engine = engine
         self.model: torch.nn.Module = engine.model
         self.optimizer = optimizer
-        self.grad_accum = _positive_int(who, "grad_accum", grad_accum)
-        self.max_steps = _positive_int(who, "max_steps", max_steps)
-        self.log_every = _positive_int(who, "log_every", log_every)
-        self.checkpoint_every = _positive_int(who, "checkpoint_every", checkpoint_every, allow_none=True)
-        self.eval_every = _positive_int(who, "eval_every", eval_every, allow_none=True)
+        self.grad_accum = _positive_int("grad_accum", grad_accum)
+        self.max_steps = _positive_int("max_steps", max_steps)
+        self.log_every = _positive_int("log_every", log_every)
+        self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every, allow_none=True)
+        self.eval_every = _positive_int("eval_every", eval_every, allow_none=True)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"{who}: clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
         self.clip_grad_norm = clip_grad_norm
@@ -163,7 +164,8 @@ class Trainer:
     # The loop
 
     def fit(self, train_data: Iterable, eval_data: Iterable | None = None, resume: bool | str | os.PathLike = False) -> "Trainer":
-        """Trains until `max_steps`. `resume`: True continues from `checkpoint_dir`'s latest
+        """Trains until `max_steps` on `train_data` (an iterable of batches, `grad_accum` per step),
+        evaluating on `eval_data` (a finite list of batches). `resume`: True continues from `checkpoint_dir`'s latest
         checkpoint when there is one; a path resumes from that checkpoint (an error if unreadable).
         With `deterministic` (default: True for a model on the CPU) the loop runs under
         torch.use_deterministic_algorithms (as Lightning's flag): Inductor's CPU code otherwise
@@ -187,6 +189,8 @@ class Trainer:
         if not hasattr(train_data, "load_state_dict"):
             for _ in range(self.batches_used):  # a data source without state: skip what was used
                 next(batches)
+        if isinstance(eval_data, TokenBatches):
+            raise ValueError("deepwell.Trainer.fit: eval_data must be a finite list of batches (heldout_batches(...)), got an endless TokenBatches")
         eval_batches = list(eval_data) if eval_data is not None else None
         bar = tqdm(total=self.max_steps, initial=self.step, unit="step", disable=not self.progress, mininterval=0.5, dynamic_ncols=True)
         try:
@@ -230,7 +234,12 @@ class Trainer:
         self.model.train()
         with microbatches():
             for _ in range(self.grad_accum):
-                batch = next(batches)
+                batch = next(batches, None)
+                if batch is None:
+                    raise ValueError(
+                        f"deepwell.Trainer: the training data ran out after {self.batches_used} batches; "
+                        f"max_steps={self.max_steps} x grad_accum={self.grad_accum} needs {self.max_steps * self.grad_accum}"
+                    )
                 self.batches_used += 1
                 tokens += _tokens(batch)
                 batch = batch.to(device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch
