@@ -20,7 +20,9 @@ setup(
             debug=False,
         )
     ],
-    install_requires=["torch>=2.10", "numpy"],
+    # tqdm: the Trainer's progress bar; matplotlib: the loss plots (Agg, no display); safetensors:
+    # checkpoints and exported models.
+    install_requires=["torch>=2.10", "numpy", "tqdm", "matplotlib", "safetensors>=0.4"],
     extras_require={"test": ["pytest>=8", "hypothesis>=6", "expecttest"]},
     # The only registration of the torch.compile backend (registering it in code as well makes
     # Dynamo fail with "duplicate name"): torch.compile(m, backend="deepwell") needs no import.

@@ -40,6 +40,7 @@ _native.load()
 
 from ._native import manual_seed  # noqa: E402
 from .nn.weight_cache import clear_weight_cache, microbatches, weight_cache_info  # noqa: E402
+from .train import Trainer, export, load  # noqa: E402
 
 
 def last_plan():
@@ -58,6 +59,7 @@ __all__ = [
     "Hardware",
     "IR",
     "Plan",
+    "Trainer",
     "LayerDecision",
     "LayerInfo",
     "Linear",
@@ -67,8 +69,10 @@ __all__ = [
     "clear_weight_cache",
     "compile",
     "dryrun",
+    "export",
     "format_report",
     "last_plan",
+    "load",
     "manual_seed",
     "microbatches",
     "weight_cache_info",

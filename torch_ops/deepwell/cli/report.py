@@ -1,8 +1,9 @@
 """The main job (`python -m deepwell`, `--help` for its options): print the library and hardware
 deepwell found; quantize real tensors (an nn.Linear weight and a heavy-tailed activation) in every
 format, on the GPU when there is one, with the error statistics of each (ms = quantize + dequantize,
-median of 5 timed runs after a warm-up); then train a small LLaMA-style model with the `deepwell`
-torch.compile backend (deepwell.cli.demo)."""
+median of 5 timed runs after a warm-up); then train a small byte-level LLaMA-style model on the
+standard library's sources with deepwell.Trainer through the `deepwell` torch.compile backend,
+resume it from a checkpoint, export it, and compare the recipes (deepwell.cli.demo)."""
 
 from __future__ import annotations
 
@@ -107,7 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m deepwell",
         description="What deepwell finds on this machine, the quantization error of every format on real "
-        "tensors, and a short training run through the deepwell torch.compile backend.",
+        "tensors, and a training run on real text (the Python standard library's sources) through the deepwell "
+        "torch.compile backend: plan, progress, train and held-out loss, a checkpoint it resumes from, an export "
+        "round trip and a per-recipe parity table.",
     )
     p.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda or cuda:N")
     p.add_argument(
@@ -116,18 +119,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the training run's precision: auto, mxfp8, nvfp4, fp8_block or bf16 (default: auto on a GPU, "
         "mxfp8 emulated on the CPU)",
     )
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 30; 10 with --quick)")
-    p.add_argument("--quick", action="store_true", help="skip the quantization report and train for 10 steps")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default 120 on the CPU, 400 on a GPU; 20 with --quick)")
+    p.add_argument(
+        "--parity-steps", type=int, default=None,
+        help="steps per recipe of the parity run (default 40 on the CPU, 150 on a GPU; 10 with --quick; 0 skips it)",
+    )
+    p.add_argument("--out", default="deepwell_run", help="directory for the logs, plots, checkpoints and export (default: deepwell_run/ in the working directory)")
+    p.add_argument("--quick", action="store_true", help="skip the quantization report; 20 training steps, 10 per parity recipe")
     args = p.parse_args(argv)
+    gpu = args.device != "cpu" and (args.device.startswith("cuda") or torch.cuda.is_available())
     if args.steps is None:
-        args.steps = 10 if args.quick else 30
-    if args.steps < 1:
-        p.error("--steps must be at least 1")
+        args.steps = 20 if args.quick else (400 if gpu else 120)
+    if args.parity_steps is None:
+        args.parity_steps = 10 if args.quick else (150 if gpu else 40)
+    if args.steps < 2:
+        p.error(f"--steps must be at least 2 (the run checkpoints half-way and resumes), got {args.steps}")
+    if args.parity_steps < 0:
+        p.error(f"--parity-steps must be 0 or more, got {args.parity_steps}")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    start = time.perf_counter()
     torch.manual_seed(0)
     device = _device(args.device)
     print(f"deepwell {_native.version()}  library: {_native.library_path()}")
@@ -135,4 +149,5 @@ def main(argv: list[str] | None = None) -> None:
     print(probe())
     if not args.quick:
         quantization_report(device)
-    train_demo(device, steps=args.steps, precision=args.precision)
+    train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps)
+    print(f"main job: {time.perf_counter() - start:.0f} s")

@@ -64,6 +64,8 @@ class Block(nn.Module):
 class Llama(nn.Module):
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, hidden: int, max_seq: int = 4096, tied: bool = False):
         super().__init__()
+        #: The constructor's arguments: what deepwell.export records to rebuild the model on load.
+        self.config = {"vocab": vocab, "dim": dim, "layers": layers, "heads": heads, "hidden": hidden, "max_seq": max_seq, "tied": tied}
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(Block(dim, heads, hidden) for _ in range(layers))
         self.norm = RMSNorm(dim)

@@ -1,0 +1,144 @@
+"""deepwell.Trainer (deepwell.train.trainer): the log, the schedule, gradient accumulation through
+deepwell.microbatches(), skipped non-finite steps, guardrail fallbacks in the log and in checkpoints,
+the loss plot, resuming a data source without state, and its argument checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import deepwell
+from _training import EagerEngine, batches, engine, heldout, losses, trainer
+from deepwell.train import Trainer, WarmupCosine
+from deepwell.train.log import read
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    before = deepwell.weight_cache_info()
+    t = trainer(engine(), 4, checkpoint_dir=d, eval_every=2)
+    t.fit(batches(), heldout())
+    return t, d, before, deepwell.weight_cache_info()
+
+
+def test_the_log_has_loss_grad_norm_lr_and_throughput(run):
+    t, d, _, _ = run
+    records = read(d / "metrics.jsonl")
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["grad_norm"] > 0 and r["tokens_per_s"] > 0 and r["tokens"] == 2 * 4 * 32 * r["step"] for r in steps)
+    assert [r["step"] for r in records if "eval_loss" in r] == [2, 4]
+    assert [r["path"].rsplit("/", 1)[1] for r in records if r.get("event") == "checkpoint"] == ["step_00000004"]
+    assert math.isfinite(losses(t)[-1]) and losses(t)[-1] < losses(t)[0]
+    png = (d / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_the_schedule_sets_each_step_s_lr(run):
+    t, _, _, _ = run
+    s = WarmupCosine(2, 4)
+    assert [r["lr"] for r in t.history if "lr" in r] == [3e-3 * s(i) for i in range(4)]
+
+
+def test_micro_batches_quantize_each_weight_once_per_step(run):
+    """grad_accum=2: the second micro-batch's forward and both backwards reuse the weights'
+    quantized copies (deepwell.microbatches); 6 quantized sites x 4 steps."""
+    _, _, before, after = run
+    assert after["hits"] - before["hits"] >= 6 * 4 * 2
+    assert after["entries"] == 0  # the scope closes with every step
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = deepwell.Linear(64, 64, recipe="mxfp8", name="test_trainer.fc", guardrail_config=deepwell.GuardrailConfig(interval=1))
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def _square_loss(eng, batch):
+    return eng(batch).float().square().mean()
+
+
+def test_non_finite_steps_are_skipped_and_fallbacks_logged(tmp_path):
+    torch.manual_seed(0)
+    net = _Net()
+    data = [torch.randn(32, 64) for _ in range(4)]
+    data[0][3, 5] = math.inf
+    t = Trainer.from_engine(EagerEngine(net), max_steps=4, checkpoint_dir=tmp_path, loss_fn=_square_loss, progress=False, plot=False)
+    before = net.fc.weight.detach().clone()
+    t.step, t.max_steps = 0, 1
+    t.fit(data)
+    assert torch.equal(net.fc.weight, before)  # step 1 saw an inf: no update
+    t.max_steps = 4
+    t.fit(data)
+    records = read(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records if r.get("event") == "skipped_step"] == [1]
+    fallbacks = [r for r in records if r.get("event") == "guardrail_fallback"]
+    assert len(fallbacks) == 1 and fallbacks[0]["layer"] == "fc" and "non-finite input" in fallbacks[0]["detail"]
+    assert net.fc.guardrail.recipe == "bf16" and not torch.equal(net.fc.weight, before)
+
+    # The fallback is quantization state: a fresh model resumes running bf16, with the event.
+    fresh = _Net()
+    assert fresh.fc.guardrail.recipe == "mxfp8"
+    Trainer.from_engine(EagerEngine(fresh), max_steps=4, checkpoint_dir=tmp_path, loss_fn=_square_loss, progress=False, plot=False).fit(data, resume=True)
+    assert fresh.fc.guardrail.recipe == "bf16" and fresh.fc.guardrail.record.events == net.fc.guardrail.record.events
+
+
+def test_a_data_source_without_state_is_fast_forwarded(tmp_path):
+    torch.manual_seed(0)
+    data = [torch.randn(32, 64) for _ in range(6)]  # a list: no state_dict, so resume skips what was used
+    torch.manual_seed(1)
+    first = Trainer.from_engine(EagerEngine(_Net()), max_steps=1, checkpoint_dir=tmp_path, loss_fn=_square_loss, grad_accum=2, progress=False, plot=False)
+    torch.manual_seed(1)
+    straight = Trainer.from_engine(EagerEngine(_Net()), max_steps=3, loss_fn=_square_loss, grad_accum=2, progress=False)
+    straight.fit(data)
+    first.fit(data)
+    resumed = Trainer.from_engine(EagerEngine(_Net()), max_steps=3, checkpoint_dir=tmp_path, loss_fn=_square_loss, grad_accum=2, progress=False, plot=False)
+    resumed.fit(data, resume=True)
+    assert resumed.batches_used == 6 and losses(resumed) == losses(straight)
+
+
+def test_bad_arguments_say_what_was_expected():
+    eng = EagerEngine(_Net())
+    with pytest.raises(ValueError, match="grad_accum must be a positive int, got 0"):
+        Trainer.from_engine(eng, grad_accum=0)
+    with pytest.raises(ValueError, match="expected a deepwell.Engine"):
+        Trainer.from_engine(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="optimizer holds tensors that are not"):
+        Trainer.from_engine(eng, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1))
+    with pytest.raises(ValueError, match="lr_schedule must be"):
+        Trainer.from_engine(eng, lr_schedule=3)
+    with pytest.raises(ValueError, match="resume=True needs a checkpoint_dir"):
+        Trainer.from_engine(eng, max_steps=1, loss_fn=_square_loss).fit([torch.ones(2, 64)], resume=True)
+    with pytest.raises(ValueError, match=r"training data ran out after 2 batches; max_steps=2 x grad_accum=2 needs 4"):
+        Trainer.from_engine(eng, max_steps=2, grad_accum=2, loss_fn=_square_loss, progress=False).fit([torch.ones(2, 64)] * 2)
+    with pytest.raises(ValueError, match="eval_data must be a finite list"):
+        Trainer.from_engine(eng, max_steps=1, loss_fn=_square_loss).fit([torch.ones(2, 64)], batches())
+    with pytest.raises(ValueError, match=r"a batch must be a \(batch, seq \+ 1\) tensor of token ids, got a 1-d"):
+        Trainer.from_engine(eng, max_steps=1, progress=False).fit([torch.ones(64)])
+
+
+def test_a_torch_lr_scheduler_is_stepped_and_checkpointed(tmp_path):
+    def make(d):
+        torch.manual_seed(0)
+        net = _Net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        return Trainer.from_engine(EagerEngine(net), optimizer=opt, lr_schedule=sched, max_steps=5, checkpoint_dir=d,
+                                   loss_fn=_square_loss, progress=False, plot=False)
+
+    data = [torch.randn(8, 64) for _ in range(5)]
+    straight = make(None)
+    straight.fit(data)
+    assert [r["lr"] for r in straight.history] == [0.1, 0.1, 0.05, 0.05, 0.025]
+    first = make(tmp_path)
+    first.max_steps = 3
+    first.fit(data)
+    resumed = make(tmp_path)
+    resumed.fit(data, resume=True)
+    assert [r["lr"] for r in resumed.history] == [0.1, 0.1, 0.05, 0.05, 0.025] and losses(resumed) == losses(straight)

@@ -1,0 +1,406 @@
+"""`deepwell.Trainer`: the training loop for a compiled `deepwell.Engine`.
+
+    engine = deepwell.compile(deepwell.capture(model, (tokens,)), precision="auto")
+    trainer = deepwell.Trainer.from_engine(engine, optimizer=lambda p: torch.optim.AdamW(p, lr=3e-4),
+                                           lr_schedule=deepwell.train.WarmupCosine(100), grad_accum=4,
+                                           max_steps=1000, log_every=10, checkpoint_dir="ckpt")
+    trainer.fit(train_batches, eval_batches, resume=True)   # resume=True: from ckpt/latest if any
+
+Each step: deepwell's stochastic-rounding seeds restarted from (seed, step); the schedule's lr set;
+`grad_accum` micro-batches forward and backward inside `deepwell.microbatches()` (each weight
+quantized once per step), the loss scaled by 1/grad_accum; the gradient norm clipped; the optimizer
+step skipped and recorded when the loss or the norm is not finite. Logged to metrics.jsonl every
+`log_every` steps (loss, grad norm, lr, tokens/s), held-out loss every `eval_every` steps and at the
+end, fallbacks of deepwell.Linear guardrails as they happen; checkpoints every `checkpoint_every`
+steps and at the end (train/checkpoint.py); loss.png at the end (train/plots.py).
+
+A batch is a (batch, seq + 1) int64 tensor of token ids (next-token prediction on [:, :-1] ->
+[:, 1:]) unless `loss_fn(engine, batch)` says otherwise. A data source with `state_dict()` /
+`load_state_dict()` (train/data.py TokenBatches) is checkpointed; any other iterable is
+fast-forwarded past the batches already used on resume.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from .. import _native
+from ..nn.weight_cache import microbatches
+from . import checkpoint, plots, state
+from .data import TokenBatches
+from .log import JsonlLog
+from .schedule import WarmupCosine, constant
+
+
+def next_token_loss(engine, batch: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the logits for batch[:, :-1] against batch[:, 1:], in fp32."""
+    if not isinstance(batch, torch.Tensor) or batch.dim() != 2 or batch.shape[1] < 2:
+        got = f"{batch.dim()}-d tensor {tuple(batch.shape)}" if isinstance(batch, torch.Tensor) else type(batch).__name__
+        raise ValueError(f"deepwell.Trainer: a batch must be a (batch, seq + 1) tensor of token ids, got a {got}")
+    logits = engine(batch[:, :-1])
+    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+
+def _tokens(batch) -> int:
+    if isinstance(batch, torch.Tensor) and batch.dim() == 2:
+        return batch.shape[0] * (batch.shape[1] - 1)
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[-1], torch.Tensor):
+        return batch[-1].numel()  # (inputs, targets)
+    return 0
+
+
+def _positive_int(name: str, v, allow_none: bool = False):
+    if v is None and allow_none:
+        return v
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"deepwell.Trainer: {name} must be a positive int{' or None' if allow_none else ''}, got {v!r}")
+    return v
+
+
+class Trainer:
+    """See the module docs. Build with `Trainer.from_engine(engine, ...)`."""
+
+    def __init__(
+        self,
+        engine,
+        optimizer: torch.optim.Optimizer,
+        lr_schedule=None,
+        grad_accum: int = 1,
+        max_steps: int = 1000,
+        log_every: int = 10,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        keep_checkpoints: int | None = 3,
+        clip_grad_norm: float | None = 1.0,
+        eval_every: int | None = None,
+        loss_fn: Callable | None = None,
+        log_dir: str | os.PathLike | None = None,
+        progress: bool = True,
+        seed: int = 0,
+        plot: bool = True,
+        deterministic: bool | None = None,
+    ):
+        who = "deepwell.Trainer"
+        self.engine = engine
+        self.model: torch.nn.Module = engine.model
+        self.optimizer = optimizer
+        self.grad_accum = _positive_int("grad_accum", grad_accum)
+        self.max_steps = _positive_int("max_steps", max_steps)
+        self.log_every = _positive_int("log_every", log_every)
+        self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every, allow_none=True)
+        self.eval_every = _positive_int("eval_every", eval_every, allow_none=True)
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"{who}: clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
+        self.clip_grad_norm = clip_grad_norm
+        self.keep_checkpoints = keep_checkpoints
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.log_dir = Path(log_dir) if log_dir is not None else self.checkpoint_dir
+        self.loss_fn = loss_fn or next_token_loss
+        self.progress, self.seed, self.plot = progress, int(seed), plot
+        if deterministic is None:
+            # On the CPU the deterministic kernels cost little and make resume bit for bit; on a GPU
+            # they need cuBLAS's deterministic workspace and cost speed, so they are asked for.
+            deterministic = next(self.model.parameters()).device.type == "cpu"
+        self.deterministic = bool(deterministic)
+        self.scheduler = None  # a torch LRScheduler, stepped after each optimizer step
+        if isinstance(lr_schedule, torch.optim.lr_scheduler.LRScheduler):
+            self.scheduler, self.lr_schedule = lr_schedule, None
+        elif isinstance(lr_schedule, WarmupCosine):
+            self.lr_schedule = lr_schedule.with_steps(self.max_steps)
+        elif lr_schedule is None or callable(lr_schedule):
+            self.lr_schedule = lr_schedule or constant
+        else:
+            raise ValueError(f"{who}: lr_schedule must be a WarmupCosine, a callable step -> lr factor, a torch LRScheduler or None, got {lr_schedule!r}")
+        for group in self.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.step = 0
+        self.batches_used = 0
+        self.tokens_seen = 0
+        #: one record per step ({"step", "loss", "grad_norm", "lr", "tokens_per_s", ...}) and per
+        #: evaluation ({"step", "eval_loss"}), restored from a checkpoint on resume.
+        self.history: list[dict] = []
+        self.log = JsonlLog(self.log_dir / "metrics.jsonl" if self.log_dir is not None else None)
+        self._events_seen = {}
+        self.last_checkpoint: Path | None = None
+
+    @classmethod
+    def from_engine(
+        cls,
+        engine,
+        optimizer: torch.optim.Optimizer | Callable | None = None,
+        lr_schedule=None,
+        grad_accum: int = 1,
+        max_steps: int = 1000,
+        log_every: int = 10,
+        checkpoint_dir: str | os.PathLike | None = None,
+        **kwargs,
+    ) -> "Trainer":
+        """A Trainer for `engine` (a `deepwell.compile` result). `optimizer`: an optimizer on
+        `engine.model`'s parameters, a callable params -> optimizer, or None for AdamW(lr=3e-4,
+        betas=(0.9, 0.95), weight_decay=0.1). Other keyword arguments: see `Trainer`."""
+        if not hasattr(engine, "model") or not callable(engine):
+            raise ValueError(f"deepwell.Trainer.from_engine: expected a deepwell.Engine (deepwell.compile's result), got {type(engine).__name__}")
+        params = list(engine.model.parameters())
+        if optimizer is None:
+            optimizer = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        elif not isinstance(optimizer, torch.optim.Optimizer):
+            if not callable(optimizer):
+                raise ValueError(f"deepwell.Trainer.from_engine: optimizer must be a torch Optimizer, a callable params -> Optimizer or None, got {optimizer!r}")
+            optimizer = optimizer(params)
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if not owned <= {id(p) for p in params}:
+            raise ValueError("deepwell.Trainer.from_engine: the optimizer holds tensors that are not the engine's model parameters")
+        return cls(engine, optimizer, lr_schedule, grad_accum, max_steps, log_every, checkpoint_dir, **kwargs)
+
+    # -----------------------------------------------------------------------------------------
+    # The loop
+
+    def fit(self, train_data: Iterable, eval_data: Iterable | None = None, resume: bool | str | os.PathLike = False) -> "Trainer":
+        """Trains until `max_steps` on `train_data` (an iterable of batches, `grad_accum` per step),
+        evaluating on `eval_data` (a finite list of batches). `resume`: True continues from `checkpoint_dir`'s latest
+        checkpoint when there is one; a path resumes from that checkpoint (an error if unreadable).
+        With `deterministic` (default: True for a model on the CPU) the loop runs under
+        torch.use_deterministic_algorithms (as Lightning's flag): Inductor's CPU code otherwise
+        accumulates the embedding gradient with parallel atomic adds, whose order, and so the
+        weights' last bits, changes from run to run."""
+        was_deterministic = torch.are_deterministic_algorithms_enabled()
+        if self.deterministic:
+            torch.use_deterministic_algorithms(True)
+        try:
+            return self._fit(train_data, eval_data, resume)
+        finally:
+            torch.use_deterministic_algorithms(was_deterministic)
+
+    def _fit(self, train_data, eval_data, resume) -> "Trainer":
+        from tqdm.auto import tqdm
+
+        self._loader = train_data
+        if resume:
+            self._resume(resume, train_data)
+        batches = iter(train_data)
+        if not hasattr(train_data, "load_state_dict"):
+            for _ in range(self.batches_used):  # a data source without state: skip what was used
+                next(batches)
+        if isinstance(eval_data, TokenBatches):
+            raise ValueError("deepwell.Trainer.fit: eval_data must be a finite list of batches (heldout_batches(...)), got an endless TokenBatches")
+        eval_batches = list(eval_data) if eval_data is not None else None
+        bar = tqdm(total=self.max_steps, initial=self.step, unit="step", disable=not self.progress, mininterval=0.5, dynamic_ncols=True)
+        try:
+            while self.step < self.max_steps:
+                record = self._train_step(batches)
+                self._guardrail_events()
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
+                if self.step % self.log_every == 0 or self.step == self.max_steps:
+                    self.log.write(record)
+                if eval_batches and self.eval_every and self.step % self.eval_every == 0:
+                    self._evaluate(eval_batches, bar)
+                if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        if eval_batches and not any(r.get("step") == self.step and "eval_loss" in r for r in self.history):
+            self._evaluate(eval_batches, None)
+        if self.checkpoint_dir and (self.last_checkpoint is None or self.last_checkpoint.name != checkpoint.step_dir_name(self.step)):
+            self.save_checkpoint()
+        if self.plot and self.log_dir is not None:
+            plots.loss_curve(self.history, self.log_dir / "loss.png")
+        return self
+
+    def _lr_factor(self) -> float:
+        return float(self.lr_schedule(self.step)) if self.lr_schedule is not None else 1.0
+
+    def _sr_seed(self) -> int:
+        """The stochastic-rounding seed sequence of this step: a function of (seed, step) alone."""
+        return (self.seed * 0x9E3779B97F4A7C15 + self.step * 0xBF58476D1CE4E5B9 + 1) & (2**64 - 1)
+
+    def _train_step(self, batches) -> dict:
+        _native.manual_seed(self._sr_seed())
+        if self.scheduler is None:
+            factor = self._lr_factor()
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * factor
+        device = next(self.model.parameters()).device
+        start = time.perf_counter()
+        total, tokens = None, 0
+        self.model.train()
+        with microbatches():
+            for _ in range(self.grad_accum):
+                batch = next(batches, None)
+                if batch is None:
+                    raise ValueError(
+                        f"deepwell.Trainer: the training data ran out after {self.batches_used} batches; "
+                        f"max_steps={self.max_steps} x grad_accum={self.grad_accum} needs {self.max_steps * self.grad_accum}"
+                    )
+                self.batches_used += 1
+                tokens += _tokens(batch)
+                batch = batch.to(device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch
+                loss = self.loss_fn(self.engine, batch) / self.grad_accum
+                loss.backward()
+                total = loss.detach() if total is None else total + loss.detach()
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm if self.clip_grad_norm else math.inf)
+        loss_value, norm_value = total.item(), norm.item()
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+        self.step += 1
+        self.tokens_seen += tokens
+        record = {
+            "step": self.step,
+            "loss": loss_value,
+            "grad_norm": norm_value,
+            "lr": lr,
+            "tokens": self.tokens_seen,
+            "step_s": seconds,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        }
+        self.history.append(record)
+        if skipped:
+            # A non-finite step would poison the weights and the optimizer's moments; skipping it
+            # (as loss-scaling trainers do) keeps the run alive, and the log says so.
+            self.log.write({"step": self.step, "event": "skipped_step", "reason": f"loss {loss_value}, grad norm {norm_value}: not finite"})
+        return record
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable) -> float:
+        """Mean loss over `batches` (no gradients, no optimizer step)."""
+        device = next(self.model.parameters()).device
+        self.model.eval()
+        losses = [self.loss_fn(self.engine, b.to(device) if isinstance(b, torch.Tensor) else b).item() for b in batches]
+        self.model.train()
+        if not losses:
+            raise ValueError("deepwell.Trainer.evaluate: no batches to evaluate on")
+        return sum(losses) / len(losses)
+
+    def _evaluate(self, batches: list, bar) -> None:
+        value = self.evaluate(batches)
+        record = {"step": self.step, "eval_loss": value}
+        self.history.append(record)
+        self.log.write(record)
+        if bar is not None and self.progress:
+            bar.write(f"step {self.step}: held-out loss {value:.4f}")
+
+    def _guardrail_events(self) -> None:
+        """Logs every deepwell.Linear guardrail fallback that happened since the last step."""
+        for name, g in state.guarded_layers(self.model).items():
+            seen = self._events_seen.get(name, 0)
+            for event in g.record.events[seen:]:
+                self.log.write({"step": self.step, "event": "guardrail_fallback", "layer": name, "detail": event, "running": g.recipe})
+            self._events_seen[name] = len(g.record.events)
+
+    # -----------------------------------------------------------------------------------------
+    # Checkpoints
+
+    def state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
+        """(tensor parts, JSON state) of a checkpoint at the current step."""
+        model, aliases = state.model_tensors(self.model)
+        opt, opt_meta = state.optimizer_state(self.optimizer)
+        rng, rng_meta = state.rng_state()
+        guard, guard_meta = state.guardrail_state(self.model)
+        plan = getattr(self.engine, "plan", None)
+        loader = getattr(self, "_loader", None)
+        meta = {
+            "step": self.step,
+            "batches_used": self.batches_used,
+            "tokens_seen": self.tokens_seen,
+            "seed": self.seed,
+            "history": self.history,
+            "loader": loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None,
+            "model_aliases": aliases,
+            "optimizer": opt_meta,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "lr_schedule": asdict(self.lr_schedule) if isinstance(self.lr_schedule, WarmupCosine) else repr(self.lr_schedule),
+            "rng": rng_meta,
+            "plan": plan.to_dict() if plan is not None else None,
+            "policy": asdict(plan.policy) if plan is not None else None,
+            "quantization": {
+                "scales": "current scaling: recomputed from each tensor's amax at every call, nothing cached across steps",
+                "sites": {s.name: {"recipe": s.recipe, "runs_in": s.runs_in, "emulated": bool(s.decision and s.decision.emulated)} for s in plan.sites} if plan is not None else {},
+                "guarded_layers": guard_meta,
+            },
+            "versions": {"torch": torch.__version__, "deepwell": _native.version()},
+        }
+        parts = {"model": model, "optimizer": opt, "rng": rng}
+        if guard:
+            parts["guardrails"] = guard
+        return parts, meta
+
+    def save_checkpoint(self) -> Path:
+        if self.checkpoint_dir is None:
+            raise ValueError("deepwell.Trainer.save_checkpoint: the Trainer has no checkpoint_dir")
+        parts, meta = self.state()
+        self.last_checkpoint = checkpoint.save(self.checkpoint_dir, self.step, parts, meta, self.keep_checkpoints)
+        self.log.write({"step": self.step, "event": "checkpoint", "path": str(self.last_checkpoint)})
+        return self.last_checkpoint
+
+    def load_checkpoint(self, path: str | os.PathLike, train_data=None) -> Path:
+        """Restores every piece of state from checkpoint `path` (one step_* directory, or a
+        checkpoint directory: its latest). Raises CheckpointError naming the bad file, and the
+        newest older checkpoint that is intact."""
+        path = Path(path)
+        target = path if checkpoint.is_checkpoint(path) else checkpoint.latest(path)
+        if target is None:
+            raise checkpoint.CheckpointError(f"{path} holds no checkpoint")
+        try:
+            parts, meta, target = checkpoint.load(target)
+        except checkpoint.CheckpointError as e:
+            prev = checkpoint.previous_intact(Path(target))
+            hint = f"; the previous checkpoint {prev} is intact: resume from it (fit(..., resume={str(prev)!r}))" if prev else "; there is no older intact checkpoint"
+            raise checkpoint.CheckpointError(f"{e}{hint}") from None
+        self._check_plan(meta, target)
+        state.load_model_tensors(self.model, parts["model"], meta["model_aliases"])
+        state.load_optimizer_state(self.optimizer, parts["optimizer"], meta["optimizer"])
+        for group in self.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        if self.scheduler is not None and meta["scheduler"] is not None:
+            self.scheduler.load_state_dict(meta["scheduler"])
+        state.load_rng_state(parts["rng"], meta["rng"])
+        state.load_guardrail_state(self.model, parts.get("guardrails", {}), meta["quantization"]["guarded_layers"])
+        self._events_seen = {n: len(g.record.events) for n, g in state.guarded_layers(self.model).items()}
+        self.step, self.batches_used, self.tokens_seen = meta["step"], meta["batches_used"], meta["tokens_seen"]
+        self.history = meta["history"]
+        if meta["loader"] is not None and train_data is not None and hasattr(train_data, "load_state_dict"):
+            train_data.load_state_dict(meta["loader"])
+        self.last_checkpoint = target
+        self.log.write({"step": self.step, "event": "resumed", "path": str(target)})
+        return target
+
+    def _check_plan(self, meta: dict, target: Path) -> None:
+        """Resuming under another plan would silently change every quantized site's numerics."""
+        plan = getattr(self.engine, "plan", None)
+        if plan is None or meta["plan"] is None:
+            return
+        mine = {s.name: s.recipe for s in plan.sites}
+        theirs = {s["name"]: s["recipe"] for s in meta["plan"]["sites"]}
+        if mine != theirs:
+            diff = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
+            raise ValueError(
+                f"deepwell.Trainer: checkpoint {target} was trained with another plan; sites that differ "
+                f"(checkpoint -> engine): {', '.join(f'{n}: {theirs.get(n)} -> {mine.get(n)}' for n in diff[:8])}"
+            )
+
+    def _resume(self, resume, train_data) -> None:
+        if resume is True:
+            if self.checkpoint_dir is None:
+                raise ValueError("deepwell.Trainer.fit: resume=True needs a checkpoint_dir (or pass the checkpoint's path)")
+            if checkpoint.latest(self.checkpoint_dir) is None:
+                return  # nothing saved yet: a fresh start, as torchtitan and Lightning do
+            self.load_checkpoint(self.checkpoint_dir, train_data)
+        else:
+            self.load_checkpoint(resume, train_data)
