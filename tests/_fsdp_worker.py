@@ -1,6 +1,7 @@
 """One process of tests/test_parallel.py's FSDP2 run (gloo on the CPU): RANK of WORLD trains a small
 LLaMA with deepwell.compile on its share of the same global batches and writes the averaged losses
-to OUT. With WORLD=1 it is the single-process reference.
+to OUT. With WORLD=1 it is the single-process reference. DEEPWELL_TEST_MODE=trainer runs the
+steps through deepwell.Trainer (which shards the global batches itself) instead of a plain loop.
 
     python tests/_fsdp_worker.py RANK WORLD STORE OUT
 """
@@ -20,6 +21,7 @@ from deepwell.models import Llama
 
 STEPS, BATCH, SEQ, VOCAB = 3, 4, 64, 256
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
+MODE = os.environ.get("DEEPWELL_TEST_MODE", "loop")
 
 
 def main() -> None:
@@ -40,8 +42,13 @@ def main() -> None:
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for step in range(STEPS):
+    losses, norms = [], []
+    if MODE == "trainer":
+        trainer = deepwell.Trainer.from_engine(engine, optimizer=opt, max_steps=STEPS, progress=False, plot=False)
+        trainer.fit([data[step] for step in range(STEPS)])
+        losses = [r["loss"] for r in trainer.history]
+        norms = [r["grad_norm"] for r in trainer.history]
+    for step in range(STEPS if MODE == "loop" else 0):
         tokens, targets = data[step, rows, :-1], data[step, rows, 1:]
         loss = torch.nn.functional.cross_entropy(engine(tokens).flatten(0, 1), targets.flatten())
         loss.backward()
@@ -54,6 +61,7 @@ def main() -> None:
         losses.append(mean.item())
     result = {
         "losses": losses,
+        "grad_norms": norms,
         "parallelism": plan.parallelism,
         "sharding": {k: v for k, v in plan.sharding.items() if k != "saved"},
         "recipes": sorted({s.recipe for s in plan.sites}),

@@ -213,6 +213,25 @@ def test_a_new_tensor_at_a_freed_weights_address_is_not_a_hit():
             w.data = torch.randn(DIM, DIM)
 
 
+def test_a_weight_at_the_address_of_a_resized_storage_is_not_a_hit():
+    """FSDP2 frees a block's gathered weights in place (`storage.resize_(0)`) after its forward; the
+    next block's weights may land at that address with a version counter of the same value. Found
+    by the 2-process Trainer test (tests/test_parallel.py): wrong losses from the second step."""
+    x = torch.randn(64, DIM)
+    reused = 0
+    with deepwell.microbatches():
+        for _ in range(20):
+            w0 = torch.empty(DIM, DIM).normal_()  # (no temporaries: the allocator reuses addresses)
+            ops.scaled_linear(x, w0, None, "fp8_block", 0)  # cached
+            address = w0.data_ptr()
+            w0.untyped_storage().resize_(0)  # FSDP2's reshard after forward
+            w1 = torch.empty(DIM, DIM).normal_()
+            reused += w1.data_ptr() == address
+            assert w1._version == w0._version
+            assert same_bits(ops.scaled_linear(x, w1, None, "fp8_block", 0), _fresh(x, w1, "fp8_block"))
+    assert reused, "the allocator never reused the address: the test proved nothing"  # 5 of 20 here
+
+
 def test_views_and_dtypes_of_one_storage_are_told_apart():
     x = torch.randn(64, DIM)
     sq = torch.randn(DIM, DIM)

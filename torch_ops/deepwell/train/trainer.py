@@ -14,6 +14,11 @@ step skipped and recorded when the loss or the norm is not finite. Logged to met
 end, fallbacks of deepwell.Linear guardrails as they happen; checkpoints every `checkpoint_every`
 steps and at the end (train/checkpoint.py); loss.png at the end (train/plots.py).
 
+Under torchrun (several processes, the model sharded by deepwell.compile's plan) every batch is a
+global batch: each rank trains on its rows of it, the logged loss and gradient norm are the ranks'
+means, and rank 0 alone logs and plots (train/distributed.py). Checkpoints are not written yet in
+that case (the Trainer raises).
+
 A batch is a (batch, seq + 1) int64 tensor of token ids (next-token prediction on [:, :-1] ->
 [:, 1:]) unless `loss_fn(engine, batch)` says otherwise. A data source with `state_dict()` /
 `load_state_dict()` (train/data.py TokenBatches) is checkpointed; any other iterable is
@@ -34,7 +39,8 @@ import torch.nn.functional as F
 
 from .. import _native
 from ..nn.weight_cache import microbatches
-from . import checkpoint, plots, state
+from ..plan.parallel import world_size
+from . import checkpoint, distributed, plots, state
 from .data import TokenBatches
 from .log import JsonlLog
 from .schedule import WarmupCosine, constant
@@ -101,6 +107,11 @@ class Trainer:
             raise ValueError(f"{who}: clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
         self.clip_grad_norm = clip_grad_norm
         self.keep_checkpoints = keep_checkpoints
+        if checkpoint_dir is not None and world_size() > 1:
+            raise NotImplementedError(
+                f"{who}: checkpoints of a model sharded over several processes are not written yet "
+                "(they need torch.distributed.checkpoint); pass checkpoint_dir=None, or train in one process"
+            )
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.log_dir = Path(log_dir) if log_dir is not None else self.checkpoint_dir
         self.loss_fn = loss_fn or next_token_loss
@@ -127,7 +138,10 @@ class Trainer:
         #: one record per step ({"step", "loss", "grad_norm", "lr", "tokens_per_s", ...}) and per
         #: evaluation ({"step", "eval_loss"}), restored from a checkpoint on resume.
         self.history: list[dict] = []
-        self.log = JsonlLog(self.log_dir / "metrics.jsonl" if self.log_dir is not None else None)
+        main = distributed.is_main()  # with several processes, rank 0 alone writes logs and plots
+        self.log = JsonlLog(self.log_dir / "metrics.jsonl" if self.log_dir is not None and main else None)
+        self.progress = self.progress and main
+        self.plot = self.plot and main
         self._events_seen = {}
         self.last_checkpoint: Path | None = None
 
@@ -242,13 +256,14 @@ class Trainer:
                     )
                 self.batches_used += 1
                 tokens += _tokens(batch)
+                batch = distributed.shard_rows(batch)
                 batch = batch.to(device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch
                 loss = self.loss_fn(self.engine, batch) / self.grad_accum
                 loss.backward()
                 total = loss.detach() if total is None else total + loss.detach()
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm if self.clip_grad_norm else math.inf)
-        loss_value, norm_value = total.item(), norm.item()
+        loss_value, norm_value = distributed.mean(total).item(), distributed.scalar(norm)
         lr = self.optimizer.param_groups[0]["lr"]
         skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
         if not skipped:
@@ -282,7 +297,10 @@ class Trainer:
         """Mean loss over `batches` (no gradients, no optimizer step)."""
         device = next(self.model.parameters()).device
         self.model.eval()
-        losses = [self.loss_fn(self.engine, b.to(device) if isinstance(b, torch.Tensor) else b).item() for b in batches]
+        losses = []
+        for b in batches:
+            b = distributed.shard_rows(b, "deepwell.Trainer.evaluate")
+            losses.append(distributed.mean(self.loss_fn(self.engine, b.to(device) if isinstance(b, torch.Tensor) else b)).item())
         self.model.train()
         if not losses:
             raise ValueError("deepwell.Trainer.evaluate: no batches to evaluate on")
@@ -344,6 +362,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         if self.checkpoint_dir is None:
             raise ValueError("deepwell.Trainer.save_checkpoint: the Trainer has no checkpoint_dir")
+
         parts, meta = self.state()
         self.last_checkpoint = checkpoint.save(self.checkpoint_dir, self.step, parts, meta, self.keep_checkpoints)
         self.log.write({"step": self.step, "event": "checkpoint", "path": str(self.last_checkpoint)})

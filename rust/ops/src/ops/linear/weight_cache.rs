@@ -12,9 +12,14 @@
 //! - no optimizer step happened since (torch's global optimizer step hooks call
 //!   the `weight_cache_new_epoch` entry, which drops every entry; torch_ops/deepwell/nn/weight_cache.py);
 //! - the same storage: the key holds the data pointer, sizes, strides, dtype and device, and the
-//!   entry holds an *alias* of the weight (its own TensorImpl on the same storage), so the storage
-//!   cannot be freed and its address handed to another tensor while the entry lives; `w.data = t`
-//!   swaps the parameter's storage and so changes the key;
+//!   entry holds an *alias* of the weight (its own TensorImpl on the same storage), so dropping the
+//!   weight cannot free the storage and hand its address to another tensor while the entry lives;
+//!   `w.data = t` swaps the parameter's storage and so changes the key. A storage can still give
+//!   its memory up in place: FSDP2 frees a block's gathered weights with `storage.resize_(0)` after
+//!   the forward, and the allocator may place the next block's weights at that address, with a
+//!   version counter of the same value. So a hit also needs the alias to still point at the key's
+//!   address: two live storages never share an address, so then the weight is on the entry's
+//!   storage (tests/test_weight_cache.py and tests/test_parallel.py reproduce both);
 //! - the same version counter (in-place writes through the parameter: `copy_`, `load_state_dict`,
 //!   `torch.no_grad()` updates, foreach/single-tensor optimizers);
 //! - no CUDA graph is being captured on the current stream (a replay runs only what was captured:
@@ -61,8 +66,9 @@ pub struct WeightOperands {
 
 struct Entry {
     version: i64,
-    /// An alias of the weight: keeps its storage (and so its address) alive.
-    _storage: Tensor,
+    /// An alias of the weight: keeps its storage alive, and tells whether that storage still holds
+    /// the key's address (see the module docs).
+    alias: Tensor,
     operands: WeightOperands,
     last_used: u64,
 }
@@ -156,7 +162,7 @@ pub fn operand(
         s.clock += 1;
         let clock = s.clock;
         if let Some(e) = s.entries.get_mut(&key) {
-            if e.version == version {
+            if e.version == version && e.alias.data_ptr() as usize == key.ptr {
                 e.last_used = clock;
                 HITS.fetch_add(1, Ordering::Relaxed);
                 return pick(op, &e.operands, want);
@@ -167,15 +173,15 @@ pub fn operand(
     MISSES.fetch_add(1, Ordering::Relaxed);
     let operands = make_pair()?;
     let result = pick(op, &operands, want)?;
-    let storage = aten::alias(op, weight)?;
+    let alias = aten::alias(op, weight)?;
     let dropped = {
         let mut s = lock();
         if s.generation != generation {
             // The scope closed or an optimizer stepped while we quantized: keep nothing.
-            Some(Entry { version, _storage: storage, operands, last_used: 0 })
+            Some(Entry { version, alias, operands, last_used: 0 })
         } else {
             s.clock += 1;
-            let entry = Entry { version, _storage: storage, operands, last_used: s.clock };
+            let entry = Entry { version, alias, operands, last_used: s.clock };
             let replaced = s.entries.insert(key, entry);
             if s.entries.len() > CAPACITY {
                 let oldest = s.entries.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone());
