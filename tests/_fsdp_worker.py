@@ -43,11 +43,28 @@ def main() -> None:
     estimate = deepwell.dryrun(engine)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, norms = [], []
+    resumed, crossed = [], []
     if MODE == "trainer":
-        trainer = deepwell.Trainer.from_engine(engine, optimizer=opt, max_steps=STEPS, progress=False, plot=False)
-        trainer.fit([data[step] for step in range(STEPS)])
+        ckpt = os.path.join(os.path.dirname(out), f"ckpt-world{world}")
+        batches = [data[step] for step in range(STEPS)]
+        trainer = deepwell.Trainer.from_engine(engine, optimizer=opt, max_steps=STEPS, progress=False, plot=False,
+                                               checkpoint_dir=ckpt, checkpoint_every=1, keep_checkpoints=None)
+        trainer.fit(batches)
         losses = [r["loss"] for r in trainer.history]
         norms = [r["grad_norm"] for r in trainer.history]
+        # Fresh model, engine, optimizer and Trainer resumed from step 1: this run's checkpoint, and
+        # (CROSS_RESUME) one written by a run with another number of processes.
+        for source, into in ((os.path.join(ckpt, "step_00000001"), resumed), (os.environ.get("CROSS_RESUME"), crossed)):
+            if not source:
+                continue
+            torch.manual_seed(123)  # other initial weights: the checkpoint must bring them back
+            fresh = Llama(VOCAB, 256, 2, 4, 512, max_seq=SEQ)
+            fir = deepwell.capture(fresh, (data[0, rows, :-1],))
+            feng = deepwell.compile(fir, plan=deepwell.autoplan(fir, policy=policy))
+            t = deepwell.Trainer.from_engine(feng, optimizer=torch.optim.AdamW(fresh.parameters(), lr=1e-3),
+                                             max_steps=STEPS, progress=False, plot=False)
+            t.fit(batches, resume=source)
+            into.extend(r["loss"] for r in t.history)
     for step in range(STEPS if MODE == "loop" else 0):
         tokens, targets = data[step, rows, :-1], data[step, rows, 1:]
         loss = torch.nn.functional.cross_entropy(engine(tokens).flatten(0, 1), targets.flatten())
@@ -62,6 +79,8 @@ def main() -> None:
     result = {
         "losses": losses,
         "grad_norms": norms,
+        "resumed": resumed,
+        "crossed": crossed,
         "parallelism": plan.parallelism,
         "sharding": {k: v for k, v in plan.sharding.items() if k != "saved"},
         "recipes": sorted({s.recipe for s in plan.sites}),

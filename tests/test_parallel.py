@@ -86,9 +86,9 @@ def test_a_block_graph_takes_its_layers_shared_decision():
         _from_fixed_plan([gemm], fixed, "error")
 
 
-def _run(tmp_path, world: int, mode: str = "loop") -> dict:
+def _run(tmp_path, world: int, mode: str = "loop", **env_extra) -> dict:
     out, store = tmp_path / f"{mode}{world}.json", tmp_path / f"{mode}-store{world}"
-    env = {**os.environ, "DEEPWELL_TEST_RECIPE": "fp8_block", "DEEPWELL_TEST_MODE": mode}
+    env = {**os.environ, "DEEPWELL_TEST_RECIPE": "fp8_block", "DEEPWELL_TEST_MODE": mode, **env_extra}
     procs = [
         subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(store), str(out)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -111,18 +111,16 @@ def test_fsdp2_on_two_processes_matches_one(tmp_path):
     assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]
 
 
-def test_trainer_on_two_processes_matches_one(tmp_path):
+def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp_path):
     """deepwell.Trainer under 2 processes: each rank takes its rows of every global batch, and the
-    logged loss and gradient norm (means over the ranks) equal one process's."""
-    one, two = _run(tmp_path, 1, "trainer"), _run(tmp_path, 2, "trainer")
+    logged loss and gradient norm (means over the ranks) equal one process's. Its checkpoints (the
+    gathered state, rank 0 writing) resume a fresh sharded model bit for bit, and resume one process
+    from the same step with one process's losses (and the other way round is the same format)."""
+    two = _run(tmp_path, 2, "trainer")
+    one = _run(tmp_path, 1, "trainer", CROSS_RESUME=str(tmp_path / "ckpt-world2" / "step_00000001"))
     assert len(one["losses"]) == len(two["losses"]) == 3
     for a, b in zip(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]):
         assert abs(a - b) <= 1e-5 * abs(a), (one, two)
-
-
-def test_trainer_refuses_checkpoints_when_sharded(monkeypatch):
-    monkeypatch.setattr("deepwell.train.trainer.world_size", lambda: 2)
-    ir = _ir()
-    engine = deepwell.compile(ir, plan=deepwell.autoplan(ir))
-    with pytest.raises(NotImplementedError, match="checkpoints of a model sharded over several processes"):
-        deepwell.Trainer.from_engine(engine, checkpoint_dir="unused")
+    assert two["resumed"] == two["losses"] and one["resumed"] == one["losses"]
+    for a, b in zip(one["losses"], one["crossed"]):
+        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], one["crossed"])

@@ -1,7 +1,9 @@
 """What the Trainer does differently when it runs in several processes (torchrun; the model
 sharded by deepwell.compile's plan, plan/shard.py): every rank takes its rows of each global batch,
-losses and gradient norms are averaged over the ranks, and only rank 0 writes logs, plots and the
-progress bar. With one process every function here is the identity."""
+losses and gradient norms are averaged over the ranks, and only rank 0 writes logs, plots, the
+progress bar and checkpoints. Checkpoints hold the full (gathered) weights and optimizer states in
+the one-process format, through torch.distributed.checkpoint's state-dict API (full_state_dict), so a
+run saved by N processes resumes in M. With one process every function here is the plain path."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..plan.parallel import world_size
+from . import state
 
 
 def rank() -> int:
@@ -45,3 +48,69 @@ def scalar(t: torch.Tensor) -> float:
     """A Python float from a tensor that may be a replicated DTensor (clip_grad_norm_ under FSDP2)."""
     full = getattr(t, "full_tensor", None)
     return (full() if full is not None else t).item()
+
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def _fqns(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[str]:
+    """The parameter names in the order of the optimizer's flattened param groups: the index a
+    one-process optimizer state dict uses."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in opt.param_groups for p in g["params"]]
+
+
+def model_tensors(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """`state.model_tensors`; when sharded, the gathered weights on rank 0 (empty elsewhere; tied
+    weights are stored twice)."""
+    if world_size() == 1:
+        return state.model_tensors(model)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return dict(get_model_state_dict(model, options=_options(cpu_offload=True))), {}
+
+
+def load_model_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
+    if world_size() == 1:
+        return state.load_model_tensors(model, tensors, aliases)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    full = {**tensors, **{alias: tensors[name] for alias, name in aliases.items()}}
+    set_model_state_dict(model, full, options=_options())  # every rank reads the files, keeps its shard
+
+
+def optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """`state.optimizer_state`; when sharded, the gathered states on rank 0, re-keyed from names
+    to the one-process indices."""
+    if world_size() == 1:
+        return state.optimizer_state(opt)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    sd = get_optimizer_state_dict(model, opt, options=_options(cpu_offload=True))
+    if not sd:
+        return {}, {}
+    index = {name: i for i, name in enumerate(_fqns(model, opt))}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in sd["param_groups"]]
+    return state.optimizer_state(opt, {"state": {index[n]: v for n, v in sd["state"].items()}, "param_groups": groups})
+
+
+def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, tensors: dict, meta: dict) -> None:
+    if world_size() == 1:
+        return state.load_optimizer_state(opt, tensors, meta)
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    sd = state.optimizer_state_dict(opt, tensors, meta)
+    names = _fqns(model, opt)
+    sd = {
+        "state": {names[i]: v for i, v in sd["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]],
+    }
+    set_optimizer_state_dict(model, opt, sd, options=_options())
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()

@@ -47,9 +47,10 @@ def load_model_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor],
 # Optimizer
 
 
-def optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """torch's optimizer state dict split into tensors ("<param index>.<name>") and JSON."""
-    sd = opt.state_dict()
+def optimizer_state(opt: torch.optim.Optimizer, sd: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """torch's optimizer state dict (`sd`, default `opt.state_dict()`: states keyed by the index of
+    the parameter in the flattened param groups) split into tensors ("<param index>.<name>") and JSON."""
+    sd = opt.state_dict() if sd is None else sd
     tensors, scalars = {}, {}
     for idx, entry in sd["state"].items():
         for k, v in entry.items():
@@ -61,6 +62,11 @@ def optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor]
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    opt.load_state_dict(optimizer_state_dict(opt, tensors, meta))
+
+
+def optimizer_state_dict(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    """The torch optimizer state dict `optimizer_state` split, for `opt`."""
     if meta["type"] != type(opt).__name__:
         raise RuntimeError(f"checkpoint holds {meta['type']} state, the optimizer is a {type(opt).__name__}")
     state: dict[int, dict] = {}
@@ -75,7 +81,7 @@ def load_optimizer_state(opt: torch.optim.Optimizer, tensors: dict[str, torch.Te
         groups.append({k: tuple(v) if isinstance(mine.get(k), tuple) and isinstance(v, list) else v for k, v in stored.items()})
     if len(groups) != len(meta["param_groups"]) or len(opt.param_groups) != len(groups):
         raise RuntimeError(f"checkpoint has {len(meta['param_groups'])} param groups, the optimizer {len(opt.param_groups)}")
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
 
 
 # ---------------------------------------------------------------------------------------------

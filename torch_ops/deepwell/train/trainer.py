@@ -16,8 +16,8 @@ steps and at the end (train/checkpoint.py); loss.png at the end (train/plots.py)
 
 Under torchrun (several processes, the model sharded by deepwell.compile's plan) every batch is a
 global batch: each rank trains on its rows of it, the logged loss and gradient norm are the ranks'
-means, and rank 0 alone logs and plots (train/distributed.py). Checkpoints are not written yet in
-that case (the Trainer raises).
+means, rank 0 alone logs and plots, and checkpoints hold the gathered state in the one-process
+format (train/distributed.py).
 
 A batch is a (batch, seq + 1) int64 tensor of token ids (next-token prediction on [:, :-1] ->
 [:, 1:]) unless `loss_fn(engine, batch)` says otherwise. A data source with `state_dict()` /
@@ -39,7 +39,6 @@ import torch.nn.functional as F
 
 from .. import _native
 from ..nn.weight_cache import microbatches
-from ..plan.parallel import world_size
 from . import checkpoint, distributed, plots, state
 from .data import TokenBatches
 from .log import JsonlLog
@@ -107,11 +106,6 @@ class Trainer:
             raise ValueError(f"{who}: clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
         self.clip_grad_norm = clip_grad_norm
         self.keep_checkpoints = keep_checkpoints
-        if checkpoint_dir is not None and world_size() > 1:
-            raise NotImplementedError(
-                f"{who}: checkpoints of a model sharded over several processes are not written yet "
-                "(they need torch.distributed.checkpoint); pass checkpoint_dir=None, or train in one process"
-            )
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.log_dir = Path(log_dir) if log_dir is not None else self.checkpoint_dir
         self.loss_fn = loss_fn or next_token_loss
@@ -327,8 +321,8 @@ class Trainer:
 
     def state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
         """(tensor parts, JSON state) of a checkpoint at the current step."""
-        model, aliases = state.model_tensors(self.model)
-        opt, opt_meta = state.optimizer_state(self.optimizer)
+        model, aliases = distributed.model_tensors(self.model)
+        opt, opt_meta = distributed.optimizer_state(self.model, self.optimizer)
         rng, rng_meta = state.rng_state()
         guard, guard_meta = state.guardrail_state(self.model)
         plan = getattr(self.engine, "plan", None)
@@ -363,8 +357,11 @@ class Trainer:
         if self.checkpoint_dir is None:
             raise ValueError("deepwell.Trainer.save_checkpoint: the Trainer has no checkpoint_dir")
 
-        parts, meta = self.state()
-        self.last_checkpoint = checkpoint.save(self.checkpoint_dir, self.step, parts, meta, self.keep_checkpoints)
+        parts, meta = self.state()  # (every rank takes part in gathering a sharded model's state)
+        if distributed.is_main():
+            checkpoint.save(self.checkpoint_dir, self.step, parts, meta, self.keep_checkpoints)
+        distributed.barrier()  # the other ranks see the checkpoint only once it is complete
+        self.last_checkpoint = self.checkpoint_dir / checkpoint.step_dir_name(self.step)
         self.log.write({"step": self.step, "event": "checkpoint", "path": str(self.last_checkpoint)})
         return self.last_checkpoint
 
@@ -383,8 +380,8 @@ class Trainer:
             hint = f"; the previous checkpoint {prev} is intact: resume from it (fit(..., resume={str(prev)!r}))" if prev else "; there is no older intact checkpoint"
             raise checkpoint.CheckpointError(f"{e}{hint}") from None
         self._check_plan(meta, target)
-        state.load_model_tensors(self.model, parts["model"], meta["model_aliases"])
-        state.load_optimizer_state(self.optimizer, parts["optimizer"], meta["optimizer"])
+        distributed.load_model_tensors(self.model, parts["model"], meta["model_aliases"])
+        distributed.load_optimizer_state(self.model, self.optimizer, parts["optimizer"], meta["optimizer"])
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
         if self.scheduler is not None and meta["scheduler"] is not None:
