@@ -124,3 +124,18 @@ def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp
     assert two["resumed"] == two["losses"] and one["resumed"] == one["losses"]
     for a, b in zip(one["losses"], one["crossed"]):
         assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], one["crossed"])
+
+
+def test_main_job_under_torchrun(tmp_path):
+    """`torchrun --nproc-per-node 2 -m deepwell`: FSDP planned over the two processes, training on
+    the stdlib corpus, and the resume from the middle checkpoint bit for bit (rank 0 prints)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "deepwell", "--device", "cpu",
+           "--quick", "--steps", "4", "--parity-steps", "0", "--out", str(tmp_path / "run")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "(2 processes under torchrun)" in out and "parallel: data 2 x tensor 1" in out
+    assert "steps 3..4 bit-identical to the first run" in out
+    assert out.count("main job:") == 1  # the other rank is silent
+    assert (tmp_path / "run" / "checkpoints" / "step_00000004").is_dir()

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..plan import backend
+from ..plan.parallel import world_size
 from ..train.export import export, load, planned_eager
 from ..train import parity
 from ..train.data import ByteCorpus, TokenBatches, heldout_batches
@@ -77,6 +78,13 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     diff = max((abs(again[s] - losses[s]) for s in tail), default=0.0)
     print(f"resumed from {mid}: steps {half + 1}..{steps} " + ("bit-identical to the first run" if equal else f"differ by up to {diff:.2e}")
           + ("" if deterministic else " (GPU: atomics make the last bits vary)"))
+
+    if world_size() > 1:
+        # export() reads whole weights and the parity runs train one model per recipe: both are
+        # one-process tools (run the job without torchrun for them).
+        print("export and parity: skipped under torchrun (one-process tools; run python -m deepwell for them)")
+        print(f"training part took {time.perf_counter() - start:.0f} s")
+        return {"losses": losses, "heldout": evals, "resumed_equal": equal, "export_equal": None, "parity": []}
 
     # Export, load, and compare logits on one held-out batch.
     artifact = export(engine, out_dir / "export")

@@ -13,6 +13,7 @@ import time
 import torch
 
 from .. import _native
+from . import launch
 from .demo import train_demo
 from ..plan.hardware import probe
 from ..ops import (
@@ -143,11 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
     torch.manual_seed(0)
-    device = _device(args.device)
-    print(f"deepwell {_native.version()}  library: {_native.library_path()}")
-    print(f"torch {torch.__version__}  device: {_device_line(device)}")
-    print(probe())
-    if not args.quick:
-        quantization_report(device)
-    train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps)
-    print(f"main job: {time.perf_counter() - start:.0f} s")
+    with launch.processes(_device(args.device)) as device:
+        print(f"deepwell {_native.version()}  library: {_native.library_path()}")
+        print(f"torch {torch.__version__}  device: {_device_line(device)}"
+              + (f"  ({launch.world()} processes under torchrun)" if launch.world() > 1 else ""))
+        print(probe())
+        if not args.quick:
+            quantization_report(device)
+        train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps)
+        print(f"main job: {time.perf_counter() - start:.0f} s")

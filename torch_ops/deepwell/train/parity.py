@@ -64,8 +64,13 @@ def build_engine(config: ModelConfig, recipe: str, device: torch.device, seed: i
     from ..plan.engine import autoplan, capture, compile
     from ..plan.policy import PrecisionPolicy
 
+    from ..plan.parallel import world_size
+
     model = config.build(device, seed)
-    example = torch.zeros(config.batch, config.seq_len, dtype=torch.long, device=device)
+    if config.batch % world_size():
+        raise ValueError(f"deepwell: a batch of {config.batch} rows cannot be split over {world_size()} processes")
+    # One rank's micro-batch: the plan's memory figures are per rank (the Trainer splits each batch).
+    example = torch.zeros(config.batch // world_size(), config.seq_len, dtype=torch.long, device=device)
     ir = capture(model, (example,))
     plan = autoplan(ir, policy=PrecisionPolicy(precision=recipe, min_features=config.min_features))
     if verbose:
