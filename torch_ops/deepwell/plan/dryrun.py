@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from .. import _native
 from .engine import Engine
 from .memory import saved_activation_bytes
-from .parallel import blocks
+from .parallel import blocks, nbytes
 
 
 @dataclass
@@ -80,11 +80,10 @@ class Estimate:
 def dryrun(engine: Engine) -> Estimate:
     """The estimate for one training step of `engine` on its example inputs' shapes."""
     model, plan = engine.model, engine.plan
-    params = list(model.parameters())
-    weights = sum(p.numel() * p.element_size() for p in params)  # global sizes, DTensors included
+    weights = nbytes(model.parameters())
     ranks = plan.parallelism["data"] * plan.parallelism["tensor"]
     if ranks > 1:
-        units = [sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks(model)]
+        units = [nbytes(b.parameters()) for b in blocks(model)]
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // plan.parallelism["tensor"]
         activations, largest = plan.sharding["saved"]  # measured by autoplan, before sharding

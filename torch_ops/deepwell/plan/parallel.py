@@ -23,7 +23,8 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [b for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m]
 
 
-def _nbytes(params) -> int:
+def nbytes(params) -> int:
+    """Bytes of `params` at their global sizes (a DTensor counts whole)."""
     return sum(p.numel() * p.element_size() for p in params)
 
 
@@ -32,9 +33,9 @@ def plan_parallelism(model: torch.nn.Module, example_inputs: tuple, hw: Hardware
     processes; `saved`: (total, largest) bytes of one forward's saved activations, measured before
     sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
     is one rank's micro-batch; `hw` the node's devices (None: unknown memory)."""
-    weights = _nbytes(model.parameters())
+    weights = nbytes(model.parameters())
     units = blocks(model)
-    largest = max((_nbytes(b.parameters()) for b in units), default=weights)
+    largest = max((nbytes(b.parameters()) for b in units), default=weights)
     saved = saved_activation_bytes(model, example_inputs) if world > 1 else (0, 0)
     devices = hw.devices if hw is not None else []
     cluster = {
