@@ -6,10 +6,14 @@ training (tensorwise and rowwise recipes, LM head in bf16) runs in the same proc
 installed (skipped with a note otherwise). For every run, `kernels ms` is the GPU's kernel time per
 step (torch.profiler): a step much longer than its kernels is bound by the host's launches.
 
-Model: d=2048, 16 layers, 16 heads, SwiGLU 5632, vocab 32000, bf16 parameters, AdamW (fused);
-batch 4 x seq 2048 = 8192 tokens per step, cross-entropy on random targets.
+Models (`--model`): "1b": d=2048, 16 layers, 16 heads, SwiGLU 5632 (0.95B); "8b": LLaMA-3-8B's
+layer shape (d=4096, 32 heads, SwiGLU 14336) with `--layers` of them (default 8, what fits beside
+four runs' compile caches; the full 32 do not fit with AdamW states on one 80 GB GPU). Vocab 32000,
+bf16 parameters, AdamW (fused); batch 4 x seq 2048 = 8192 tokens per step, cross-entropy on random
+targets. Each run's kernel time is also split by kind (GEMMs, deepwell's quantizers, attention,
+Inductor's fused kernels, optimizer, other), so a gap can be attributed.
 
-    python benchmarks/bench_train_step.py [--quick]   (--quick: 4 layers)
+    python benchmarks/bench_train_step.py [--quick] [--model 1b|8b] [--layers N] [--torchao tensorwise,rowwise]
 """
 
 from __future__ import annotations
@@ -27,25 +31,48 @@ from torch.profiler import ProfilerActivity, profile
 from _common import environment, header, time_ms, torchao_float8, torchao_version, write_json
 from deepwell.models import Llama
 
-VOCAB, DIM, HEADS, HIDDEN, SEQ, BATCH = 32000, 2048, 16, 5632, 2048, 4
+VOCAB, SEQ, BATCH = 32000, 2048, 4
+#: name -> (dim, heads, SwiGLU hidden, default layers)
+MODELS = {"1b": (2048, 16, 5632, 16), "8b": (4096, 32, 14336, 8)}
+
+#: kernel kinds by name, first match wins: cuBLAS/cuBLASLt GEMMs (nvjet, sm90_xmma, cutlass), deepwell's
+#: NVRTC kernels, flash/cuDNN attention, Inductor's Triton kernels, the fused optimizer.
+KINDS = (
+    ("attention", ("flash", "fmha", "cudnn", "attention")),
+    ("gemm", ("nvjet", "gemm", "xmma", "cutlass", "sm90_", "wgmma")),
+    ("deepwell", ("deepwell::",)),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("inductor", ("triton_",)),
+)
 
 
-def make_model(layers: int) -> torch.nn.Module:
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def make_model(spec: tuple[int, int, int], layers: int) -> torch.nn.Module:
+    dim, heads, hidden = spec
     torch.manual_seed(0)
-    return Llama(VOCAB, DIM, layers, HEADS, HIDDEN, max_seq=SEQ).to(device="cuda", dtype=torch.bfloat16)
+    return Llama(VOCAB, dim, layers, heads, hidden, max_seq=SEQ).to(device="cuda", dtype=torch.bfloat16)
 
 
-def kernel_ms(step, steps: int = 3) -> float:
-    """GPU kernel time per step, summed over the profiler's device events."""
+def kernel_ms(step, steps: int = 3) -> tuple[float, dict[str, float]]:
+    """GPU kernel time per step, summed over the profiler's device events, and split by kind."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / steps / 1e3
+    kinds: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.self_device_time_total > 0:
+            k = kind_of(e.key)
+            kinds[k] = kinds.get(k, 0.0) + e.self_device_time_total / steps / 1e3
+    return sum(kinds.values()), kinds
 
 
 def run(model, compiled, tokens, targets, steps: int, warmup: int = 3):
-    """(first-call seconds, ms per step, peak bytes, kernel ms per step)."""
+    """(first-call seconds, ms per step, peak bytes, (kernel ms per step, by kind))."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def step():
@@ -69,10 +96,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--model", choices=sorted(MODELS), default="1b")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--torchao", default="tensorwise,rowwise", help="torchao float8 recipes to run ('' for none)")
     args = p.parse_args()
-    layers = 4 if args.quick else 16
+    dim, heads, hidden, default_layers = MODELS[args.model]
+    spec = (dim, heads, hidden)
+    layers = args.layers or (4 if args.quick else default_layers)
     env = environment()
-    header(f"bench_train_step: LLaMA d={DIM} x {layers} layers, {BATCH}x{SEQ} tokens, AdamW", env)
+    header(f"bench_train_step: LLaMA d={dim} x {layers} layers (SwiGLU {hidden}), {BATCH}x{SEQ} tokens, AdamW", env)
     deepwell.plan.backend.ensure_registered()
     g = torch.Generator(device="cuda").manual_seed(1)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
@@ -80,41 +112,44 @@ def main() -> None:
     n_tokens = BATCH * SEQ
     rows = []
 
-    model = make_model(layers)
+    model = make_model(spec, layers)
     n_params = sum(p.numel() for p in model.parameters())
     torch._dynamo.reset()
-    first, ms, peak, kms = run(model, torch.compile(model), tokens, targets, args.steps)
+    first, ms, peak, (kms, kinds) = run(model, torch.compile(model), tokens, targets, args.steps)
     rows.append({"what": "torch.compile bf16", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3, "first_call_s": first,
-                 "peak_bytes": peak, "kernel_ms": kms})
+                 "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds})
     del model
     torch.cuda.empty_cache()
 
     if torchao_version() is None:
         print("torchao is not installed: its float8 rows are skipped (pip install torchao)")
-    for ao_recipe in ("tensorwise", "rowwise") if torchao_version() else ():
-        model = torchao_float8(make_model(layers), ao_recipe)
+    for ao_recipe in [r for r in args.torchao.split(",") if r] if torchao_version() else ():
+        model = torchao_float8(make_model(spec, layers), ao_recipe)
         torch._dynamo.reset()
-        first, ms, peak, kms = run(model, torch.compile(model), tokens, targets, args.steps)
+        first, ms, peak, (kms, kinds) = run(model, torch.compile(model), tokens, targets, args.steps)
         rows.append({"what": f"torchao float8 {ao_recipe}", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-                     "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "torchao": torchao_version()})
+                     "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "torchao": torchao_version()})
         del model
         torch.cuda.empty_cache()
 
-    model = make_model(layers)
+    model = make_model(spec, layers)
     torch._dynamo.reset()
     ir = deepwell.capture(model, (tokens,))
     plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision="auto")
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     planning_before = deepwell.plan.backend.STATS["planning_s"]
-    first, ms, peak, kms = run(model, engine, tokens, targets, args.steps)
+    first, ms, peak, (kms, kinds) = run(model, engine, tokens, targets, args.steps)
     planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
     recipes = sorted({s.recipe for s in plan.sites})
     rows.append({"what": f"deepwell auto ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-                 "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "predicted_peak_bytes": estimate.peak_bytes,
+                 "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "predicted_peak_bytes": estimate.peak_bytes,
                  "predicted_step_ms": estimate.step_ms, "predicted_speedup": estimate.speedup, "planning_s": planning})
 
     base = rows[0]["tokens_per_s"]
+    print(f"kernel ms per step by kind ({', '.join(k for k, _ in KINDS)}, other):")
+    for r in rows:
+        print(f"  {r['what']:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_kinds"].items())))
     print(f"{n_params / 1e9:.2f}B parameters; plan: {len(plan.sites)} GEMM sites, recipes {recipes}")
     print(f"{'run':<32} {'step ms':>8} {'kernels ms':>10} {'tokens/s':>10} {'vs bf16':>8} {'peak GiB':>9} {'first call s':>12}")
     for r in rows:
@@ -127,7 +162,9 @@ def main() -> None:
     print(estimate)
     print(f"planning {dw['planning_s'] * 1e3:.1f} ms of a {dw['first_call_s']:.1f} s first call "
           f"({dw['planning_s'] / dw['first_call_s'] * 100:.2f}% of compile time)")
-    print("wrote", write_json("bench_train_step" + ("-quick" if args.quick else ""), env, rows, {"layers": layers, "params": n_params}))
+    name = "bench_train_step" + ("" if args.model == "1b" else f"-{args.model}") + ("-quick" if args.quick else "")
+    extra = {"model": args.model, "dim": dim, "hidden": hidden, "layers": layers, "params": n_params}
+    print("wrote", write_json(name, env, rows, extra))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
 #   tests     the whole pytest suite (GPU tests included)
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
-#   train     benchmarks/bench_train_step.py      (train-quick: 4 layers)
+#   train     benchmarks/bench_train_step.py      (train-quick: 4 layers; train-8b: LLaMA-3-8B-shaped
+#             layers, torchao tensorwise only)
+#   mainjob   the README's main job (python -m deepwell) on the GPU
 #   overhead  benchmarks/bench_overhead.py        (per-call host overhead on tiny inputs)
 #   profile   benchmarks/profile_linear.py        (host vs kernel time of one layer's step)
 #   torchao   installs a torchao wheel carried in .device/wheels/ (the machine has no network), so
@@ -51,6 +53,13 @@ for step in $steps; do
             quick=; [ "$step" = train-quick ] && quick=--quick
             python3 benchmarks/bench_train_step.py $quick 2>&1 | tee "$OUT/bench_train_step.log" || status=1
             cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
+            ;;
+        train-8b)
+            python3 benchmarks/bench_train_step.py --model 8b --torchao tensorwise 2>&1 | tee "$OUT/bench_train_step-8b.log" || status=1
+            cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
+            ;;
+        mainjob)
+            (mkdir -p /tmp/mainjob && cd /tmp/mainjob && python3 -m deepwell) 2>&1 | tee "$OUT/mainjob.log" | tail -40 || status=1
             ;;
         profile)
             python3 benchmarks/profile_linear.py 2>&1 | tee "$OUT/profile_linear.log" || status=1

@@ -8,7 +8,9 @@ without `import deepwell`. For each graph Dynamo captures it
 2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options);
 3. rewrites the sites whose recipe is not bf16 into `torch.ops.deepwell.scaled_linear` (autograd
    registered: the backward GEMMs follow the same recipe), leaving bf16 sites as they are;
-4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops.
+4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
+   letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
+   the backward instead of saving them (`_partitioner_options`).
 
 Options (`torch.compile(..., options={...})` or `deepwell.optimize(model, ...)`): `precision`
 ("auto", "mxfp8", "nvfp4", "fp8_block", "bf16"), `policy` (a deepwell.PrecisionPolicy; its
@@ -231,13 +233,30 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
         raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
     start = time.perf_counter()
     plan, found = plan_graph(gm, options)
-    rewrite(gm, found)
+    rewritten = rewrite(gm, found)
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
     PLANS.append(plan)
     if options.get("verbose") or _env.print_plan():
         print(plan.table())
-    return compile_fx(gm, example_inputs)
+    with torch._functorch.config.patch(_partitioner_options(rewritten)):
+        return compile_fx(gm, example_inputs)
+
+
+def _partitioner_options(rewritten: int) -> dict:
+    """AOTAutograd partitioner settings for a graph with `rewritten` deepwell GEMMs.
+
+    By default the partitioner never recomputes a tensor that a non-fusible backward op reads
+    (`ban_recompute_materialized_backward`): recomputing it would write it out again anyway. Every
+    deepwell GEMM's backward reads its bf16 input x (it quantizes x along the tokens for wgrad), so
+    the normed activations and SwiGLU outputs feeding them were saved from forward to backward in
+    bf16, 2 bytes per element, although each is one fused pointwise kernel away from tensors the
+    backward keeps anyway (the residual stream and the norm's rstd; SwiGLU's two inputs). Lifting
+    the ban lets the min-cut partitioner recompute them in the backward, which is the trade torchao's
+    float8 casts get: same saved set as its Inductor-visible casts (benchmarks/bench_train_step.py
+    measures both; tests/test_backend.py proves the saved bytes never exceed bf16's). The other bans
+    stay: reductions, long fusible chains and GEMMs are never recomputed."""
+    return {"ban_recompute_materialized_backward": False} if rewritten else {}
 
 
 def last_plan() -> Plan | None:
