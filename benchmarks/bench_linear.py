@@ -87,7 +87,7 @@ def torchao_steps(x, w, dy) -> dict:
         lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
         lin.weight.data.copy_(w.detach())
         lin = convert_to_float8_training(lin, config=Float8LinearConfig.from_recipe_name(recipe))
-        for mode, fn in (("eager", lin), ("compiled", torch.compile(lin))):
+        for mode, fn in (("eager", lin), ("compiled", torch.compile(lin, dynamic=False))):
             out[f"torchao {recipe} {mode}"] = time_ms(lambda: torch.autograd.grad(fn(x), (x, lin.weight), dy))
     return out
 
@@ -99,13 +99,15 @@ def rel_err(y, y64) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="first shape only")
+    p.add_argument("--shape", type=int, default=None, help="only SHAPES[i]")
     args = p.parse_args()
     env = environment()
     header("bench_linear: forward + backward of one linear layer, bf16 inputs", env)
     rows = []
     print(f"{'M x K x N':>20} {'recipe':>10} {'step ms':>8} {'micro':>8} {'fwd ms':>7} {'TFLOP/s':>8} "
           f"{'vs bf16':>8} {'fwd vs bf16':>11} {'rel err':>9}  note")
-    for m, k, n in SHAPES[:1] if args.quick else SHAPES:
+    shapes = SHAPES[:1] if args.quick else SHAPES if args.shape is None else [SHAPES[args.shape]]
+    for m, k, n in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(m, k, device="cuda", generator=g).bfloat16().requires_grad_()
         w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).bfloat16().requires_grad_()
@@ -139,7 +141,10 @@ def main() -> None:
             print(f"{shape:>20} {recipe:>10} {step:8.3f} {cached:8.3f} {fwd:7.3f} {row['tflops']:8.0f} "
                   f"{row['speedup']:8.2f} {row['fwd_speedup']:11.2f} {err:9.2e}  {note}")
             rows.append(row)
-        compiled = torch.compile(lambda x, w: ops.scaled_linear(x, w, None, "fp8_block", None))
+        # Static shapes, compiled afresh per shape (as a model's graph is): a second shape would
+        # otherwise recompile the same code as a dynamic-shape graph, with its extra host work.
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, w: ops.scaled_linear(x, w, None, "fp8_block", None), dynamic=False)
         peers = {"deepwell fp8_block compiled": time_ms(lambda: torch.autograd.grad(compiled(x, w), (x, w), dy))}
         if torchao_version():
             peers.update(torchao_steps(x, w, dy))
