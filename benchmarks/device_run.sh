@@ -14,6 +14,8 @@
 #   torchao   installs a torchao wheel carried in .device/wheels/ (the machine has no network), so
 #             the train and linear steps measure torchao float8 in the same process
 #   moe       benchmarks/bench_moe.py             (moe-quick: the E64 layer only, no model step)
+#   profile-moe benchmarks/profile_moe.py       (one MoE layer's kernel time by stage, HF grouped_mm vs
+#             deepwell bf16, E64; profile-moe-all: the three bench_moe shapes)
 #   moe-tests the MoE GPU tests (-m gpu; the CPU ones, HF parity included, run in CI against transformers 5.23)
 # Logs and JSON go to $OUT.
 set -uo pipefail
@@ -80,6 +82,13 @@ for step in $steps; do
             quick=; [ "$step" = moe-quick ] && quick=--quick
             python3 benchmarks/bench_moe.py $quick 2>&1 | tee "$OUT/bench_moe.log" || status=1
             find benchmarks/results -name "bench_moe-*.json" -exec cp {} "$OUT/" \;
+            ;;
+        profile-moe | profile-moe-all)
+            shapes=fine-e64; [ "$step" = profile-moe-all ] && shapes="fine-e64 fine-e128 mixtral"
+            for shape in $shapes; do
+                python3 benchmarks/profile_moe.py --shape "$shape" 2>&1 | tee "$OUT/profile_moe-$shape.log" || status=1
+            done
+            find benchmarks/results -name "profile_moe-*.json" -exec cp {} "$OUT/" \;
             ;;
         moe-tests)
             python3 -m pytest tests/test_moe.py tests/test_moe_module.py tests/test_grouped_linear.py -m gpu \
