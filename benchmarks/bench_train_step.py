@@ -132,36 +132,27 @@ def main() -> None:
         del model
         torch.cuda.empty_cache()
 
-    # deepwell auto (the policy's defaults: first and last blocks, LM head in bf16), then fp8_block on
-    # every block GEMM with the LM head in bf16: the layers torchao's rows convert.
-    every_block = deepwell.PrecisionPolicy(precision="fp8_block", first_last_bf16=False, name_overrides={"output": "bf16"})
-    for label, policy in (("auto", None), ("fp8_block, every block", every_block)):
-        model = make_model(spec, layers)
-        torch._dynamo.reset()
-        ir = deepwell.capture(model, (tokens,))
-        plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision="auto", policy=policy)
-        engine = deepwell.compile(ir, plan=plan)
-        estimate = deepwell.dryrun(engine)
-        planning_before = deepwell.plan.backend.STATS["planning_s"]
-        first, ms, peak, (kms, kinds) = run(model, engine, tokens, targets, args.steps)
-        planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
-        recipes = sorted({s.recipe for s in plan.sites})
-        what = f"deepwell auto ({'/'.join(recipes)})" if policy is None else f"deepwell {label}"
-        rows.append({"what": what, "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-                     "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds,
-                     "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
-                     "predicted_speedup": estimate.speedup, "planning_s": planning,
-                     "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}})
-        if policy is None:
-            auto_plan, auto_estimate, auto_row = plan, estimate, rows[-1]
-        del model, ir, engine
-        torch.cuda.empty_cache()
+    model = make_model(spec, layers)
+    torch._dynamo.reset()
+    ir = deepwell.capture(model, (tokens,))
+    plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision="auto")
+    engine = deepwell.compile(ir, plan=plan)
+    estimate = deepwell.dryrun(engine)
+    planning_before = deepwell.plan.backend.STATS["planning_s"]
+    first, ms, peak, (kms, kinds) = run(model, engine, tokens, targets, args.steps)
+    planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
+    recipes = sorted({s.recipe for s in plan.sites})
+    rows.append({"what": f"deepwell auto ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
+                 "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds,
+                 "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
+                 "predicted_speedup": estimate.speedup, "planning_s": planning,
+                 "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}})
 
     base = rows[0]["tokens_per_s"]
     print(f"kernel ms per step by kind ({', '.join(k for k, _ in KINDS)}, other):")
     for r in rows:
         print(f"  {r['what']:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_kinds"].items())))
-    plan, estimate, dw = auto_plan, auto_estimate, auto_row
+    dw = rows[-1]
     print(f"{n_params / 1e9:.2f}B parameters; auto plan: {len(plan.sites)} GEMM sites, {dw['sites']}")
     print(f"{'run':<32} {'step ms':>8} {'kernels ms':>10} {'tokens/s':>10} {'vs bf16':>8} {'peak GiB':>9} {'first call s':>12}")
     for r in rows:

@@ -243,8 +243,9 @@ def test_optimize_warns_when_dynamo_skips_the_whole_frame(graph_break):
 
 
 def _saved_activation_bytes(compiled, tokens) -> int:
-    """Bytes of the distinct non-parameter storages one forward saves for its backward (autograd's
-    saved-tensor hooks see what the compiled graph keeps), after running that backward."""
+    """Bytes of the distinct non-parameter storages one forward saves for its backward, as autograd's
+    saved-tensor hooks see them (most of what a compiled graph keeps: AOTAutograd holds a few
+    tensors outside save_for_backward), after running that backward."""
     storages = {}
 
     def pack(t):

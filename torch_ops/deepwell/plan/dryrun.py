@@ -13,8 +13,9 @@ over the ranks (the plan's data x tensor degrees), and gathers a block's weights
 reshard_after_forward off, every block's gathered weights stay until the backward);
 activations are those of the captured micro-batch, which is one rank's.
 - weights and gradients: from the parameters;
-- activations: every tensor autograd saves during one forward, measured by running the forward on
-  fake tensors (no device memory) under `saved_tensors_hooks`, each storage counted once;
+- activations: what the compiled forward saves for the backward: AOTAutograd's partition of the
+  model's forward + backward traced on fake tensors (no device memory), as the backend partitions
+  it (plan/memory.py; eager autograd's saved tensors where the model cannot be traced);
 - quantized weights: the largest site's weight operand (FP8 data + scales natively; a dequantized
   bf16 copy for emulated recipes). Each call quantizes its weight and frees the operand after its
   GEMM: nothing is cached across calls outside `deepwell.microbatches()` (nn/weight_cache.py);
@@ -89,7 +90,8 @@ def dryrun(engine: Engine) -> Estimate:
         activations, largest = plan.sharding["saved"]  # measured by autoplan, before sharding
     else:
         gathered = 0
-        activations, largest = saved_activation_bytes(model, engine.ir.example_inputs)
+        quantized = any(s.recipe != "bf16" for s in plan.sites)
+        activations, largest = saved_activation_bytes(model, engine.ir.example_inputs, quantized)
     quantized = 0
     for s in plan.sites:
         n, k = s.out_features, s.in_features

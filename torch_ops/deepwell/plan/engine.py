@@ -100,7 +100,8 @@ def autoplan(
     sites = [dataclasses.replace(s, tokens=tokens or s.tokens, decision=None) for s in ir.sites]
     arch = arch or (hw.arch if hw is not None else None)
     plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)
-    par = plan_parallelism(ir.model, ir.example_inputs, hw, world_size or current_world_size())
+    quantized = any(s.recipe != "bf16" for s in plan.sites)
+    par = plan_parallelism(ir.model, ir.example_inputs, hw, world_size or current_world_size(), quantized)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "per_rank_bytes", "reason", "saved")}
     plan.moe = moe

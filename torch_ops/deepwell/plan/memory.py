@@ -1,5 +1,17 @@
-"""What a model keeps in memory during a training step, measured without a device: the tensors
-autograd saves in one forward (run on fake tensors). Used by `dryrun` and the parallel planner."""
+"""What a model keeps in memory during a training step, measured without a device: the tensors one
+forward saves for its backward, on fake tensors. Used by `dryrun` and the parallel planner.
+
+The engine runs under torch.compile, where AOTAutograd's min-cut partitioner decides what the
+forward saves and what the backward recomputes; that is much less than eager autograd saves (the
+0.95B LLaMA of benchmarks/bench_train_step.py: 13.8 GiB saved eagerly, ~7.4 GiB measured under
+compile). So the measurement traces the model's joint forward + backward graph with AOTAutograd
+on fake tensors and partitions it as the deepwell backend's Inductor compile does (the same
+partitioner, `compiler="inductor"`, and the backend's `_partitioner_options`). The deepwell ops
+themselves are not in that graph (the backend's rewrite needs Dynamo); where they would be, the
+plain GEMMs stand in: both read their bf16 input in the backward, which is what the partitioner's
+choice depends on. A model AOTAutograd cannot trace on fake tensors (data-dependent Python
+control flow, e.g. a per-expert loop that reads group sizes on the host) falls back to counting
+what eager autograd saves, an upper bound."""
 
 from __future__ import annotations
 
@@ -7,7 +19,19 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 
-def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[int, int]:
+def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None) -> tuple[int, int]:
+    """(total, largest) bytes of the activations one training forward saves. `quantized`: whether
+    the plan runs deepwell GEMMs (the backend then lets the partitioner recompute their inputs);
+    None counts what eager autograd saves."""
+    if quantized is not None:
+        try:
+            return compiled_saved_bytes(model, example_inputs, quantized)
+        except Exception:  # noqa: BLE001 - any tracing failure: the eager count is an upper bound
+            pass
+    return eager_saved_bytes(model, example_inputs)
+
+
+def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[int, int]:
     """(total, largest) bytes of the tensors autograd saves in one eager forward, on fake tensors."""
     seen: dict[int, int] = {}
     params = {id(p) for p in model.parameters()} | {id(b) for b in model.buffers()}
@@ -23,3 +47,62 @@ def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple) -> tup
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(*inputs)
     return sum(seen.values()), max(seen.values(), default=0)
+
+
+def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool) -> tuple[int, int]:
+    """(total, largest) bytes the compiled forward saves: the storages behind the backward graph's
+    inputs other than the output gradients (`tangents_*`) and the parameters, each counted once
+    (a saved view and its base share one), from AOTAutograd's partition of the model's joint graph
+    on fake tensors (see the module docs)."""
+    from functools import partial
+
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch.func import functional_call
+
+    from .backend import _partitioner_options
+
+    names = [n for n, _ in model.named_parameters()]
+    buffers = dict(model.named_buffers())
+    sizes: dict[str, int] = {}
+    partitioner = partial(min_cut_rematerialization_partition, compiler="inductor")
+
+    def partition(joint, joint_inputs, **kwargs):
+        fw, bw = partitioner(joint, joint_inputs, **kwargs)
+        produced = {n.name: n for n in fw.graph.nodes}
+
+        def base(n):  # the node whose storage a view reads
+            while n.op == "call_function" and getattr(n.target, "is_view", False):
+                n = n.args[0]
+            return n
+
+        for n in bw.graph.nodes:
+            if n.op != "placeholder" or n.name.startswith("tangents") or n.name not in produced:
+                continue
+            b = base(produced[n.name])
+            val = b.meta.get("val")
+            # Parameters (and views of them) have no memory of their own; views share their base's.
+            if isinstance(val, torch.Tensor) and not (b.op == "placeholder" and _primal_index(b.name) < len(names)):
+                sizes[b.name] = val.untyped_storage().nbytes()
+        return fw, bw
+
+    def forward(*args):
+        return functional_call(model, {**dict(zip(names, args[: len(names)])), **buffers}, args[len(names) :])
+
+    options = _partitioner_options(1 if quantized else 0)
+    with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        params = [mode.from_tensor(p).requires_grad_(p.requires_grad) for _, p in model.named_parameters()]
+        inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        traced = aot_function(forward, fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition)
+        traced(*params, *inputs)
+    return sum(sizes.values()), max(sizes.values(), default=0)
+
+
+def _identity(gm, example_inputs):
+    return gm
+
+
+def _primal_index(name: str) -> int:
+    """i - 1 for AOTAutograd's `primals_i` (the i-th flat input), a large number otherwise."""
+    head, _, tail = name.partition("_")
+    return int(tail) - 1 if head == "primals" and tail.isdigit() else 1 << 62
