@@ -76,6 +76,17 @@ def _ops(world: int) -> dict:
             )
             row["weight_only"] = bool(gx.to_local().numel() == 0 and torch.equal(gw.full_tensor(), wr.grad))
             results[f"{recipe}/{layout}"] = row
+    # A bias: column-parallel splits it with W's rows; row-parallel declares it Partial, so DTensor
+    # adds it once to the sum (its Replicate -> Partial step divides it by the ranks: not bitwise).
+    b = torch.randn(n, generator=g)
+    y_ref = torch.ops.deepwell.scaled_linear(x, w, b, "fp8_block", 0)
+    for layout in LAYOUTS:
+        xp, wp, _ = placements[layout]
+        bp = [Shard(0)] if layout == "colwise" else [Replicate()]
+        y = torch.ops.deepwell.scaled_linear(
+            distribute_tensor(x, mesh, xp), distribute_tensor(w, mesh, wp), distribute_tensor(b, mesh, bp), "fp8_block", 0
+        )
+        results[f"bias/{layout}"] = {"y": _compare(y.full_tensor(), y_ref, bounds["y"] + b.abs() * 4 * U)}
     # mxfp8_linear takes the same rules without a recipe argument.
     y_ref = torch.ops.deepwell.mxfp8_linear(x, w)
     for layout in LAYOUTS:

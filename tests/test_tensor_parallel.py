@@ -75,6 +75,8 @@ def test_sharding_rules_match_the_whole_ops(tmp_path):
         assert got[f"{recipe}/colwise"]["placements"] == ["Shard(dim=2)", "Partial(sum)", "Shard(dim=0)"]
         assert got[f"{recipe}/rowwise"]["placements"] == ["Partial(sum)", "Shard(dim=2)", "Shard(dim=1)"]
         assert got[f"{recipe}/replicated"]["placements"] == ["Replicate()"] * 3
+    assert got["bias/colwise"]["y"]["max_diff"] == 0.0 and got["bias/replicated"]["y"]["max_diff"] == 0.0
+    assert got["bias/rowwise"]["y"]["within_bound"], got["bias/rowwise"]
     assert got["mxfp8_linear/colwise"]["y"]["max_diff"] == 0.0
     assert got["mxfp8_linear/replicated"]["y"]["max_diff"] == 0.0
     assert got["mxfp8_linear/rowwise"]["y"]["within_bound"]
