@@ -44,7 +44,7 @@ def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
     one mesh (one process; FSDP2). Tensor parallelism mixes them: its split weights are DTensors
     on the tensor mesh (with FSDP2, on the 2-D mesh) next to whole weights that are plain tensors
     (with FSDP2, DTensors on the data mesh). Then: each group's norm, gathered, combined into the
-    global norm, and every gradient scaled by one Python-float coefficient."""
+    global norm, and every gradient scaled by one coefficient."""
     if world_size() == 1:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     from torch.distributed.tensor import DTensor
@@ -59,7 +59,9 @@ def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
         n = torch.nn.utils.get_total_norm(grads, 2.0)
         norms.append(n.full_tensor() if isinstance(n, DTensor) else n)
     total = torch.linalg.vector_norm(torch.stack([n.float().cpu() for n in norms]), 2.0)
-    coef = min(max_norm / (total.item() + 1e-6), 1.0)  # as clip_grads_with_norm_ computes it
+    # The coefficient as clip_grads_with_norm_ computes it (in fp32), applied as a Python scalar: a
+    # plain tensor would not mix with the DTensor gradients.
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
     if coef < 1.0:
         for grads in groups.values():
             torch._foreach_mul_(grads, coef)
