@@ -187,3 +187,11 @@ def test_models_that_are_not_llama_shaped_raise():
     plan = deepwell.autoplan(ir, precision="bf16", world_size=2, tensor_parallel=2)
     with pytest.raises(RuntimeError, match="Sequential has no nn.ModuleList of blocks"):
         deepwell.compile(ir, plan=plan)
+
+
+def test_a_layer_that_is_not_nn_linear_raises():
+    ir = _ir()
+    ir.model.layers[1].feed_forward.w2 = deepwell.Linear(512, 256, recipe="bf16")
+    plan = deepwell.autoplan(ir, precision="bf16", world_size=2, tensor_parallel=2)
+    with pytest.raises(RuntimeError, match=r"block 'layers.1' \(Block\)'s 'feed_forward.w2' is a deepwell\.nn\.linear\.Linear, not an nn.Linear"):
+        deepwell.compile(ir, plan=plan)

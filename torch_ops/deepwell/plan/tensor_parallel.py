@@ -65,11 +65,13 @@ def check(model: torch.nn.Module, tensor: int, recipe_of: dict[str, str]) -> Non
                 layer = block.get_submodule(rel)
             except AttributeError:
                 _fail(f"of degree {tensor} applies to {_WHAT}; {where} has no {rel!r}: this model is not supported")
-            if type(layer) is not torch.nn.Linear:
-                _fail(
-                    f"of degree {tensor} applies to {_WHAT}; {where}'s {rel!r} is a {type(layer).__name__}, "
-                    "not an nn.Linear: this model is not supported"
-                )
+            if type(layer) is not torch.nn.Linear:  # (ColwiseParallel / RowwiseParallel split nn.Linear only)
+                kind = f"{type(layer).__module__}.{type(layer).__qualname__}"
+                _fail(f"of degree {tensor} applies to {_WHAT}; {where}'s {rel!r} is a {kind}, not an nn.Linear: "
+                      "this model is not supported")
+            if hasattr(layer.weight, "placements"):  # a DTensor: split before, its heads already divided
+                _fail(f"of degree {tensor}: {name}.{rel} is already split (deepwell.compile ran on this model "
+                      "before); capture and compile a fresh model")
             dim_name, dim = ("out_features", layer.out_features) if style == "colwise" else ("in_features", layer.in_features)
             if dim % tensor:
                 _fail(f"of degree {tensor} cannot split {name}.{rel}'s {dim_name} {dim} evenly")
