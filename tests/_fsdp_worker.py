@@ -2,6 +2,8 @@
 LLaMA with deepwell.compile on its share of the same global batches and writes the averaged losses
 to OUT. With WORLD=1 it is the single-process reference. DEEPWELL_TEST_MODE=trainer runs the
 steps through deepwell.Trainer (which shards the global batches itself) instead of a plain loop.
+DEEPWELL_TEST_TENSOR=T forces tensor parallelism of degree T (autoplan's tensor_parallel=): the T
+adjacent ranks of each data rank take the same rows.
 
     python tests/_fsdp_worker.py RANK WORLD STORE OUT
 """
@@ -33,12 +35,14 @@ def main() -> None:
     model = Llama(VOCAB, 256, 2, 4, 512, max_seq=SEQ)
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, VOCAB, (STEPS, BATCH, SEQ + 1), generator=g)
-    local = BATCH // world  # this rank's rows of every global batch
-    rows = slice(rank * local, (rank + 1) * local)
+    tensor = int(os.environ.get("DEEPWELL_TEST_TENSOR", "1")) if world > 1 else 1
+    local = BATCH // (world // tensor)  # this data rank's rows of every global batch
+    rows = slice(rank // tensor * local, (rank // tensor + 1) * local)
     ir = deepwell.capture(model, (data[0, rows, :-1],))
     # Every block planned alike: FSDP2 compiles one graph per block (plan/backend.py _shared_decision).
     policy = deepwell.PrecisionPolicy(precision=RECIPE, min_features=128, first_last_bf16=False)
-    plan = deepwell.autoplan(ir, policy=policy)
+    tp = tensor if tensor > 1 else None
+    plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp)
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -60,7 +64,7 @@ def main() -> None:
             torch.manual_seed(123)  # other initial weights: the checkpoint must bring them back
             fresh = Llama(VOCAB, 256, 2, 4, 512, max_seq=SEQ)
             fir = deepwell.capture(fresh, (data[0, rows, :-1],))
-            feng = deepwell.compile(fir, plan=deepwell.autoplan(fir, policy=policy))
+            feng = deepwell.compile(fir, plan=deepwell.autoplan(fir, policy=policy, tensor_parallel=tp))
             t = deepwell.Trainer.from_engine(feng, optimizer=torch.optim.AdamW(fresh.parameters(), lr=1e-3),
                                              max_steps=STEPS, progress=False, plot=False)
             t.fit(batches, resume=source)
@@ -72,7 +76,7 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         mean = loss.detach().clone()
-        if world > 1:
+        if world > 1:  # the mean over the data ranks (a data rank's tensor ranks hold equal losses)
             dist.all_reduce(mean)
             mean /= world
         losses.append(mean.item())
@@ -88,6 +92,8 @@ def main() -> None:
         "ran": sorted(s.runs_in for p in deepwell.plan.backend.PLANS for s in p.sites),
         "predicted_peak_bytes": estimate.peak_bytes,
         "sharded": type(model).__name__,
+        "heads": [layer.attention.heads for layer in model.layers],
+        "wq_placements": [repr(p) for p in getattr(model.layers[0].attention.wq.weight, "placements", ())],
     }
     if rank == 0:
         with open(out, "w") as f:

@@ -2,6 +2,8 @@
 and typed wrapper. Importing this package defines the schemas; `deepwell._native.load()` then
 registers the Rust kernels behind them."""
 
+import torch
+
 from .linear import mxfp8_linear, scaled_linear
 from .grouped_linear import grouped_linear
 from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
@@ -9,6 +11,11 @@ from .fp8_block import fp8_block_dequantize, fp8_block_quantize, fp8_block_quant
 from .mxfp8 import mxfp8_dequantize, mxfp8_quantize, mxfp8_quantize_rowcol
 from .nvfp4 import nvfp4_dequantize, nvfp4_quantize
 from .swizzle import swizzle_scales, unswizzle_scales
+
+# DTensor sharding rules for the linear ops (tensor parallelism); torch builds without distributed
+# (some macOS and mobile wheels) have no DTensor, and deepwell must still import there.
+if torch.distributed.is_available():
+    from . import sharding  # noqa: F401
 
 __all__ = [
     "fp8_block_dequantize",

@@ -12,5 +12,6 @@ Rust's (rust/core/src/policy, through the C API); these modules are their typed 
 | `dryrun` | `dryrun(engine)`: predicted peak memory and step time (per rank) |
 | `memory` | the tensors a forward saves for the backward, measured on fake tensors |
 | `parallel` | the data / tensor degrees of a job (Rust's `parallel_plan`) |
-| `shard` | applies them: FSDP2 `fully_shard` per block and at the root |
+| `shard` | applies them: tensor parallelism, then FSDP2 `fully_shard` per block and at the root |
+| `tensor_parallel` | Megatron's layout on LLaMA blocks through DTensor's `parallelize_module` |
 """

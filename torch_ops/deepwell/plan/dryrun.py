@@ -78,16 +78,29 @@ class Estimate:
         )
 
 
+def _local(p):
+    """A parameter's tensor on this rank (a DTensor's local shard)."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
 def dryrun(engine: Engine) -> Estimate:
     """The estimate for one training step of `engine` on its example inputs' shapes."""
     model, plan = engine.model, engine.plan
     weights = nbytes(model.parameters())
-    ranks = plan.parallelism["data"] * plan.parallelism["tensor"]
+    data, tensor = plan.parallelism["data"], plan.parallelism["tensor"]
+    ranks = data * tensor
+    share = weights // ranks
+    if tensor > 1:
+        # Tensor parallelism splits only the blocks' linears (embeddings, norms and the LM head stay
+        # whole): the rank's share is what it holds, read from the shards once compile has split them.
+        share = sum(local.numel() * local.element_size() for local in map(_local, model.parameters()))
     if ranks > 1:
         units = [nbytes(b.parameters()) for b in blocks(model)]
         keep = not plan.sharding["reshard_after_forward"]
-        gathered = (sum(units) if keep else 2 * max(units, default=0)) // plan.parallelism["tensor"]
-        activations, largest = plan.sharding["saved"]  # measured by autoplan, before sharding
+        gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
+        # Measured by autoplan, before sharding: under tensor parallelism an upper bound (the
+        # residual stream and the norms' activations are replicated, the heads' and hidden units' split).
+        activations, largest = plan.sharding["saved"]
     else:
         gathered = 0
         quantized = any(s.recipe != "bf16" for s in plan.sites)
@@ -108,9 +121,9 @@ def dryrun(engine: Engine) -> Estimate:
     ]
     cost = _native.call("step_cost", {"arch": plan.arch, "sites": sites, "other_bytes": 2 * activations}, "deepwell.dryrun")
     return Estimate(
-        weights=weights // ranks,
-        gradients=weights // ranks,
-        optimizer=2 * weights // ranks,
+        weights=share,
+        gradients=share,
+        optimizer=2 * share,
         activations=activations,
         quantized_weights=quantized,
         transient=2 * largest,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .hardware import Hardware
-from .parallel import plan_parallelism
+from .parallel import force_tensor_degree, plan_parallelism
 from .parallel import world_size as current_world_size
 from .policy import PrecisionPolicy
 from .shard import shard
@@ -88,6 +88,7 @@ def autoplan(
     precision: str = "auto",
     policy: PrecisionPolicy | None = None,
     world_size: int | None = None,
+    tensor_parallel: int | None = None,
 ) -> Plan:
     """A decision per GEMM site from the Rust planner for `arch` (default: `hw`'s first GPU, else
     this machine). With `seq_len` and `global_batch`, GEMM shapes use seq_len * global_batch tokens
@@ -95,13 +96,18 @@ def autoplan(
     planner picks for `world_size` processes (default: torch.distributed's world, else 1) from the
     devices in `hw` and the model's sizes (the IR's example inputs are one rank's micro-batch), and
     `plan.sharding` how (FSDP2, reshard after forward, predicted bytes per rank, the reason);
-    pipeline and expert degrees stay 1. `moe` is recorded for the MoE planner."""
+    pipeline and expert degrees stay 1. `tensor_parallel` forces the tensor degree (the data degree
+    is then world / tensor_parallel): the planner picks tensor parallelism only when data
+    parallelism does not fit the devices' memory, never on the CPU, whose memory it does not know.
+    `moe` is recorded for the MoE planner."""
     tokens = seq_len * global_batch if seq_len and global_batch else None
     sites = [dataclasses.replace(s, tokens=tokens or s.tokens, decision=None) for s in ir.sites]
     arch = arch or (hw.arch if hw is not None else None)
     plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)
     quantized = any(s.recipe != "bf16" for s in plan.sites)
     par = plan_parallelism(ir.model, ir.example_inputs, hw, world_size or current_world_size(), quantized)
+    if tensor_parallel is not None:
+        par = force_tensor_degree(par, tensor_parallel)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "per_rank_bytes", "reason", "saved")}
     plan.moe = moe
@@ -136,10 +142,11 @@ class Engine:
 def compile(ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe") -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
     `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
-    A plan for several processes first shards the model in place with FSDP2 (`shard.py`)."""
+    A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
+    on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
     if fallback not in ("safe", "error"):
         raise ValueError(f"deepwell.compile: fallback must be 'safe' or 'error', got {fallback!r}")
     plan = plan or autoplan(ir, precision=precision)
-    shard(ir.model, plan.parallelism, plan.sharding or {})
+    shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
     compiled = torch.compile(ir.model, backend="deepwell", options={"plan": plan, "fallback": fallback})
     return Engine(ir, plan, compiled, fallback)

@@ -55,3 +55,25 @@ def plan_parallelism(
         "largest_unit_bytes": largest,
     }
     return {**_native.call("parallel_plan", {"cluster": cluster, "model": sizes}, "deepwell.autoplan"), "saved": saved}
+
+
+def force_tensor_degree(par: dict, tensor: int) -> dict:
+    """`plan_parallelism`'s result with the tensor degree set to `tensor` (autoplan's
+    `tensor_parallel=`): the data degree takes the rest of the world, and the reason says what the
+    planner had chosen. Its per-rank bytes are for its own choice, so they are dropped (0: not
+    predicted); dryrun still reports per-rank memory from the degrees."""
+    world = par["data"] * par["tensor"]
+    if not isinstance(tensor, int) or isinstance(tensor, bool) or tensor < 1 or world % tensor:
+        raise RuntimeError(
+            f"deepwell.autoplan: tensor_parallel must be a positive integer dividing the world size {world}, "
+            f"got {tensor!r}"
+        )
+    if tensor == par["tensor"]:
+        return par
+    data = world // tensor
+    fsdp = f" x FSDP over {data} data ranks" if data > 1 else ", no data parallelism"
+    reason = (
+        f"{world} processes: tensor parallel {tensor}{fsdp}, forced by "
+        f"tensor_parallel={tensor} (the planner chose data {par['data']} x tensor {par['tensor']}: {par['reason']})"
+    )
+    return {**par, "data": data, "tensor": tensor, "fsdp": data > 1, "per_rank_bytes": 0, "reason": reason}

@@ -1,40 +1,50 @@
-"""Applies a plan's parallel degrees with PyTorch's own engine: FSDP2's `fully_shard` on every
-block and then the root (weights, gradients and AdamW states sharded over the data ranks; the
-deepwell ops see each block's gathered, ordinary tensors during its forward and backward, and the
-weight cache keys them like any other tensor). Tensor parallelism is planned but not applied yet."""
+"""Applies a plan's parallel degrees with PyTorch's own engines. Tensor parallelism first (degree
+`tensor` > 1): Megatron's layout on the LLaMA blocks through DTensor's `parallelize_module`
+(`tensor_parallel.py`; the deepwell ops run each rank's shard through their DTensor sharding rules,
+ops/sharding.py). Then FSDP2's `fully_shard` on every block and the root over the data ranks
+(weights, gradients and AdamW states sharded; the deepwell ops see each block's gathered weights,
+and the weight cache keys them like any other tensor). Both: a 2-D mesh ("data", "tensor"), the
+tensor ranks of a data rank adjacent (rank = data_rank * tensor + tensor_rank), as torchtitan lays
+them out so that the per-layer all-reduces stay within a node."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from . import tensor_parallel
 from .parallel import blocks, world_size
 
 
-def shard(model: torch.nn.Module, parallelism: dict, sharding: dict) -> torch.nn.Module:
-    """`model` sharded as planned (in place, FSDP2 turns its parameters into DTensors); unchanged for
-    one process."""
+def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: dict[str, str] | None = None) -> torch.nn.Module:
+    """`model` sharded as planned (in place: its parameters become DTensors); unchanged for one
+    process. `recipe_of` (site name -> recipe) is what the tensor-parallel shards are checked
+    against: each must hold whole quantization blocks."""
     data, tensor = parallelism["data"], parallelism["tensor"]
     if data * tensor == 1:
         return model
+    if tensor > 1:
+        # Before the world size: a layout that cannot be split is wrong on any number of processes.
+        tensor_parallel.check(model, tensor, recipe_of or {})
     if world_size() != data * tensor:
         raise RuntimeError(
             f"deepwell.compile: the plan is for {data * tensor} processes (data {data} x tensor {tensor}) but "
             f"torch.distributed {'has ' + str(world_size()) if dist.is_initialized() else 'is not initialised'}; "
             "launch with torchrun --nproc-per-node N and call deepwell.autoplan in every process"
         )
-    if tensor > 1:
-        raise NotImplementedError(
-            f"deepwell.compile: the plan asks for tensor parallelism of degree {tensor} ({sharding['reason']}); "
-            "deepwell does not apply tensor parallelism yet: use more data ranks or a smaller micro-batch"
-        )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     device = next(model.parameters()).device
-    mesh = init_device_mesh(device.type, (data,))
+    # A mesh dimension only for a degree above 1 (a data-parallel run keeps its 1-D mesh).
+    names = tuple(n for n, d in (("data", data), ("tensor", tensor)) if d > 1)
+    mesh = init_device_mesh(device.type, tuple(d for d in (data, tensor) if d > 1), mesh_dim_names=names)
+    if tensor > 1:
+        tensor_parallel.apply(model, mesh["tensor"], tensor)
+    if data == 1:
+        return model
     reshard = sharding["reshard_after_forward"]
     for block in blocks(model):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh["data"], reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)
     return model

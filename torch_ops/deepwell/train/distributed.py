@@ -22,17 +22,50 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def shard_rows(batch, who: str = "deepwell.Trainer"):
-    """This rank's contiguous share of a batch's rows (dim 0): rank r of w takes rows
-    [r * b / w, (r + 1) * b / w), so the ranks together see exactly the global batch."""
+def shard_rows(batch, who: str = "deepwell.Trainer", tensor: int = 1):
+    """This rank's contiguous share of a batch's rows (dim 0): data rank r of d takes rows
+    [r * b / d, (r + 1) * b / d), so the data ranks together see exactly the global batch. With
+    tensor parallelism of degree `tensor` the `tensor` adjacent ranks of a data rank (plan/shard.py's
+    mesh) take the same rows: they split the layers, not the batch."""
     world = world_size()
     if world == 1 or not isinstance(batch, torch.Tensor):
         return batch
+    data = world // tensor
     rows = batch.shape[0]
-    if rows % world:
-        raise ValueError(f"{who}: a global batch of {rows} rows cannot be split evenly over {world} processes")
-    n = rows // world
-    return batch[rank() * n : (rank() + 1) * n]
+    if rows % data:
+        raise ValueError(f"{who}: a global batch of {rows} rows cannot be split evenly over {data} data ranks")
+    n = rows // data
+    r = rank() // tensor
+    return batch[r * n : (r + 1) * n]
+
+
+def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
+    """torch's `clip_grad_norm_`, which needs the gradients all plain tensors or all DTensors on
+    one mesh (one process; FSDP2). Tensor parallelism mixes them: its split weights are DTensors
+    on the tensor mesh (with FSDP2, on the 2-D mesh) next to whole weights that are plain tensors
+    (with FSDP2, DTensors on the data mesh). Then: each group's norm, gathered, combined into the
+    global norm, and every gradient scaled by one coefficient."""
+    if world_size() == 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    from torch.distributed.tensor import DTensor
+
+    groups: dict = {}
+    for p in params:
+        groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+    if len(groups) <= 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norms = []
+    for grads in groups.values():
+        n = torch.nn.utils.get_total_norm(grads, 2.0)
+        norms.append(n.full_tensor() if isinstance(n, DTensor) else n)
+    total = torch.linalg.vector_norm(torch.stack([n.float().cpu() for n in norms]), 2.0)
+    # The coefficient as clip_grads_with_norm_ computes it (in fp32), applied as a Python scalar: a
+    # plain tensor would not mix with the DTensor gradients.
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
+    if coef < 1.0:
+        for grads in groups.values():
+            torch._foreach_mul_(grads, coef)
+    return total
 
 
 def mean(value: torch.Tensor) -> torch.Tensor:

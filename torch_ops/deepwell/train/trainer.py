@@ -96,6 +96,8 @@ class Trainer:
         who = "deepwell.Trainer"
         self.engine = engine
         self.model: torch.nn.Module = engine.model
+        #: The plan's tensor degree: that many adjacent ranks take the same rows of each batch.
+        self._tensor = engine.plan.parallelism["tensor"] if getattr(engine, "plan", None) else 1
         self.optimizer = optimizer
         self.grad_accum = _positive_int("grad_accum", grad_accum)
         self.max_steps = _positive_int("max_steps", max_steps)
@@ -250,13 +252,13 @@ class Trainer:
                     )
                 self.batches_used += 1
                 tokens += _tokens(batch)
-                batch = distributed.shard_rows(batch)
+                batch = distributed.shard_rows(batch, tensor=self._tensor)
                 batch = batch.to(device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch
                 loss = self.loss_fn(self.engine, batch) / self.grad_accum
                 loss.backward()
                 total = loss.detach() if total is None else total + loss.detach()
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm if self.clip_grad_norm else math.inf)
+        norm = distributed.clip_grad_norm(params, self.clip_grad_norm if self.clip_grad_norm else math.inf)
         loss_value, norm_value = distributed.mean(total).item(), distributed.scalar(norm)
         lr = self.optimizer.param_groups[0]["lr"]
         skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
@@ -293,7 +295,7 @@ class Trainer:
         self.model.eval()
         losses = []
         for b in batches:
-            b = distributed.shard_rows(b, "deepwell.Trainer.evaluate")
+            b = distributed.shard_rows(b, "deepwell.Trainer.evaluate", self._tensor)
             losses.append(distributed.mean(self.loss_fn(self.engine, b.to(device) if isinstance(b, torch.Tensor) else b)).item())
         self.model.train()
         if not losses:

@@ -1,0 +1,197 @@
+"""Tensor parallelism: the DTensor sharding rules of deepwell's linear ops (deepwell/ops/sharding.py)
+against the whole ops, a LLaMA split by deepwell.compile (plan/tensor_parallel.py) training like one
+process, with deepwell.Trainer and on a 2-D (data x tensor) mesh, and the errors for layouts that
+cannot be split. Multi-process runs are gloo processes on the CPU, as in test_parallel.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import deepwell
+from deepwell.models import Llama
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
+
+HERE = os.path.dirname(__file__)
+
+
+def _spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
+    out, store = tmp_path / f"{tag}.json", tmp_path / f"{tag}-store"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env_extra}
+    procs = [
+        subprocess.Popen([sys.executable, os.path.join(HERE, script), str(r), str(world), str(store), str(out)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
+    ]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}"
+    return json.loads(out.read_text())
+
+
+def _llama(tmp_path, world: int, tensor: int = 1, mode: str = "loop", **env) -> dict:
+    return _spawn(tmp_path, "_fsdp_worker.py", world, f"{mode}-w{world}-t{tensor}", DEEPWELL_TEST_RECIPE="fp8_block",
+                  DEEPWELL_TEST_MODE=mode, DEEPWELL_TEST_TENSOR=str(tensor), **env)
+
+
+def _close(a: list[float], b: list[float], rel: float = 1e-5) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rel * abs(x) for x, y in zip(a, b))
+
+
+def test_rules_are_registered():
+    from torch.distributed.tensor import DTensor
+
+    registered = DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs
+    for op in ("scaled_linear", "mxfp8_linear", "scaled_linear_backward"):
+        assert getattr(torch.ops.deepwell, op).default in registered, op
+
+
+def test_sharding_rules_match_the_whole_ops(tmp_path):
+    """On 2 ranks, bf16 and fp8_block (CPU emulation), every layout gives the whole op's y, dx, dW.
+    What a shard computes is the whole op's own arithmetic on its slice (shards hold whole blocks,
+    so they quantize bit for bit), hence bit-identical for the sharded outputs (column-parallel y and
+    dW, row-parallel dx and dW, everything replicated). The Partial outputs (row-parallel y: a sum
+    over k split in two; column-parallel dx: over n) add the two ranks' fp32 partial sums: within
+    2 (K + 1) u (|a| @ |b|) per element of one GEMM's result (u = 2^-24, K the reduced length;
+    tests/_tp_worker.py _bound says why)."""
+    got = _spawn(tmp_path, "_tp_worker.py", 2, "ops")
+    exact = {"colwise": ("y", "dw"), "rowwise": ("dx", "dw"), "replicated": ("y", "dx", "dw")}
+    partial = {"colwise": "dx", "rowwise": "y"}
+    for recipe in ("bf16", "fp8_block"):
+        for layout, names in exact.items():
+            row = got[f"{recipe}/{layout}"]
+            for name in names:
+                assert row[name]["max_diff"] == 0.0, (recipe, layout, name, row)
+            if layout in partial:
+                assert row[partial[layout]]["within_bound"], (recipe, layout, row)
+            assert row["weight_only"], (recipe, layout, row)
+        assert got[f"{recipe}/colwise"]["placements"] == ["Shard(dim=2)", "Partial(sum)", "Shard(dim=0)"]
+        assert got[f"{recipe}/rowwise"]["placements"] == ["Partial(sum)", "Shard(dim=2)", "Shard(dim=1)"]
+        assert got[f"{recipe}/replicated"]["placements"] == ["Replicate()"] * 3
+    assert got["bias/colwise"]["y"]["max_diff"] == 0.0 and got["bias/replicated"]["y"]["max_diff"] == 0.0
+    assert got["bias/rowwise"]["y"]["within_bound"], got["bias/rowwise"]
+    assert got["mxfp8_linear/colwise"]["y"]["max_diff"] == 0.0
+    assert got["mxfp8_linear/replicated"]["y"]["max_diff"] == 0.0
+    assert got["mxfp8_linear/rowwise"]["y"]["within_bound"]
+
+
+def test_llama_with_tensor_parallel_trains_like_one_process(tmp_path):
+    """deepwell.autoplan(tensor_parallel=2) + deepwell.compile on 2 processes: Megatron's layout
+    (q/k/v, w1/w3 column-parallel; o, w2 row-parallel), 2 local heads of 4, fp8_block on every block
+    GEMM through the sharding rules, and one process's losses over 3 AdamW steps."""
+    one, two = _llama(tmp_path, 1), _llama(tmp_path, 2, tensor=2)
+    assert two["parallelism"]["tensor"] == 2 and two["parallelism"]["data"] == 1
+    assert "forced by tensor_parallel=2" in two["sharding"]["reason"] and not two["sharding"]["fsdp"]
+    assert two["heads"] == [2, 2] and one["heads"] == [4, 4]
+    assert two["wq_placements"] == ["Shard(dim=0)"]
+    assert two["ran"] == one["ran"] and two["ran"].count("fp8_block") == 14
+    assert _close(one["losses"], two["losses"]), (one["losses"], two["losses"])
+    assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]
+
+
+def test_trainer_with_tensor_parallel_matches_one_process_and_resumes(tmp_path):
+    """deepwell.Trainer on the split model: both ranks take the whole batch (data degree 1), the
+    gradient norm combines the split and the whole weights' norms, and a checkpoint resumes the
+    split model bit for bit and one process with one process's losses."""
+    two = _llama(tmp_path, 2, tensor=2, mode="trainer")
+    one = _llama(tmp_path, 1, mode="trainer", CROSS_RESUME=str(tmp_path / "ckpt-world2" / "step_00000001"))
+    assert _close(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]), (one, two)
+    assert two["resumed"] == two["losses"]
+    assert _close(one["losses"], one["crossed"]), (one["losses"], one["crossed"])
+
+
+def test_two_dimensional_mesh_data_and_tensor(tmp_path):
+    """4 processes, data 2 x tensor 2: FSDP2 over the "data" dimension of the tensor-parallel model
+    (each block's weights sharded on both), one process's losses."""
+    one, four = _llama(tmp_path, 1), _llama(tmp_path, 4, tensor=2)
+    assert (four["parallelism"]["data"], four["parallelism"]["tensor"]) == (2, 2) and four["sharding"]["fsdp"]
+    assert four["sharded"].startswith("FSDP") and len(four["wq_placements"]) == 2
+    assert _close(one["losses"], four["losses"]), (one["losses"], four["losses"])
+
+
+def _ir(model=None, tokens=None):
+    torch.manual_seed(0)
+    model = model or Llama(256, 256, 2, 4, 512, max_seq=64)
+    return deepwell.capture(model, (tokens if tokens is not None else torch.randint(0, 256, (2, 64)),))
+
+
+def _fp8_block():
+    return deepwell.PrecisionPolicy(precision="fp8_block", min_features=128, first_last_bf16=False)
+
+
+def test_tensor_parallel_argument():
+    ir = _ir()
+    plan = deepwell.autoplan(ir, world_size=2, tensor_parallel=2)
+    assert plan.parallelism == {"data": 1, "tensor": 2, "pipeline": 1, "expert": 1}
+    assert "parallel: data 1 x tensor 2" in plan.table() and "the planner chose data 2 x tensor 1" in plan.table()
+    plan = deepwell.autoplan(ir, world_size=4, tensor_parallel=2)
+    assert (plan.parallelism["data"], plan.parallelism["tensor"], plan.sharding["fsdp"]) == (2, 2, True)
+    with pytest.raises(RuntimeError, match=r"deepwell.autoplan: tensor_parallel must be a positive integer dividing the world size 2, got 3"):
+        deepwell.autoplan(ir, world_size=2, tensor_parallel=3)
+
+
+def test_a_shard_that_splits_quantization_blocks_raises():
+    """fp8_block quantizes W in 128x128 tiles: 4 ways, wq's 256 output features leave 64 per rank."""
+    ir = _ir()
+    plan = deepwell.autoplan(ir, policy=_fp8_block(), world_size=4, tensor_parallel=4)
+    with pytest.raises(RuntimeError, match=(
+        r"deepwell.compile: tensor parallelism of degree 4 splits layers.0.attention.wq \(colwise\) along "
+        r"out_features 256 into 64 per rank, not a multiple of fp8_block's quantization block of 128"
+    )):
+        deepwell.compile(ir, plan=plan)
+    # Row-parallel layers are split along in_features: w2's 384 hidden units leave 192 per rank.
+    ir = _ir(Llama(256, 256, 1, 2, 384, max_seq=64))
+    plan = deepwell.autoplan(ir, policy=_fp8_block(), world_size=2, tensor_parallel=2)
+    with pytest.raises(RuntimeError, match=r"layers.0.feed_forward.w1 \(colwise\) along out_features 384 into 192"):
+        deepwell.compile(ir, plan=plan)
+    # bf16 has no blocks: the same split passes the check (and then needs its 2 processes).
+    plan = deepwell.autoplan(ir, precision="bf16", world_size=2, tensor_parallel=2)
+    with pytest.raises(RuntimeError, match="the plan is for 2 processes .* torch.distributed is not initialised"):
+        deepwell.compile(ir, plan=plan)
+
+
+def test_heads_that_do_not_split_raise():
+    ir = _ir(Llama(256, 256, 1, 2, 512, max_seq=64))
+    plan = deepwell.autoplan(ir, precision="bf16", world_size=4, tensor_parallel=4)
+    with pytest.raises(RuntimeError, match=r"tensor parallelism of degree 4 cannot split layers.0.attention's 2 heads evenly"):
+        deepwell.compile(ir, plan=plan)
+
+
+class _Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(2))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_models_that_are_not_llama_shaped_raise():
+    ir = _ir(_Mlp(), torch.randn(4, 256))
+    plan = deepwell.autoplan(ir, precision="bf16", world_size=2, tensor_parallel=2)
+    with pytest.raises(RuntimeError, match=(
+        r"tensor parallelism of degree 2 applies to LLaMA-style blocks .*; block 'layers.0' \(Sequential\) has no "
+        r"'attention.wq': this model is not supported"
+    )):
+        deepwell.compile(ir, plan=plan)
+    ir = _ir(nn.Sequential(nn.Linear(256, 256)), torch.randn(4, 256))
+    plan = deepwell.autoplan(ir, precision="bf16", world_size=2, tensor_parallel=2)
+    with pytest.raises(RuntimeError, match="Sequential has no nn.ModuleList of blocks"):
+        deepwell.compile(ir, plan=plan)
+
+
+def test_a_layer_that_is_not_nn_linear_raises():
+    ir = _ir()
+    ir.model.layers[1].feed_forward.w2 = deepwell.Linear(512, 256, recipe="bf16")
+    plan = deepwell.autoplan(ir, precision="bf16", world_size=2, tensor_parallel=2)
+    with pytest.raises(RuntimeError, match=r"block 'layers.1' \(Block\)'s 'feed_forward.w2' is a deepwell\.nn\.linear\.Linear, not an nn.Linear"):
+        deepwell.compile(ir, plan=plan)
