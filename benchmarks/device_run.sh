@@ -61,7 +61,8 @@ for step in $steps; do
             cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
             ;;
         mainjob)
-            (mkdir -p /tmp/mainjob && cd /tmp/mainjob && python3 -m deepwell) 2>&1 | tee "$OUT/mainjob.log" | tail -40 || status=1
+            run_dir=${MAINJOB_DIR:-/tmp/deepwell-mainjob}  # its checkpoints and plots stay on the machine
+            (mkdir -p "$run_dir" && cd "$run_dir" && python3 -m deepwell) 2>&1 | tee "$OUT/mainjob.log" | tail -40 || status=1
             ;;
         profile)
             python3 benchmarks/profile_linear.py 2>&1 | tee "$OUT/profile_linear.log" || status=1
