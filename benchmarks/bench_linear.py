@@ -10,7 +10,8 @@ and TFLOP/s = 3 * 2MNK / step (2MNK for fwd), the speedup over bf16, and the for
 relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block, `gemms` is the three
 cuBLASLt blockwise GEMMs alone on pre-quantized operands: step - gemms is what quantization and
 glue cost (the gap to explain; see the README's performance notes). Also, in the same process:
-fp8_block's forward + backward under torch.compile (it must not be slower than eager), and
+fp8_block's forward + backward under torch.compile (it must not be slower than eager), the
+inference forward from stored weight codes (`quantized_linear`), and
 torchao's float8 training linear (tensorwise and rowwise recipes, eager and compiled) when torchao
 is installed. The last shape, 8192 x 2048 x 5632, is small enough that per-call host time matters.
 
@@ -156,6 +157,12 @@ def main() -> None:
         bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))
         print(f"{shape:>20} {'fp8_block':>10} backward op alone: {bwd:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "backward_op_ms": bwd})
+        # Inference from an exported model's stored codes (the weight quantized once, beforehand).
+        wq, ws = ops.fp8_block_quantize(w.detach(), 128, 128)
+        with torch.no_grad():
+            inf = time_ms(lambda: ops.quantized_linear(x.detach(), wq, ws, None, None, "fp8_block"))
+        print(f"{shape:>20} {'fp8_block':>10} quantized_linear (stored weight codes) forward: {inf:.3f} ms")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "quantized_linear_fwd_ms": inf})
         del x, w, dy, y64
         torch.cuda.empty_cache()
     if not torchao_version():

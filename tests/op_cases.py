@@ -37,6 +37,7 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
     fb2 = _fb(_x(128, 256), 128, 128)
     scale = torch.randint(0, 255, (130, 6), dtype=torch.uint8).view(torch.float8_e8m0fnu)
     routed = torch.ops.deepwell.moe_route(_x(7, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.0)
+    w_fb, w_mx, w_nv = _x(128, 256, seed=4), _x(32, 64, seed=5), _x(32, 32, seed=6)
     routed_drop = torch.ops.deepwell.moe_route(_x(9, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.5)
     return {
         "mxfp8_quantize": [
@@ -78,6 +79,11 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(2, 32, 32), _x(2, 32, 64, seed=1), _x(32, 64, seed=2), "mxfp8", None, True, True), {}),
             ((_x(32, 16), _x(32, 32, seed=1), _x(16, 32, seed=2), "nvfp4", 3, True, False), {}),
             ((_x(128, 128), _x(128, 128, seed=1), _x(128, 128, seed=2), "fp8_block", None, False, True), {}),
+        ],
+        "quantized_linear": [
+            ((_x(4, 256), *_fb(w_fb, 128, 128), None, None, "fp8_block"), {}),
+            ((_x(2, 3, 64, dtype=torch.float32), *_mx(w_mx), None, _x(32, seed=2), "mxfp8"), {}),
+            ((_x(5, 32), *torch.ops.deepwell.nvfp4_quantize(w_nv, None, True), _x(32, seed=3), "nvfp4@sm_100"), {}),
         ],
         "unswizzle_scales": [((torch.ops.deepwell.swizzle_scales(scale), 130, 6), {})],
         "moe_route": [

@@ -91,12 +91,14 @@ def test_quantize_weight_refuses_other_recipes():
 
 
 def _round_trip(w: torch.Tensor, recipe: str) -> torch.Tensor:
-    from deepwell.train.quantized import _values
-
+    """dequantize(quantize_weight(w)) in fp32, NVFP4's per-tensor decode scale included."""
+    ops = torch.ops.deepwell
     q = quantize_weight(w, recipe)
-    block = (128, 128) if recipe == "fp8_block" else (1, 0)
-    values, global_scale = _values(recipe, q["data"], q["scale"], q.get("global_scale"), block, torch.float32)
-    return values if global_scale is None else values * global_scale
+    if recipe == "mxfp8":
+        return ops.mxfp8_dequantize(q["data"], q["scale"], -1, torch.float32)
+    if recipe == "fp8_block":
+        return ops.fp8_block_dequantize(q["data"], q["scale"], 128, 128, torch.float32)
+    return ops.nvfp4_dequantize(q["data"], q["scale"], q["global_scale"], torch.float32)
 
 
 def test_why_codes_are_stored_requantizing_is_not_the_identity_for_nvfp4():

@@ -5,6 +5,7 @@ registers the Rust kernels behind them."""
 import torch
 
 from .linear import mxfp8_linear, scaled_linear
+from .quantized_linear import quantized_linear
 from .grouped_linear import grouped_linear
 from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize, fp8_block_quantize_rowcol
@@ -32,6 +33,7 @@ __all__ = [
     "mxfp8_quantize_rowcol",
     "nvfp4_dequantize",
     "nvfp4_quantize",
+    "quantized_linear",
     "scaled_linear",
     "swizzle_scales",
     "unswizzle_scales",

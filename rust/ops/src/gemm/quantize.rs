@@ -122,6 +122,38 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
     }
 }
 
+/// The fprop operand `along_k(recipe, form, Role::Weight, W)` rebuilt from W's stored codes (what
+/// that call quantizes W to, before the form's layout: fp8_block (N, K) E4M3 + (N/128, K/128) fp32
+/// tile scales; MXFP8 (N, K) E4M3 + (N, K/32) E8M0; NVFP4 (N, K/2) packed E2M1 + (N, K/16) E4M3 +
+/// the fp32 per-tensor decode scale), so a pre-quantized weight feeds the GEMM exactly the operand
+/// its forward built (ops/linear/quantized_linear.rs). `data` and `scale` contiguous.
+pub fn weight_from_codes(op: Op, recipe: Recipe, form: Form, data: Tensor, scale: Tensor, global: Option<Tensor>) -> Result<Operand> {
+    check_form(op, recipe, form)?;
+    let device = data.device();
+    let missing = || Error::Internal { op, msg: "NVFP4 codes without their per-tensor scale".into() };
+    match (form, recipe) {
+        (Form::Dense, _) | (_, Recipe::Bf16) => {
+            Err(Error::Internal { op, msg: format!("no stored codes for a {form:?} {recipe} operand") })
+        }
+        (Form::Emulated, Recipe::Mxfp8) => Ok(Operand::Dense(k::mxfp8_dequantize(op, data, scale, -1, dense_dtype(device))?)),
+        (Form::Emulated, Recipe::Fp8Block) => {
+            Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 128), dense_dtype(device))?))
+        }
+        (Form::Emulated, Recipe::Nvfp4) => {
+            let global = global.ok_or_else(missing)?;
+            let unit = aten::ones_like(op, &global)?;
+            let values = k::nvfp4_dequantize(op, data, scale, unit, dense_dtype(device))?;
+            Ok(Operand::DenseScaled { values, global })
+        }
+        (Form::Blockwise(scaling), _) => Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling }),
+        (Form::Mx(scaling @ ScalingType::BlockWise1x16), _) => {
+            let data = aten::view_dtype(op, data, DType::F4x2)?;
+            Ok(Operand::Mx { data, scale: k::swizzle_scales(op, scale)?, global: Some(global.ok_or_else(missing)?), scaling })
+        }
+        (Form::Mx(scaling), _) => Ok(Operand::Mx { data, scale: k::swizzle_scales(op, scale)?, global: None, scaling }),
+    }
+}
+
 /// The weight's two operands: W (N, K) along K for fprop, and W^T (K, N) along N for dgrad. Dense
 /// GEMMs read W^T's operand as a transposed view of W's where they coincide (dense values and 2-D
 /// blocks: fp8_block 128x128, NVFP4 16x16; docs/NUMERICS.md "Transposes"); cuBLASLt's 128x128 FP8

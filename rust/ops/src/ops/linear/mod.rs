@@ -15,6 +15,7 @@
 //! | dgrad | dy (M, out) | W^T (in, out) | out |
 //! | wgrad | dy^T (out, M) | x^T (in, M) | M (tokens) |
 
+pub mod quantized_linear;
 pub mod weight_cache;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +75,7 @@ pub fn kernels() -> Vec<Kernel> {
         v.push(Kernel { spec: &MXFP8_FORWARD, dispatch_key: key, boxed: boxed_kernel!(MXFP8_FORWARD, mxfp8_forward) });
         v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
     }
+    v.extend(quantized_linear::kernels());
     v
 }
 
