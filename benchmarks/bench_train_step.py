@@ -72,12 +72,16 @@ def kernel_ms(step, steps: int = 3) -> tuple[float, dict[str, float]]:
 
 
 def run(model, compiled, tokens, targets, steps: int, warmup: int = 3):
-    """(first-call seconds, ms per step, peak bytes, (kernel ms per step, by kind))."""
+    """(first-call seconds, ms per step, peak bytes, (kernel ms per step, by kind), (first loss, last
+    loss, steps)): every run takes the same number of steps on the same batch from the same weights,
+    so the last losses are comparable (the recipe's accuracy next to its speed)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    losses = []
 
     def step():
         logits = compiled(tokens)
         loss = F.cross_entropy(logits.view(-1, VOCAB).float(), targets.view(-1))
+        losses.append(loss.detach())  # no sync: read after the timed steps
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -89,7 +93,8 @@ def run(model, compiled, tokens, targets, steps: int, warmup: int = 3):
     first = time.perf_counter() - t0
     ms = time_ms(step, warmup=warmup, iters=steps, reps=1)
     peak = torch.cuda.max_memory_allocated()
-    return first, ms, peak, kernel_ms(step)
+    kernels = kernel_ms(step)
+    return first, ms, peak, kernels, (losses[0].item(), losses[-1].item(), len(losses))
 
 
 def main() -> None:
@@ -115,9 +120,9 @@ def main() -> None:
     model = make_model(spec, layers)
     n_params = sum(p.numel() for p in model.parameters())
     torch._dynamo.reset()
-    first, ms, peak, (kms, kinds) = run(model, torch.compile(model), tokens, targets, args.steps)
+    first, ms, peak, (kms, kinds), loss = run(model, torch.compile(model), tokens, targets, args.steps)
     rows.append({"what": "torch.compile bf16", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3, "first_call_s": first,
-                 "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds})
+                 "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss})
     del model
     torch.cuda.empty_cache()
 
@@ -126,9 +131,9 @@ def main() -> None:
     for ao_recipe in [r for r in args.torchao.split(",") if r] if torchao_version() else ():
         model = torchao_float8(make_model(spec, layers), ao_recipe)
         torch._dynamo.reset()
-        first, ms, peak, (kms, kinds) = run(model, torch.compile(model), tokens, targets, args.steps)
+        first, ms, peak, (kms, kinds), loss = run(model, torch.compile(model), tokens, targets, args.steps)
         rows.append({"what": f"torchao float8 {ao_recipe}", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-                     "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "torchao": torchao_version()})
+                     "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss, "torchao": torchao_version()})
         del model
         torch.cuda.empty_cache()
 
@@ -139,11 +144,11 @@ def main() -> None:
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     planning_before = deepwell.plan.backend.STATS["planning_s"]
-    first, ms, peak, (kms, kinds) = run(model, engine, tokens, targets, args.steps)
+    first, ms, peak, (kms, kinds), loss = run(model, engine, tokens, targets, args.steps)
     planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
     recipes = sorted({s.recipe for s in plan.sites})
     rows.append({"what": f"deepwell auto ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-                 "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds,
+                 "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss,
                  "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
                  "predicted_speedup": estimate.speedup, "planning_s": planning,
                  "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}})
@@ -154,10 +159,14 @@ def main() -> None:
         print(f"  {r['what']:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_kinds"].items())))
     dw = rows[-1]
     print(f"{n_params / 1e9:.2f}B parameters; auto plan: {len(plan.sites)} GEMM sites, {dw['sites']}")
-    print(f"{'run':<32} {'step ms':>8} {'kernels ms':>10} {'tokens/s':>10} {'vs bf16':>8} {'peak GiB':>9} {'first call s':>12}")
+    steps_run = rows[0]["loss"][2]
+    print(f"{'run':<32} {'step ms':>8} {'kernels ms':>10} {'tokens/s':>10} {'vs bf16':>8} {'peak GiB':>9} "
+          f"{'first call s':>12} {f'loss step 1 -> {steps_run}':>20}")
     for r in rows:
+        first_loss, last_loss, _ = r["loss"]
         print(f"{r['what']:<32} {r['step_ms']:8.1f} {r['kernel_ms']:10.1f} {r['tokens_per_s']:10.0f} "
-              f"{r['tokens_per_s'] / base:8.2f} {r['peak_bytes'] / 2**30:9.2f} {r['first_call_s']:12.1f}")
+              f"{r['tokens_per_s'] / base:8.2f} {r['peak_bytes'] / 2**30:9.2f} {r['first_call_s']:12.1f} "
+              f"{first_loss:9.4f} -> {last_loss:.4f}")
     err = dw["predicted_peak_bytes"] / dw["peak_bytes"] - 1
     print(f"dryrun: predicted peak {dw['predicted_peak_bytes'] / 2**30:.2f} GiB vs measured {dw['peak_bytes'] / 2**30:.2f} GiB "
           f"({err * 100:+.1f}%); predicted step {dw['predicted_step_ms']:.1f} ms ({dw['predicted_speedup']:.2f}x bf16)")
