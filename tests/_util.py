@@ -48,3 +48,22 @@ def wide_range(shape, gen: torch.Generator, dtype=torch.float32, lo=-30.0, hi=30
     x[torch.rand(shape, generator=gen) < 0.02] = 0.0
     return x.to(dtype)
 
+
+
+def saved_activation_bytes(run, inputs, model: torch.nn.Module) -> int:
+    """Bytes of the distinct storages, other than `model`'s parameters and buffers, that one forward
+    `run(inputs)` saves for its backward, as autograd's saved-tensor hooks see them; runs that
+    backward. Under torch.compile a lower bound: AOTAutograd keeps some saved tensors outside
+    save_for_backward (`ctx._tensors_no_vc_check`), out of the hooks' sight."""
+    storages = {}
+    resident = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in resident:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run(inputs)
+    out.float().square().mean().backward()
+    return sum(storages.values())

@@ -10,6 +10,7 @@ import torch
 import deepwell
 from deepwell.plan import backend as dw_backend
 from deepwell.models import Llama
+from _util import saved_activation_bytes
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN = 1000, 512, 2, 8, 1024
 
@@ -242,23 +243,6 @@ def test_optimize_warns_when_dynamo_skips_the_whole_frame(graph_break):
     assert len(ours) == (1 if graph_break else 0)
 
 
-def _saved_activation_bytes(compiled, tokens) -> int:
-    """Bytes of the distinct non-parameter storages one forward saves for its backward, as autograd's
-    saved-tensor hooks see them (most of what a compiled graph keeps: AOTAutograd holds a few
-    tensors outside save_for_backward), after running that backward."""
-    storages = {}
-
-    def pack(t):
-        if not isinstance(t, torch.nn.Parameter):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = compiled(tokens)
-    out.float().square().mean().backward()
-    return sum(storages.values())
-
-
 def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch):
     """The backend lets the partitioner recompute the bf16 inputs of deepwell GEMMs (norm and
     SwiGLU outputs) in the backward instead of saving them (backend._partitioner_options): a bf16
@@ -278,7 +262,7 @@ def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch
         compiled = compile_fn(model)
         compiled(tokens).float().square().mean().backward()  # compiles; the next call is measured
         model.zero_grad()
-        saved = _saved_activation_bytes(compiled, tokens)
+        saved = saved_activation_bytes(compiled, tokens, model)
         errors = [_rel(p.grad.float(), q.grad) for p, q in zip(model.parameters(), reference.parameters())]
         return saved, max(errors)
 

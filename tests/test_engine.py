@@ -9,6 +9,7 @@ import torch
 
 import deepwell
 from deepwell.models import Llama
+from _util import saved_activation_bytes
 
 VOCAB, DIM, LAYERS = 1000, 512, 2
 
@@ -118,24 +119,6 @@ def test_main_job_has_a_command_line():
     assert done.returncode == 0 and "--precision" in done.stdout and "--quick" in done.stdout
 
 
-def _measured_saved_bytes(run, tokens, model) -> int:
-    """Bytes of the distinct storages other than `model`'s parameters and buffers one forward of `run` saves for its backward, as
-    saved-tensor hooks see them: a lower bound under torch.compile, whose AOTAutograd keeps some
-    saved tensors outside save_for_backward (`ctx._tensors_no_vc_check`), out of the hooks' sight."""
-    storages = {}
-    resident = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in resident:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = run(tokens)
-    out.float().square().mean().backward()
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize("precision", ["fp8_block", "bf16"])
 def test_dryrun_activations_are_what_the_compiled_engine_saves(precision):
     """dryrun's activation bytes (AOTAutograd's partition on fake tensors, plan/memory.py) against
@@ -152,7 +135,7 @@ def test_dryrun_activations_are_what_the_compiled_engine_saves(precision):
     engine = deepwell.compile(ir, plan=deepwell.autoplan(ir, policy=policy, arch="sm_90"))
     engine(tokens).float().square().mean().backward()  # compile
     model.zero_grad()
-    measured = _measured_saved_bytes(engine, tokens, model)
+    measured = saved_activation_bytes(engine, tokens, model)
     predicted = deepwell.dryrun(engine).activations
     eager = deepwell.plan.memory.eager_saved_bytes(model, (tokens,))[0]
     assert measured <= predicted < 1.15 * measured, (predicted, measured)
