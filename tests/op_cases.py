@@ -38,6 +38,9 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
     scale = torch.randint(0, 255, (130, 6), dtype=torch.uint8).view(torch.float8_e8m0fnu)
     routed = torch.ops.deepwell.moe_route(_x(7, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.0)
     routed_drop = torch.ops.deepwell.moe_route(_x(9, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.5)
+    perm = torch.ops.deepwell.moe_permute_index(routed[0], routed[1], 8, 1)
+    perm_drop = torch.ops.deepwell.moe_permute_index(routed_drop[0], routed_drop[1], 8, 4)
+    w7, w9 = torch.rand(7, 2), torch.rand(9, 2, generator=torch.Generator().manual_seed(1))
     return {
         "mxfp8_quantize": [
             ((_x(4, 64),), {}),
@@ -87,5 +90,17 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         "moe_permute_index": [
             ((routed[0], routed[1], 8, 1), {}),
             ((routed_drop[0], routed_drop[1], 8, 16), {}),
+        ],
+        "moe_gather_rows": [
+            ((_x(7, 16), perm[1], None, 2), {}),
+            ((_x(9, 12, dtype=torch.float32), perm_drop[1], w9, 2), {}),
+        ],
+        "moe_sum_slots": [
+            ((_x(perm[1].shape[0], 16), perm[0], w7), {}),
+            ((_x(perm_drop[1].shape[0], 5, dtype=torch.float16), perm_drop[0], None), {}),
+        ],
+        "moe_slot_dots": [
+            ((_x(perm[1].shape[0], 16), perm[0], _x(7, 16, seed=1)), {}),
+            ((_x(perm_drop[1].shape[0], 300, dtype=torch.float32), perm_drop[0], _x(9, 300, seed=1, dtype=torch.float32)), {}),
         ],
     }
