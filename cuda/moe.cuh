@@ -8,6 +8,9 @@
 //   moe_expert_scan<Mode>  one CTA per expert: a prefix count over the T·K assignments in flat
 //                          order (capacity / counts / placement)
 //   moe_offsets<0>         one thread: the groups' start rows
+//   moe_gather_rows<In>    per (row, chunk): dispatch's gather, combine's weighted d_rows
+//   moe_sum_slots<In>      per (token, chunk): Σ_k in k order (combine, dispatch's backward)
+//   moe_slot_dots<In>      one warp per slot: combine's d_weights, a fixed-shape dot product
 #pragma once
 #include "common.cuh"
 
@@ -232,6 +235,188 @@ __global__ void __launch_bounds__(THREADS) moe_offsets(const int* counts, int nu
         total += (counts[e] + align - 1) / align * align;
     }
     offsets[num_experts] = static_cast<int>(rows);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The value moves between token order and the expert-grouped buffer (torch_ops/deepwell/ops/moe.py
+// moe_dispatch / moe_combine; CPU twins in rust/ops/src/ops/moe/combine_cpu.rs). Every output
+// element is written once by one thread and sums run in k order: no atomics, the same bits every
+// run. Products and sums are __fmul_rn / __fadd_rn, never a contracted fma, because the CPU
+// reference rounds each product and each sum separately. An index outside [0, rows) (the CPU
+// reference's error) reads as a dropped slot here: checking it on the device would need a host sync.
+
+// Elements per chunk (one 16-byte vector) of the gather and the sums: 8 bf16/fp16 or 4 fp32.
+template <class In> struct MoeVec {
+    static constexpr int N = 16 / Bytes<In>::N;
+};
+
+// Elements per lane step of moe_slot_dots, for every dtype and both paths: the reduction order
+// depends on it, and rust/ops/src/ops/moe/combine_cpu.rs `DOT_CHUNK` repeats it.
+constexpr int MOE_DOT_CHUNK = 8;
+
+namespace moe_detail {
+
+// 16 bytes at element i of p (16-byte aligned), widened exactly to fp32.
+template <class In> __device__ __forceinline__ void load_vec(const void* p, int64_t i, float* v) {
+    const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const char*>(p) + i * Bytes<In>::N);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < MoeVec<In>::N; ++j) v[j] = widen<In>(w, j);
+}
+
+// n elements' raw bytes from element `from` of src to element `to` of dst (a copy keeps every bit,
+// NaN payloads too); n * sizeof(In) is 16 (aligned) or one element.
+template <class In> __device__ __forceinline__ void copy_bits(void* dst, int64_t to, const void* src, int64_t from, int n) {
+    const char* s = static_cast<const char*>(src) + from * Bytes<In>::N;
+    char* o = static_cast<char*>(dst) + to * Bytes<In>::N;
+    if (n * Bytes<In>::N == 16)
+        *reinterpret_cast<uint4*>(o) = *reinterpret_cast<const uint4*>(s);
+    else if (Bytes<In>::N == 4)
+        *reinterpret_cast<uint32_t*>(o) = *reinterpret_cast<const uint32_t*>(s);
+    else
+        *reinterpret_cast<uint16_t*>(o) = *reinterpret_cast<const uint16_t*>(s);
+}
+
+// Stores v[0, n) at element i of p, each rounded once (RNE) to In (n = MoeVec<In>::N or 1).
+template <class In> __device__ __forceinline__ void store_n(void* p, int64_t i, const float* v, int n) {
+    if (n == 1)
+        In::store(p, i, v[0]);
+    else
+        store_piece<In>(p, i, v);
+}
+
+}  // namespace moe_detail
+
+// out (rows, d) of In: row r = src[index[r] / top_k] (weights null: a bit copy) or
+// In(fp32(weights[index[r]]) · fp32(src[index[r] / top_k])) (one rounding), zero where index[r]
+// is -1 (a padding row) or outside [0, src_rows · top_k). Dispatch: index = slot_of_row; combine's
+// d_rows: src = grad (T, d), weights (T·K) fp32. Vector path (d % MoeVec<In>::N == 0, src and out
+// 16-byte aligned): items are 16-byte chunks; scalar path: single elements.
+// **Per CTA:** THREADS items; rows * ceil(d / V) items (V = MoeVec<In>::N or 1).
+template <class In>
+__global__ void __launch_bounds__(THREADS) moe_gather_rows(const void* src, const int* index, const float* weights,
+                                                           void* out, int64_t rows, int64_t d, int64_t src_rows,
+                                                           int64_t top_k) {
+    constexpr int V = MoeVec<In>::N;
+    const bool vec = d % V == 0 && aligned(src, 16) && aligned(out, 16);
+    const int n = vec ? V : 1;
+    const int64_t per_row = d / n, items = rows * per_row, limit = src_rows * top_k;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * THREADS + threadIdx.x; i < items;
+         i += static_cast<int64_t>(gridDim.x) * THREADS) {
+        const int64_t r = i / per_row, e = (i - r * per_row) * n;
+        const int64_t s = index[r];
+        const bool valid = s >= 0 && s < limit;
+        const int64_t from = (valid ? s / top_k : 0) * d + e, to = r * d + e;
+        float v[V];
+        if (valid && !weights) {
+            moe_detail::copy_bits<In>(out, to, src, from, n);
+            continue;
+        }
+        if (valid) {
+            const float w = weights[s];
+            if (vec) {
+                moe_detail::load_vec<In>(src, from, v);
+            } else {
+                v[0] = In::load(src, from);
+            }
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[j] = __fmul_rn(w, v[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[j] = 0.0f;
+        }
+        moe_detail::store_n<In>(out, to, v, n);
+    }
+}
+
+// out (tokens, d) of In: out[t] = In(Σ_k term_k) with the sum in fp32 in k order starting from
+// -0.0 (the additive identity, so a single term passes unchanged), term_k = fp32(rows[r]) ·
+// fp32(weights[t·K + k]) (weights null: fp32(rows[r]) alone) for r = row_of_slot[t·K + k], and +0.0
+// for a dropped slot (r == -1 or outside [0, n_rows)). Combine's forward; dispatch's backward with
+// null weights. Vector and scalar paths as moe_gather_rows (d % V, rows and out aligned).
+// **Per CTA:** THREADS items; tokens * ceil(d / V) items.
+template <class In>
+__global__ void __launch_bounds__(THREADS) moe_sum_slots(const void* rows, const int* row_of_slot, const float* weights,
+                                                         void* out, int64_t tokens, int top_k, int64_t d, int64_t n_rows) {
+    constexpr int V = MoeVec<In>::N;
+    const bool vec = d % V == 0 && aligned(rows, 16) && aligned(out, 16);
+    const int n = vec ? V : 1;
+    const int64_t per_row = d / n, items = tokens * per_row;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * THREADS + threadIdx.x; i < items;
+         i += static_cast<int64_t>(gridDim.x) * THREADS) {
+        const int64_t t = i / per_row, e = (i - t * per_row) * n;
+        float acc[V], x[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = -0.0f;
+        for (int k = 0; k < top_k; ++k) {
+            const int64_t slot = t * top_k + k;
+            const int64_t r = row_of_slot[slot];
+            if (r < 0 || r >= n_rows) {
+#pragma unroll
+                for (int j = 0; j < V; ++j) acc[j] = __fadd_rn(acc[j], 0.0f);
+                continue;
+            }
+            if (vec) {
+                moe_detail::load_vec<In>(rows, r * d + e, x);
+            } else {
+                x[0] = In::load(rows, r * d + e);
+            }
+            if (weights) {
+                const float w = weights[slot];
+#pragma unroll
+                for (int j = 0; j < V; ++j) x[j] = __fmul_rn(x[j], w);
+            }
+#pragma unroll
+            for (int j = 0; j < V; ++j) acc[j] = __fadd_rn(acc[j], x[j]);
+        }
+        moe_detail::store_n<In>(out, t * d + e, acc, n);
+    }
+}
+
+// out (slots) fp32: out[s] = dot(rows[row_of_slot[s]], grad[s / top_k]) over d, +0.0 for a dropped
+// slot. One warp per slot s. The fixed reduction order (combine_cpu.rs `slot_dot` repeats it): lane l
+// owns the chunks c ≡ l (mod 32) of MOE_DOT_CHUNK elements, c ascending, and sums
+// fp32(row[j]) · fp32(grad[j]) (each product rounded, then the sum) into p_l from +0.0, j ascending;
+// then p_l += p_{l + off} for off = 16, 8, 4, 2, 1 (lanes l < off; __shfl_down_sync), lane 0's p is
+// the dot. Vector path (d % 8 == 0, rows and grad 16-byte aligned): each chunk is 16-byte loads;
+// scalar path: element loads in the same order, so both give the same bits.
+// **Per CTA:** THREADS / 32 = 8 slots.
+template <class In>
+__global__ void __launch_bounds__(THREADS) moe_slot_dots(const void* rows, const int* row_of_slot, const void* grad,
+                                                         float* out, int64_t slots, int top_k, int64_t d, int64_t n_rows) {
+    constexpr int C = MOE_DOT_CHUNK, V = MoeVec<In>::N;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool vec = d % C == 0 && aligned(rows, 16) && aligned(grad, 16);
+    const int64_t chunks = (d + C - 1) / C;
+    for (int64_t s = static_cast<int64_t>(blockIdx.x) * (THREADS / 32) + warp; s < slots;
+         s += static_cast<int64_t>(gridDim.x) * (THREADS / 32)) {
+        const int64_t r = row_of_slot[s];  // the same for the whole warp: no divergence
+        if (r < 0 || r >= n_rows) {
+            if (lane == 0) out[s] = 0.0f;
+            continue;
+        }
+        const int64_t a = r * d, b = (s / top_k) * d;
+        float p = 0.0f;
+        for (int64_t c = lane; c < chunks; c += 32) {
+            const int64_t e0 = c * C;
+            if (vec) {
+                float x[C], g[C];
+#pragma unroll
+                for (int h = 0; h < C; h += V) {
+                    moe_detail::load_vec<In>(rows, a + e0 + h, x + h);
+                    moe_detail::load_vec<In>(grad, b + e0 + h, g + h);
+                }
+#pragma unroll
+                for (int j = 0; j < C; ++j) p = __fadd_rn(p, __fmul_rn(x[j], g[j]));
+            } else {
+                const int64_t e1 = e0 + C < d ? e0 + C : d;
+                for (int64_t j = e0; j < e1; ++j) p = __fadd_rn(p, __fmul_rn(In::load(rows, a + j), In::load(grad, b + j)));
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) p = __fadd_rn(p, __shfl_down_sync(FULL_MASK, p, off));
+        if (lane == 0) out[s] = p;
+    }
 }
 
 }  // namespace deepwell

@@ -39,6 +39,9 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
     routed = torch.ops.deepwell.moe_route(_x(7, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.0)
     w_fb, w_mx, w_nv = _x(128, 256, seed=4), _x(32, 64, seed=5), _x(32, 32, seed=6)
     routed_drop = torch.ops.deepwell.moe_route(_x(9, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.5)
+    perm = torch.ops.deepwell.moe_permute_index(routed[0], routed[1], 8, 1)
+    perm_drop = torch.ops.deepwell.moe_permute_index(routed_drop[0], routed_drop[1], 8, 4)
+    w7, w9 = torch.rand(7, 2), torch.rand(9, 2, generator=torch.Generator().manual_seed(1))
     return {
         "mxfp8_quantize": [
             ((_x(4, 64),), {}),
@@ -93,5 +96,17 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         "moe_permute_index": [
             ((routed[0], routed[1], 8, 1), {}),
             ((routed_drop[0], routed_drop[1], 8, 16), {}),
+        ],
+        "moe_gather_rows": [
+            ((_x(7, 16), perm[1], None, 2), {}),
+            ((_x(9, 12, dtype=torch.float32), perm_drop[1], w9, 2), {}),
+        ],
+        "moe_sum_slots": [
+            ((_x(perm[1].shape[0], 16), perm[0], w7), {}),
+            ((_x(perm_drop[1].shape[0], 5, dtype=torch.float16), perm_drop[0], None), {}),
+        ],
+        "moe_slot_dots": [
+            ((_x(perm[1].shape[0], 16), perm[0], _x(7, 16, seed=1)), {}),
+            ((_x(perm_drop[1].shape[0], 300, dtype=torch.float32), perm_drop[0], _x(9, 300, seed=1, dtype=torch.float32)), {}),
         ],
     }

@@ -1,6 +1,7 @@
 """Mixture-of-Experts routing and token permutation: `moe_route`, `moe_permute_index` (schemas, fake
 kernels, wrappers) and the two differentiable, deterministic moves between token order and the
-expert-grouped buffer, `moe_dispatch` and `moe_combine` (docs/DESIGN.md "MoE").
+expert-grouped buffer, `moe_dispatch` and `moe_combine` (docs/DESIGN.md "MoE"), built from the fused
+value-move ops `moe_gather_rows`, `moe_sum_slots`, `moe_slot_dots` (rust/ops/src/ops/moe/combine.rs).
 
 Kernels: rust/ops/src/ops/moe/ (maths: rust/core/src/moe). The Rust ops return integers only —
 which experts, which assignments were dropped, where each row goes — and are not differentiable;
@@ -31,6 +32,10 @@ define(
     "moe_permute_index(Tensor experts, Tensor dropped, int num_experts, int align) "
     "-> (Tensor row_of_slot, Tensor slot_of_row, Tensor offsets)"
 )
+
+define("moe_gather_rows(Tensor src, Tensor index, Tensor? weights, int top_k) -> Tensor")
+define("moe_sum_slots(Tensor rows, Tensor row_of_slot, Tensor? weights) -> Tensor")
+define("moe_slot_dots(Tensor rows, Tensor row_of_slot, Tensor grad) -> Tensor")
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 
@@ -113,12 +118,86 @@ def _permute_fake(experts, dropped, num_experts, align):
     return experts.new_empty(experts.shape), experts.new_empty((rows,)), experts.new_empty((num_experts + 1,))
 
 
+def _two_d(op, arg, t, what):
+    if t.dim() != 2:
+        _checks.fail(op, arg, f"be 2-d {what}", f"a {t.dim()}-d tensor")
+    _checks.non_empty(op, arg, t, 2)
+    return t.shape
+
+
+def _check_weights(op, weights, t, k):
+    if weights is not None:
+        _checks.dtype_in(op, "weights", weights, (torch.float32,))
+        _checks.shape_eq(op, "weights", weights, (t, k))
+
+
+def _fits_int32(op, arg, n, what):
+    if n > 2**31 - 1:
+        _checks.fail(op, arg, "give fewer than 2^31 slots (int32 indices)", f"{n} {what}")
+
+
+def _check_gather(op, src, index, weights, top_k):
+    """Mirrors `GatherRows::new` in rust/ops/src/ops/moe/combine.rs."""
+    _checks.dtype_in(op, "src", src, _checks.FLOAT_INPUTS)
+    _checks.dtype_in(op, "index", index, (torch.int32,))
+    _checks.same_device(op, ("src", src), ("index", index), *(() if weights is None else (("weights", weights),)))
+    t, d = _two_d(op, "src", src, "(tokens, hidden)")
+    if index.dim() != 1:
+        _checks.fail(op, "index", "be 1-d (rows)", f"a {index.dim()}-d tensor")
+    _checks.non_empty(op, "index", index, 1)
+    if top_k < 1:
+        _checks.fail(op, "top_k", "be positive", top_k)
+    _fits_int32(op, "src", t * top_k, "slots")
+    _check_weights(op, weights, t, top_k)
+
+
+@torch.library.register_fake("deepwell::moe_gather_rows")
+def _gather_rows_fake(src, index, weights, top_k):
+    _check_gather("moe_gather_rows", src, index, weights, top_k)
+    return src.new_empty((index.shape[0], src.shape[1]))
+
+
+def _check_slots(op, rows, row_of_slot, weights, grad):
+    """Mirrors `Slots::new` in rust/ops/src/ops/moe/combine.rs."""
+    _checks.dtype_in(op, "rows", rows, _checks.FLOAT_INPUTS)
+    _checks.dtype_in(op, "row_of_slot", row_of_slot, (torch.int32,))
+    extra = [(n, x) for n, x in (("weights", weights), ("grad", grad)) if x is not None]
+    _checks.same_device(op, ("rows", rows), ("row_of_slot", row_of_slot), *extra)
+    _, d = _two_d(op, "rows", rows, "(rows, hidden)")
+    t, k = _two_d(op, "row_of_slot", row_of_slot, "(tokens, top_k)")
+    _fits_int32(op, "row_of_slot", t * k, "slots")
+    _check_weights(op, weights, t, k)
+    if grad is not None:
+        _checks.dtype_in(op, "grad", grad, (rows.dtype,))
+        _checks.shape_eq(op, "grad", grad, (t, d))
+    return t, k, d
+
+
+@torch.library.register_fake("deepwell::moe_sum_slots")
+def _sum_slots_fake(rows, row_of_slot, weights):
+    t, _, d = _check_slots("moe_sum_slots", rows, row_of_slot, weights, None)
+    return rows.new_empty((t, d))
+
+
+@torch.library.register_fake("deepwell::moe_slot_dots")
+def _slot_dots_fake(rows, row_of_slot, grad):
+    t, k, _ = _check_slots("moe_slot_dots", rows, row_of_slot, None, grad)
+    return rows.new_empty((t, k), dtype=torch.float32)
+
+
 # Integer outputs: nothing to differentiate (logits' gradient comes through the weights, in torch).
 _nondiff.register(
     "moe_route",
     "moe_permute_index",
     hint="routing decisions are integers; the routing weights are differentiable torch ops of the logits "
     "(deepwell.DeepwellMoE computes them), so detach() the logits passed to the router op",
+)
+_nondiff.register(
+    "moe_gather_rows",
+    "moe_sum_slots",
+    "moe_slot_dots",
+    hint="these are the building blocks of deepwell.moe_dispatch / moe_combine, which are differentiable: "
+    "call those instead",
 )
 
 
@@ -163,7 +242,9 @@ def moe_permute_index(experts: torch.Tensor, dropped: torch.Tensor, num_experts:
 # ---------------------------------------------------------------------------------------------
 # The differentiable moves. Each one's backward is a gather of the other's kind, so both directions
 # are plain gathers and fixed-order sums: no atomics, the same bits every run (an index_add_ /
-# scatter_add_ backward would be nondeterministic on CUDA).
+# scatter_add_ backward would be nondeterministic on CUDA). The fused ops above do each move in one
+# pass (one kernel, each output element written once) with the numerics of the pure-torch formulas
+# below, which stay as the float64 path (the ops take fp32 / bf16 / fp16) and as the tests' reference.
 
 
 def _gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -190,17 +271,32 @@ def _sum_slots(rows: torch.Tensor, row_of_slot: torch.Tensor, weights: torch.Ten
     return out
 
 
+def _fused(*tensors: torch.Tensor) -> bool:
+    """The fused ops apply: float tensors of the ops' dtypes (float64 takes the torch path) on a
+    device with deepwell kernels (or fake / meta tensors while tracing)."""
+    return all(t.dtype in _checks.FLOAT_INPUTS and t.device.type in ("cpu", "cuda", "meta") for t in tensors)
+
+
+def _tokens(slot_of_row: torch.Tensor, top_k: int) -> torch.Tensor:
+    return torch.where(slot_of_row >= 0, torch.div(slot_of_row, top_k, rounding_mode="floor"), -1)
+
+
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, slot_of_row, row_of_slot, top_k):
         ctx.save_for_backward(row_of_slot)
         ctx.dtype = x.dtype
-        token = torch.where(slot_of_row >= 0, torch.div(slot_of_row, top_k, rounding_mode="floor"), -1)
-        return _gather_rows(x, token)
+        if _fused(x) and slot_of_row.dtype == torch.int32:
+            return torch.ops.deepwell.moe_gather_rows(x, slot_of_row, None, top_k)
+        return _gather_rows(x, _tokens(slot_of_row, top_k))
 
     @staticmethod
     def backward(ctx, grad):
         (row_of_slot,) = ctx.saved_tensors
+        # The fused sum rounds once to grad's dtype: the same bits as the fp32 sum cast to x's dtype
+        # only when the two dtypes agree (autograd hands back x's dtype).
+        if _fused(grad) and grad.dtype == ctx.dtype and row_of_slot.dtype == torch.int32:
+            return torch.ops.deepwell.moe_sum_slots(grad, row_of_slot, None), None, None, None
         return _sum_slots(grad, row_of_slot, None).to(ctx.dtype), None, None, None
 
 
@@ -208,24 +304,35 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, weights, row_of_slot, slot_of_row):
         ctx.save_for_backward(rows, weights, row_of_slot, slot_of_row)
+        if _fused(rows, weights) and row_of_slot.dtype == torch.int32:
+            # The sum reads the weights as fp32 either way (_sum_slots' .to(acc)).
+            return torch.ops.deepwell.moe_sum_slots(rows, row_of_slot, weights.float())
         return _sum_slots(rows, row_of_slot, weights).to(rows.dtype)
 
     @staticmethod
     def backward(ctx, grad):
         rows, weights, row_of_slot, slot_of_row = ctx.saved_tensors
         t, k = row_of_slot.shape
+        fused = _fused(rows, weights, grad) and grad.dtype == rows.dtype and row_of_slot.dtype == torch.int32
         d_rows = d_weights = None
         if ctx.needs_input_grad[0]:
-            # d rows[r] = w[slot] · grad[token of slot]; padding rows get 0.
-            acc = _acc(rows.dtype)
-            w_row = _gather_rows(weights.reshape(-1, 1).to(acc), slot_of_row)
-            token = torch.where(slot_of_row >= 0, torch.div(slot_of_row, k, rounding_mode="floor"), -1)
-            d_rows = (_gather_rows(grad.to(acc), token) * w_row).to(rows.dtype)
+            # d rows[r] = w[slot] · grad[token of slot] (fp32 product, one rounding); padding rows get 0.
+            if fused:
+                d_rows = torch.ops.deepwell.moe_gather_rows(grad, slot_of_row, weights.float(), k)
+            else:
+                acc = _acc(rows.dtype)
+                w_row = _gather_rows(weights.reshape(-1, 1).to(acc), slot_of_row)
+                d_rows = (_gather_rows(grad.to(acc), _tokens(slot_of_row, k)) * w_row).to(rows.dtype)
         if ctx.needs_input_grad[1]:
-            acc = _acc(torch.promote_types(rows.dtype, weights.dtype))
-            g = grad.to(acc)
-            cols = [(_gather_rows(rows, row_of_slot[:, j]).to(acc) * g).sum(-1) for j in range(k)]
-            d_weights = torch.stack(cols, dim=1).to(weights.dtype)
+            # d w[t, k] = dot(rows[row_of_slot[t, k]], grad[t]) in fp32; the fused op sums in a fixed
+            # order (cuda/moe.cuh moe_slot_dots), the torch path in torch's.
+            if fused:
+                d_weights = torch.ops.deepwell.moe_slot_dots(rows, row_of_slot, grad).to(weights.dtype)
+            else:
+                acc = _acc(torch.promote_types(rows.dtype, weights.dtype))
+                g = grad.to(acc)
+                cols = [(_gather_rows(rows, row_of_slot[:, j]).to(acc) * g).sum(-1) for j in range(k)]
+                d_weights = torch.stack(cols, dim=1).to(weights.dtype)
         return d_rows, d_weights, None, None
 
 
@@ -243,3 +350,24 @@ def moe_combine(
     in fp32 and cast to rows' dtype once; dropped assignments contribute 0 (their weights are not
     renormalised). Differentiable in rows and weights."""
     return _Combine.apply(rows, weights, row_of_slot, slot_of_row)
+
+
+def moe_gather_rows(
+    src: torch.Tensor, index: torch.Tensor, weights: torch.Tensor | None = None, top_k: int = 1
+) -> torch.Tensor:
+    """(R, D) of src's dtype: row r = src[index[r] // top_k] (a bit copy), or with fp32 weights (T, K)
+    fp32(weights.flatten()[index[r]]) · fp32(src[index[r] // top_k]) rounded once; zero rows where
+    index[r] == -1. Not differentiable itself (moe_dispatch / moe_combine are)."""
+    return torch.ops.deepwell.moe_gather_rows(src, index, weights, top_k)
+
+
+def moe_sum_slots(rows: torch.Tensor, row_of_slot: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """(T, D) of rows' dtype: out[t] = Σ_k fp32(w[t, k]) · fp32(rows[row_of_slot[t, k]]) summed in k
+    order in fp32 (each product and sum rounded, no fma), cast once; dropped slots (-1) add +0."""
+    return torch.ops.deepwell.moe_sum_slots(rows, row_of_slot, weights)
+
+
+def moe_slot_dots(rows: torch.Tensor, row_of_slot: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """(T, K) fp32: dot(rows[row_of_slot[t, k]], grad[t]) in the fixed order of cuda/moe.cuh
+    `moe_slot_dots` (lane-strided chunks of 8, then a 32-lane tree); 0 for dropped slots."""
+    return torch.ops.deepwell.moe_slot_dots(rows, row_of_slot, grad)

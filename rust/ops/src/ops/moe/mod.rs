@@ -12,7 +12,13 @@
 //! - `moe_permute_index(experts int32 (T, K), dropped bool (T, K), num_experts, align)
 //!   -> (row_of_slot int32 (T, K), slot_of_row int32 (R), offsets int32 (E + 1))` with the static
 //!   R = `deepwell_core::moe::static_rows(T·K, E, align)`.
+//!
+//! The value moves between token order and that buffer (`moe_gather_rows`, `moe_sum_slots`,
+//! `moe_slot_dots`, fused and deterministic) are in `combine.rs`.
 
+pub mod combine;
+mod combine_cpu;
+mod combine_cuda;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 
@@ -47,7 +53,15 @@ pub static PERMUTE_INDEX: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    [cpu_and_cuda!(ROUTE, route_boxed), cpu_and_cuda!(PERMUTE_INDEX, permute_index_boxed)].concat()
+    use combine::{gather_rows_boxed, slot_dots_boxed, sum_slots_boxed, GATHER_ROWS, SLOT_DOTS, SUM_SLOTS};
+    [
+        cpu_and_cuda!(ROUTE, route_boxed),
+        cpu_and_cuda!(PERMUTE_INDEX, permute_index_boxed),
+        cpu_and_cuda!(GATHER_ROWS, gather_rows_boxed),
+        cpu_and_cuda!(SUM_SLOTS, sum_slots_boxed),
+        cpu_and_cuda!(SLOT_DOTS, slot_dots_boxed),
+    ]
+    .concat()
 }
 
 // ---------------------------------------------------------------------------------------------
