@@ -151,16 +151,29 @@ def gemm_rows(e, k_dim, n, rows_per_expert) -> list[dict]:
     return out
 
 
-def router_rows(tokens, e, k) -> list[dict]:
+def router_rows(tokens, e, d, k) -> list[dict]:
+    """The router's and the permutation's own ops: route, permutation index, and the value moves of
+    dispatch (gather) and combine (weighted sum over k; its backward's per-slot dots)."""
     logits = torch.randn(tokens, e, device="cuda")
     r = ops.moe_route(logits, None, k, "softmax", 0, 0, 0.0)
     route_ms = time_ms(lambda: ops.moe_route(logits, None, k, "softmax", 0, 0, 0.0))
     perm_ms = time_ms(lambda: ops.moe_permute_index(r[0], r[1], e, 1))
     topk_ms = time_ms(lambda: logits.softmax(-1).topk(k, dim=-1))
+    row_of_slot, slot_of_row, _ = ops.moe_permute_index(r[0], r[1], e, 1)
+    x = torch.randn(tokens, d, device="cuda", dtype=torch.bfloat16)
+    weights = torch.rand(tokens, k, device="cuda")
+    rows = ops.moe_gather_rows(x, slot_of_row, None, k)
+    gather_ms = time_ms(lambda: ops.moe_gather_rows(x, slot_of_row, None, k))
+    sum_ms = time_ms(lambda: ops.moe_sum_slots(rows, row_of_slot, weights))
+    dots_ms = time_ms(lambda: ops.moe_slot_dots(rows, row_of_slot, x))
+    moved = tokens * k * d * 2 + tokens * d * 2  # K rows of D bf16 read or written, one (T, D) the other way
     print(f"    router T={tokens} E={e} K={k}: moe_route {route_ms:.3f} ms, moe_permute_index {perm_ms:.3f} ms "
-          f"(torch softmax+topk {topk_ms:.3f} ms)")
-    return [{"tokens": tokens, "experts": e, "top_k": k, "moe_route_ms": route_ms, "moe_permute_index_ms": perm_ms,
-             "torch_softmax_topk_ms": topk_ms}]
+          f"(torch softmax+topk {topk_ms:.3f} ms); D={d}: moe_gather_rows {gather_ms:.3f} ms, moe_sum_slots "
+          f"{sum_ms:.3f} ms, moe_slot_dots {dots_ms:.3f} ms (each moves >= {moved / 1e6:.0f} MB: "
+          f"{moved / sum_ms / 1e9:.2f} TB/s for the sum)")
+    return [{"tokens": tokens, "experts": e, "dim": d, "top_k": k, "moe_route_ms": route_ms, "moe_permute_index_ms": perm_ms,
+             "torch_softmax_topk_ms": topk_ms, "moe_gather_rows_ms": gather_ms, "moe_sum_slots_ms": sum_ms,
+             "moe_slot_dots_ms": dots_ms}]
 
 
 def model_rows(steps: int) -> list[dict]:
@@ -233,8 +246,8 @@ def main() -> None:
             rows["gemm"] += gemm_rows(128, 2048, 1536, 512)
     if "router" in sections:
         print("# router ops")
-        for _, e, _, _, k in SHAPES:
-            rows["router"] += router_rows(args.tokens, e, k)
+        for _, e, d, _, k in SHAPES:
+            rows["router"] += router_rows(args.tokens, e, d, k)
     if "model" in sections and not (args.quick or args.no_model):
         print("# Mixtral-style model, training step")
         rows["model"] += model_rows(steps=5)
