@@ -375,8 +375,10 @@ def test_cuda_dispatch_and_combine_with_gradients_are_bit_identical_to_cpu(dtype
     gy = rand(256, 512, dtype=dtype, seed=9)
 
     def run(device):
-        x = x0.to(device).requires_grad_()
-        w = w0.to(device).requires_grad_()
+        # Fresh leaves per device (x0.to("cpu") would be x0 itself, and its grad would leak into
+        # the CUDA run's graph).
+        x = x0.detach().to(device, copy=True).requires_grad_()
+        w = w0.detach().to(device, copy=True).requires_grad_()
         r, s = ros.to(device), sor.to(device)
         xp = deepwell.moe_dispatch(x, s, r)
         y = deepwell.moe_combine((xp.float() * 1.5).to(dtype), w, r, s)
