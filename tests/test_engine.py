@@ -89,7 +89,9 @@ def test_dryrun_accounts_for_every_part(model_and_tokens):
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert est.weights == n_bytes and est.gradients == n_bytes and est.optimizer == 2 * n_bytes
     assert est.activations > 0 and est.quantized_weights > 0
-    assert est.peak_bytes >= est.weights + est.optimizer + est.quantized_weights + est.activations
+    logits = tokens.numel() * VOCAB  # fp32 logits: themselves, then cross-entropy's fp32 log-softmax and gradient
+    assert est.loss == logits * 4 + 2 * 4 * logits
+    assert est.peak_bytes >= est.weights + est.optimizer + est.quantized_weights + est.activations + est.loss
     assert est.step_ms > 0 and est.bf16_step_ms > 0
     assert "predicted peak memory" in str(est)
 

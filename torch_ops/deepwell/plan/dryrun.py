@@ -6,7 +6,7 @@ states (in the parameter dtype, as torch.optim.AdamW keeps them) are resident, t
 activations are all alive, one site's quantized weight operand exists, and the loss's gradient is
 being formed. Gradients (with `zero_grad(set_to_none=True)`) are allocated while the activations they
 depend on are freed, so they count only when they outgrow the activations:
-  peak = weights + optimizer + quantized weight + gathered + max(activations + transient, gradients)
+  peak = weights + optimizer + quantized weight + gathered + max(activations + transient + loss, gradients)
 With several processes the figures are per rank: FSDP2 shards weights, gradients and AdamW states
 over the ranks (the plan's data x tensor degrees), and gathers a block's weights at a time
 (`gathered`: the largest block twice, the one computing and the one prefetched; with
@@ -19,7 +19,8 @@ activations are those of the captured micro-batch, which is one rank's.
 - quantized weights: the largest site's weight operand (FP8 data + scales natively; a dequantized
   bf16 copy for emulated recipes). Each call quantizes its weight and frees the operand after its
   GEMM: nothing is cached across calls outside `deepwell.microbatches()` (nn/weight_cache.py);
-- transient: the largest saved tensor twice (a gradient being formed next to its input).
+- transient: the largest saved tensor twice (a gradient being formed next to its input);
+- loss: the usual cross-entropy's working set on the model's outputs (`_loss_bytes`).
 
 Time: the Rust cost model (rust/core/src/policy/cost.rs, the `step_cost` entry): each pass of each
 site at the rate of the kernel the dispatch table picks for it on the plan's device (native
@@ -55,11 +56,13 @@ class Estimate:
     #: Weights FSDP holds gathered at once (0 for one process), and the processes the plan is for.
     gathered: int = 0
     ranks: int = 1
+    #: The loss's working set on the model's outputs at the start of the backward (see `_loss_bytes`).
+    loss: int = 0
 
     @property
     def peak_bytes(self) -> int:
         resident = self.weights + self.optimizer + self.quantized_weights + self.gathered
-        return resident + max(self.activations + self.transient, self.gradients)
+        return resident + max(self.activations + self.transient + self.loss, self.gradients)
 
     @property
     def speedup(self) -> float:
@@ -71,7 +74,7 @@ class Estimate:
             [
                 f"predicted peak memory{' per rank' if self.ranks > 1 else ''} {gib(self.peak_bytes)}: weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
                 f"AdamW states {gib(self.optimizer)}, activations {gib(self.activations)}, largest quantized weight "
-                f"{gib(self.quantized_weights)}, transient {gib(self.transient)}"
+                f"{gib(self.quantized_weights)}, transient {gib(self.transient)}, loss on the outputs {gib(self.loss)}"
                 + (f", gathered by FSDP {gib(self.gathered)} ({self.ranks} ranks)" if self.ranks > 1 else ""),
                 f"predicted step {self.step_ms:.2f} ms vs {self.bf16_step_ms:.2f} ms in bf16: {self.speedup:.2f}x ({self.rates_from})",
             ]
@@ -81,6 +84,17 @@ class Estimate:
 def _local(p):
     """A parameter's tensor on this rank (a DTensor's local shard)."""
     return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _loss_bytes(output: list[int]) -> int:
+    """What a loss over the model's outputs (bytes, elements) holds when the backward starts, for the
+    usual `cross_entropy(logits.float(), targets)`: the outputs themselves, the fp32 log-softmax it
+    saves and the fp32 gradient the backward forms next to it. The loss is the user's code, outside
+    the model: an estimate of the usual one (0 for a plan measured before outputs were counted)."""
+    if len(output) < 2:
+        return 0
+    nbytes, elements = output[:2]
+    return nbytes + 2 * 4 * elements
 
 
 def dryrun(engine: Engine) -> Estimate:
@@ -100,11 +114,11 @@ def dryrun(engine: Engine) -> Estimate:
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
         # Measured by autoplan, before sharding: under tensor parallelism an upper bound (the
         # residual stream and the norms' activations are replicated, the heads' and hidden units' split).
-        activations, largest = plan.sharding["saved"]
+        activations, largest, *output = plan.sharding["saved"]  # 2 fields in plans saved before outputs were counted
     else:
         gathered = 0
         quantized = any(s.recipe != "bf16" for s in plan.sites)
-        activations, largest = saved_activation_bytes(model, engine.ir.example_inputs, quantized)
+        activations, largest, *output = saved_activation_bytes(model, engine.ir.example_inputs, quantized)
     quantized = 0
     for s in plan.sites:
         n, k = s.out_features, s.in_features
@@ -127,6 +141,7 @@ def dryrun(engine: Engine) -> Estimate:
         activations=activations,
         quantized_weights=quantized,
         transient=2 * largest,
+        loss=_loss_bytes(output),
         step_ms=cost["step_ms"],
         bf16_step_ms=cost["bf16_step_ms"],
         rates_from=f"{cost['rates_from']}; plan for {plan.arch}",

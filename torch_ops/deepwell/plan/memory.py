@@ -19,10 +19,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 
-def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None) -> tuple[int, int]:
-    """(total, largest) bytes of the activations one training forward saves. `quantized`: whether
-    the plan runs deepwell GEMMs (the backend then lets the partitioner recompute their inputs);
-    None counts what eager autograd saves."""
+def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None) -> tuple[int, int, int, int]:
+    """(total, largest, output, output elements): bytes of the activations one training forward
+    saves, of the largest of them and of the forward's outputs, and the outputs' element count. `quantized`: whether the plan runs deepwell GEMMs (the backend
+    then lets the partitioner recompute their inputs); None counts what eager autograd saves."""
     if quantized is not None:
         try:
             return compiled_saved_bytes(model, example_inputs, quantized)
@@ -31,8 +31,9 @@ def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple, quanti
     return eager_saved_bytes(model, example_inputs)
 
 
-def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[int, int]:
-    """(total, largest) bytes of the tensors autograd saves in one eager forward, on fake tensors."""
+def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[int, int, int, int]:
+    """`saved_activation_bytes`'s four figures for what autograd saves in one eager forward, on fake
+    tensors."""
     seen: dict[int, int] = {}
     params = {id(p) for p in model.parameters()} | {id(b) for b in model.buffers()}
 
@@ -45,15 +46,17 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         inputs = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(*inputs)
-    return sum(seen.values()), max(seen.values(), default=0)
+            out = model(*inputs)
+    outs = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    output = sum(t.numel() * t.element_size() for t in outs)
+    return sum(seen.values()), max(seen.values(), default=0), output, sum(t.numel() for t in outs)
 
 
-def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool) -> tuple[int, int]:
-    """(total, largest) bytes the compiled forward saves: the storages behind the backward graph's
+def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool) -> tuple[int, int, int, int]:
+    """`saved_activation_bytes`'s four figures under torch.compile: what the compiled forward saves, the storages behind the backward graph's
     inputs other than the output gradients (`tangents_*`) and the parameters, each counted once
     (a saved view and its base share one), from AOTAutograd's partition of the model's joint graph
-    on fake tensors (see the module docs)."""
+    on fake tensors (see the module docs), and the forward's outputs."""
     from functools import partial
 
     from torch._functorch.aot_autograd import aot_function
@@ -65,11 +68,14 @@ def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantize
     names = [n for n, _ in model.named_parameters()]
     buffers = dict(model.named_buffers())
     sizes: dict[str, int] = {}
+    outputs: list[torch.Tensor] = []
     partitioner = partial(min_cut_rematerialization_partition, compiler="inductor")
 
     def partition(joint, joint_inputs, **kwargs):
         fw, bw = partitioner(joint, joint_inputs, **kwargs)
         produced = {n.name: n for n in fw.graph.nodes}
+        returned = next(n for n in fw.graph.nodes if n.op == "output").args[0][: kwargs["num_fwd_outputs"]]
+        outputs.extend(v for n in returned if isinstance(v := n.meta.get("val"), torch.Tensor))
 
         def base(n):  # the node whose storage a view reads
             while n.op == "call_function" and getattr(n.target, "is_view", False):
@@ -95,7 +101,8 @@ def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantize
         inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
         traced = aot_function(forward, fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition)
         traced(*params, *inputs)
-    return sum(sizes.values()), max(sizes.values(), default=0)
+    output = sum(t.numel() * t.element_size() for t in outputs)
+    return sum(sizes.values()), max(sizes.values(), default=0), output, sum(t.numel() for t in outputs)
 
 
 def _identity(gm, example_inputs):
