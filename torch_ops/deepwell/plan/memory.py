@@ -3,8 +3,8 @@ forward saves for its backward, on fake tensors. Used by `dryrun` and the parall
 
 The engine runs under torch.compile, where AOTAutograd's min-cut partitioner decides what the
 forward saves and what the backward recomputes; that is much less than eager autograd saves (the
-0.95B LLaMA of benchmarks/bench_train_step.py: 13.8 GiB saved eagerly, ~7.4 GiB measured under
-compile). So the measurement traces the model's joint forward + backward graph with AOTAutograd
+0.95B LLaMA of benchmarks/bench_train_step.py: 13.8 GiB saved eagerly, 6.3 GiB in the compiled
+partition with fp8_block sites). So the measurement traces the model's joint forward + backward graph with AOTAutograd
 on fake tensors and partitions it as the deepwell backend's Inductor compile does (the same
 partitioner, `compiler="inductor"`, and the backend's `_partitioner_options`). The deepwell ops
 themselves are not in that graph (the backend's rewrite needs Dynamo); where they would be, the
@@ -21,8 +21,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None) -> tuple[int, int, int, int]:
     """(total, largest, output, output elements): bytes of the activations one training forward
-    saves, of the largest of them and of the forward's outputs, and the outputs' element count. `quantized`: whether the plan runs deepwell GEMMs (the backend
-    then lets the partitioner recompute their inputs); None counts what eager autograd saves."""
+    saves, of the largest of them and of the forward's outputs, and the outputs' element count.
+    `quantized`: whether the plan runs deepwell GEMMs (the backend then lets the partitioner
+    recompute their inputs); None counts what eager autograd saves."""
     if quantized is not None:
         try:
             return compiled_saved_bytes(model, example_inputs, quantized)
@@ -53,10 +54,10 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
 
 
 def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool) -> tuple[int, int, int, int]:
-    """`saved_activation_bytes`'s four figures under torch.compile: what the compiled forward saves, the storages behind the backward graph's
-    inputs other than the output gradients (`tangents_*`) and the parameters, each counted once
-    (a saved view and its base share one), from AOTAutograd's partition of the model's joint graph
-    on fake tensors (see the module docs), and the forward's outputs."""
+    """`saved_activation_bytes`'s four figures under torch.compile. Saved: the storages behind the
+    backward graph's inputs other than the output gradients (`tangents_*`) and the parameters, each
+    counted once (a saved view and its base share one), from AOTAutograd's partition of the model's
+    joint graph on fake tensors (see the module docs); outputs: the forward graph's."""
     from functools import partial
 
     from torch._functorch.aot_autograd import aot_function
