@@ -1,6 +1,6 @@
 """The fused MoE value moves (deepwell.moe_gather_rows, moe_sum_slots, moe_slot_dots; Rust
 rust/ops/src/ops/moe/combine*.rs, CUDA cuda/moe.cuh) against the pure-torch formulas they replaced
-(copied below as the slow, obviously correct reference): the same bits for the gathers and the
+(kept in ops/moe.py as its float64 path: the slow, obviously correct reference): the same bits for the gathers and the
 k-order sums, the documented fixed order for the dots, through moe_dispatch / moe_combine's forward
 and backward; dropped slots, padding rows, zero-token experts, K = 1, D off the vector width;
 errors; torch.compile; and (GPU) the CUDA kernels bit-identical to the CPU reference."""
@@ -18,32 +18,13 @@ ops = torch.ops.deepwell
 F = (torch.float32, torch.bfloat16, torch.float16)
 
 # ---------------------------------------------------------------------------------------------
-# The reference: torch_ops/deepwell/ops/moe.py before the fused ops, verbatim in its maths.
+# The reference: the pure-torch formulas the fused ops replaced. ops/moe.py keeps them as its
+# float64 path (and they are not what the fused ops run), so they are imported, not copied.
 
-
-def old_gather_rows(src, index):
-    valid = index >= 0
-    out = src.index_select(0, index.clamp(min=0).long())
-    return torch.where(valid.unsqueeze(-1), out, out.new_zeros(()))
-
-
-def old_acc(dtype):
-    return torch.promote_types(dtype, torch.float32)
-
-
-def old_sum_slots(rows, row_of_slot, weights):
-    acc = old_acc(rows.dtype)
-    out = None
-    for j in range(row_of_slot.shape[1]):
-        term = old_gather_rows(rows, row_of_slot[:, j]).to(acc)
-        if weights is not None:
-            term = term * weights[:, j : j + 1].to(acc)
-        out = term if out is None else out + term
-    return out
-
-
-def old_tokens(slot_of_row, k):
-    return torch.where(slot_of_row >= 0, torch.div(slot_of_row, k, rounding_mode="floor"), -1)
+from deepwell.ops.moe import _acc as old_acc  # noqa: E402
+from deepwell.ops.moe import _gather_rows as old_gather_rows  # noqa: E402
+from deepwell.ops.moe import _sum_slots as old_sum_slots  # noqa: E402
+from deepwell.ops.moe import _tokens as old_tokens  # noqa: E402
 
 
 def old_dispatch(x, slot_of_row, k):
