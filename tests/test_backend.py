@@ -4,6 +4,8 @@ deepwell ops, compiled training within the recipe's tolerance of eager, no recom
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -275,3 +277,30 @@ def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch
     saved_all, error_saved_all = run(deepwell_fp8)
     assert saved_all >= bf16_saved > recomputed
     assert error < 0.16 and error < error_saved_all * 1.1
+
+
+def test_a_hugging_face_moe_block_in_the_graph_is_named_with_the_way_to_swap_it():
+    """Dynamo hands the backend an HF MoE block's expert loop as plain GEMMs; the backend cannot
+    rebuild a DeepwellMoE from them, so it says which blocks and what to call instead."""
+
+    class MixtralSparseMoeBlock(torch.nn.Module):  # named as transformers names it
+        def __init__(self):
+            super().__init__()
+            self.experts = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(2))
+
+        def forward(self, x):
+            return self.experts[0](x) + self.experts[1](x)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moe = MixtralSparseMoeBlock()
+
+        def forward(self, x):
+            return self.moe(x)
+
+    with pytest.warns(UserWarning, match=r"1 Hugging Face MoE block\(s\) \(moe\).*deepwell.optimize"):
+        _compile(Model(), precision="bf16")(torch.randn(4, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compile(torch.nn.Sequential(torch.nn.Linear(64, 64)), precision="bf16")(torch.randn(4, 64))

@@ -23,10 +23,10 @@ A graph break splits the model into graphs planned separately (each has its own 
 from __future__ import annotations
 
 import dataclasses
-
 import operator
 import re
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -135,6 +135,39 @@ def capture_sites(gm: torch.fx.GraphModule) -> list[Gemm]:
     return [g for g in map(_gemm, gm.graph.nodes) if g is not None]
 
 
+def hf_moe_blocks(gm: torch.fx.GraphModule) -> list[str]:
+    """Qualified names of the Hugging Face MoE blocks (nn/moe_hf.py SUPPORTED) the graph traced
+    through. Dynamo hands the backend their expert loops already unrolled into plain GEMMs, which it
+    cannot turn back into a DeepwellMoE; `deepwell.optimize` swaps the blocks before tracing."""
+    from ..nn.moe_hf import SUPPORTED
+
+    found = {}
+    for node in gm.graph.nodes:
+        for fqn, kind in node.meta.get("nn_module_stack", {}).values():
+            if getattr(kind, "__name__", str(kind).rsplit(".", 1)[-1]) in SUPPORTED:
+                found[_dotted(fqn)] = None
+    return list(found)
+
+
+def _dotted(fqn: str) -> str:
+    """"layers.0.moe" from Dynamo's module path (`L['self'].layers[0].moe`,
+    `L['self']._modules['layers']._modules['0']...`)."""
+    path = re.sub(r"^L\['[^']*'\]\.?", "", fqn)
+    path = re.sub(r"\.?_modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]", lambda m: "." + next(g for g in m.groups() if g), path)
+    return path.lstrip(".")
+
+
+def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
+    blocks = hf_moe_blocks(gm)
+    if blocks:
+        warnings.warn(
+            f"deepwell backend: the graph runs {len(blocks)} Hugging Face MoE block(s) ({', '.join(blocks[:3])}"
+            f"{', ...' if len(blocks) > 3 else ''}) as traced expert loops; call deepwell.optimize(model) (or "
+            "deepwell.swap_hf_moe(model) before torch.compile) to run them as DeepwellMoE's grouped GEMMs",
+            stacklevel=2,
+        )
+
+
 def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
     """Replaces every non-bf16 site with deepwell.scaled_linear; returns how many. A site's operands
     may be earlier sites (a stack of linears): they are read through `replaced`, never from the
@@ -233,6 +266,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
         raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
     start = time.perf_counter()
     plan, found = plan_graph(gm, options)
+    _warn_hf_moe(gm)
     rewritten = rewrite(gm, found)
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
