@@ -127,7 +127,14 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
 /// tile scales; MXFP8 (N, K) E4M3 + (N, K/32) E8M0; NVFP4 (N, K/2) packed E2M1 + (N, K/16) E4M3 +
 /// the fp32 per-tensor decode scale), so a pre-quantized weight feeds the GEMM exactly the operand
 /// its forward built (ops/linear/quantized_linear.rs). `data` and `scale` contiguous.
-pub fn weight_from_codes(op: Op, recipe: Recipe, form: Form, data: Tensor, scale: Tensor, global: Option<Tensor>) -> Result<Operand> {
+pub fn weight_from_codes(
+    op: Op,
+    recipe: Recipe,
+    form: Form,
+    data: Tensor,
+    scale: Tensor,
+    global: Option<Tensor>,
+) -> Result<Operand> {
     check_form(op, recipe, form)?;
     let device = data.device();
     let missing = || Error::Internal { op, msg: "NVFP4 codes without their per-tensor scale".into() };
@@ -135,7 +142,9 @@ pub fn weight_from_codes(op: Op, recipe: Recipe, form: Form, data: Tensor, scale
         (Form::Dense, _) | (_, Recipe::Bf16) => {
             Err(Error::Internal { op, msg: format!("no stored codes for a {form:?} {recipe} operand") })
         }
-        (Form::Emulated, Recipe::Mxfp8) => Ok(Operand::Dense(k::mxfp8_dequantize(op, data, scale, -1, dense_dtype(device))?)),
+        (Form::Emulated, Recipe::Mxfp8) => {
+            Ok(Operand::Dense(k::mxfp8_dequantize(op, data, scale, -1, dense_dtype(device))?))
+        }
         (Form::Emulated, Recipe::Fp8Block) => {
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 128), dense_dtype(device))?))
         }
@@ -148,7 +157,12 @@ pub fn weight_from_codes(op: Op, recipe: Recipe, form: Form, data: Tensor, scale
         (Form::Blockwise(scaling), _) => Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling }),
         (Form::Mx(scaling @ ScalingType::BlockWise1x16), _) => {
             let data = aten::view_dtype(op, data, DType::F4x2)?;
-            Ok(Operand::Mx { data, scale: k::swizzle_scales(op, scale)?, global: Some(global.ok_or_else(missing)?), scaling })
+            Ok(Operand::Mx {
+                data,
+                scale: k::swizzle_scales(op, scale)?,
+                global: Some(global.ok_or_else(missing)?),
+                scaling,
+            })
         }
         (Form::Mx(scaling), _) => Ok(Operand::Mx { data, scale: k::swizzle_scales(op, scale)?, global: None, scaling }),
     }

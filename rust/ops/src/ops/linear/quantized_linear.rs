@@ -38,7 +38,11 @@ pub static QUANTIZED_FORWARD: OpSpec = OpSpec {
 pub fn kernels() -> Vec<Kernel> {
     ["CPU", "CUDA"]
         .into_iter()
-        .map(|key| Kernel { spec: &QUANTIZED_FORWARD, dispatch_key: key, boxed: boxed_kernel!(QUANTIZED_FORWARD, forward) })
+        .map(|key| Kernel {
+            spec: &QUANTIZED_FORWARD,
+            dispatch_key: key,
+            boxed: boxed_kernel!(QUANTIZED_FORWARD, forward),
+        })
         .collect()
 }
 
@@ -67,18 +71,30 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let device = check::same_device(op, check::Backend::of(op, x.device())?, &tensors)?;
     check::non_empty(op, "x", &x, 1)?;
     if data.dim() != 2 {
-        return Err(Error::arg(op, "weight_data", "be 2-d (out_features, stored in_features)", format!("a {}-d tensor", data.dim())));
+        return Err(Error::arg(
+            op,
+            "weight_data",
+            "be 2-d (out_features, stored in_features)",
+            format!("a {}-d tensor", data.dim()),
+        ));
     }
     let n = data.sizes()[0];
     let k = *x.sizes().last().unwrap_or(&0);
     let Some((data_dtype, data_cols, scale_dtype, scale_shape)) = layout(recipe, n, k) else {
-        return Err(Error::arg(op, "recipe", "be a quantized recipe ('mxfp8', 'nvfp4', 'fp8_block')", check::quoted(&recipe_arg)));
+        return Err(Error::arg(
+            op,
+            "recipe",
+            "be a quantized recipe ('mxfp8', 'nvfp4', 'fp8_block')",
+            check::quoted(&recipe_arg),
+        ));
     };
     let block = recipe.block_k().unwrap_or(1) as i64;
     if k % block != 0 || n % block != 0 {
         return Err(Error::Mismatch {
             op,
-            msg: format!("{recipe} needs in_features ({k}, x's last dim) and out_features ({n}) in multiples of {block}"),
+            msg: format!(
+                "{recipe} needs in_features ({k}, x's last dim) and out_features ({n}) in multiples of {block}"
+            ),
         });
     }
     check::dtype_in(op, "weight_data", &data, &[data_dtype])?;
@@ -91,7 +107,12 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
             check::shape_eq(op, "weight_global_scale", g, &[])?;
         }
         (Recipe::Nvfp4, None) => {
-            return Err(Error::arg(op, "weight_global_scale", "be given for nvfp4 (its per-tensor decode scale)", "None"));
+            return Err(Error::arg(
+                op,
+                "weight_global_scale",
+                "be given for nvfp4 (its per-tensor decode scale)",
+                "None",
+            ));
         }
         (_, Some(_)) => {
             return Err(Error::arg(op, "weight_global_scale", &format!("be None for {recipe}"), "a tensor"));
