@@ -5,6 +5,13 @@ steps through deepwell.Trainer (which shards the global batches itself) instead 
 DEEPWELL_TEST_TENSOR=T forces tensor parallelism of degree T (autoplan's tensor_parallel=): the T
 adjacent ranks of each data rank take the same rows.
 
+Checkpoints of the trainer mode: DEEPWELL_TEST_CKPT_FORMAT (full | sharded; unset: the Trainer's
+default) into ckpt-world<WORLD><DEEPWELL_TEST_CKPT_TAG> beside OUT. CROSS_RESUME: checkpoints
+(separated by os.pathsep) to resume fresh Trainers from, each one's losses a list of "crossed".
+DEEPWELL_TEST_NO_GATHER=1 makes distributed.py's gathers of the whole state raise (what the sharded
+format must never call); DEEPWELL_TEST_CORRUPT=1 then flips a byte of the last rank's DCP shard
+of the last step and records each rank's CheckpointError on loading it.
+
     python tests/_fsdp_worker.py RANK WORLD STORE OUT
 """
 
@@ -48,19 +55,25 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, norms = [], []
     resumed, crossed = [], []
+    errors = []
     if MODE == "trainer":
-        ckpt = os.path.join(os.path.dirname(out), f"ckpt-world{world}")
+        ckpt = os.path.join(os.path.dirname(out), f"ckpt-world{world}{os.environ.get('DEEPWELL_TEST_CKPT_TAG', '')}")
+        if os.environ.get("DEEPWELL_TEST_NO_GATHER") == "1":
+            _refuse_gathers()
         batches = [data[step] for step in range(STEPS)]
         trainer = deepwell.Trainer.from_engine(engine, optimizer=opt, max_steps=STEPS, progress=False, plot=False,
-                                               checkpoint_dir=ckpt, checkpoint_every=1, keep_checkpoints=None)
+                                               checkpoint_dir=ckpt, checkpoint_every=1, keep_checkpoints=None,
+                                               checkpoint_format=os.environ.get("DEEPWELL_TEST_CKPT_FORMAT") or None)
         trainer.fit(batches)
         losses = [r["loss"] for r in trainer.history]
         norms = [r["grad_norm"] for r in trainer.history]
         # Fresh model, engine, optimizer and Trainer resumed from step 1: this run's checkpoint, and
         # (CROSS_RESUME) one written by a run with another number of processes.
-        for source, into in ((os.path.join(ckpt, "step_00000001"), resumed), (os.environ.get("CROSS_RESUME"), crossed)):
-            if not source:
-                continue
+        sources = [(os.path.join(ckpt, "step_00000001"), resumed)]
+        for source in filter(None, os.environ.get("CROSS_RESUME", "").split(os.pathsep)):
+            crossed.append([])
+            sources.append((source, crossed[-1]))
+        for source, into in sources:
             torch.manual_seed(123)  # other initial weights: the checkpoint must bring them back
             fresh = Llama(VOCAB, 256, 2, 4, 512, max_seq=SEQ)
             fir = deepwell.capture(fresh, (data[0, rows, :-1],))
@@ -69,6 +82,8 @@ def main() -> None:
                                              max_steps=STEPS, progress=False, plot=False)
             t.fit(batches, resume=source)
             into.extend(r["loss"] for r in t.history)
+        if os.environ.get("DEEPWELL_TEST_CORRUPT") == "1":
+            errors = _corrupt_and_load(trainer, os.path.join(ckpt, f"step_{STEPS:08d}"), rank, world)
     for step in range(STEPS if MODE == "loop" else 0):
         tokens, targets = data[step, rows, :-1], data[step, rows, 1:]
         loss = torch.nn.functional.cross_entropy(engine(tokens).flatten(0, 1), targets.flatten())
@@ -85,6 +100,8 @@ def main() -> None:
         "grad_norms": norms,
         "resumed": resumed,
         "crossed": crossed,
+        "errors": errors,
+        "checkpoint_format": trainer.checkpoint_format if MODE == "trainer" else None,
         "parallelism": plan.parallelism,
         "sharding": {k: v for k, v in plan.sharding.items() if k != "saved"},
         "recipes": sorted({s.recipe for s in plan.sites}),
@@ -101,6 +118,43 @@ def main() -> None:
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _refuse_gathers() -> None:
+    """Under the sharded format no rank may gather the whole model or optimizer state."""
+    from deepwell.train import distributed
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a rank gathered the whole state (distributed.py's full_state_dict path)")
+
+    for name in ("model_tensors", "optimizer_state", "load_model_tensors", "load_optimizer_state", "_options"):
+        setattr(distributed, name, refuse)
+
+
+def _corrupt_and_load(trainer, step_dir: str, rank: int, world: int) -> list[str]:
+    """Every rank's CheckpointError message for `step_dir` with its last rank's DCP shard damaged."""
+    from deepwell.train import CheckpointError
+
+    shard = os.path.join(step_dir, "dcp", f"__{world - 1}_0.distcp")
+    if rank == 0:
+        with open(shard, "r+b") as f:
+            f.seek(os.path.getsize(shard) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    if world > 1:
+        dist.barrier()
+    try:
+        trainer.load_checkpoint(step_dir)
+        message = "loaded"
+    except CheckpointError as e:
+        message = str(e)
+    messages = [None] * world
+    if world > 1:
+        dist.all_gather_object(messages, message)
+    else:
+        messages = [message]
+    return messages
 
 
 if __name__ == "__main__":

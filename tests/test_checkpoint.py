@@ -139,3 +139,34 @@ def test_resuming_under_another_plan_is_refused(first_half):
     t = trainer(engine("nvfp4"), 4, checkpoint_dir=first_half)
     with pytest.raises(ValueError, match=r"trained with another plan.*layers\.0\.attention\.wk: mxfp8 -> nvfp4"):
         t.fit(batches(), resume=True)
+
+
+def test_the_sharded_format_in_one_process(straight, tmp_path):
+    """checkpoint_format="sharded" (the default under several processes, tests/test_parallel.py)
+    written by one process without torch.distributed: the model and optimizer through
+    torch.distributed.checkpoint (no_dist) into dcp/, hashed by the manifest like every other file;
+    a fresh Trainer resumes it bit for bit, and a damaged shard is a CheckpointError naming it."""
+    trainer(engine(), K, checkpoint_dir=tmp_path, checkpoint_format="sharded").fit(batches(), heldout())
+    step = tmp_path / "step_00000003"
+    manifest = checkpoint.verify(step)
+    assert {"dcp/.metadata", "dcp/__0_0.distcp", "rng-rank0.safetensors"} <= set(manifest["files"])
+    assert not {"model.safetensors", "optimizer.safetensors"} & set(manifest["files"])
+    assert manifest["state"]["checkpoint_format"] == "sharded" and manifest["state"]["world_size"] == 1
+    torch.manual_seed(12345)
+    t = trainer(engine(seed=7), STEPS, checkpoint_dir=tmp_path)  # the default: "full" for what it writes
+    t.fit(batches(), heldout(), resume=step)
+    assert t.checkpoint_format == "full" and losses(t) == losses(straight)
+    for (name, a), b in zip(straight.model.named_parameters(), t.model.parameters()):
+        assert torch.equal(a, b), name
+
+    shard = step / "dcp" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"dcp/__0_0\.distcp is corrupted .*there is no older intact checkpoint"):
+        trainer(engine(), STEPS).load_checkpoint(step)
+
+
+def test_checkpoint_format_must_be_full_or_sharded():
+    with pytest.raises(ValueError, match="checkpoint_format must be 'full', 'sharded' or None, got 'dcp'"):
+        trainer(engine(), 1, checkpoint_format="dcp")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -86,9 +87,9 @@ def test_a_block_graph_takes_its_layers_shared_decision():
         _from_fixed_plan([gemm], fixed, "error")
 
 
-def _run(tmp_path, world: int, mode: str = "loop", **env_extra) -> dict:
-    out, store = tmp_path / f"{mode}{world}.json", tmp_path / f"{mode}-store{world}"
-    env = {**os.environ, "DEEPWELL_TEST_RECIPE": "fp8_block", "DEEPWELL_TEST_MODE": mode, **env_extra}
+def _run(tmp_path, world: int, mode: str = "loop", tag: str = "", **env_extra) -> dict:
+    out, store = tmp_path / f"{mode}{world}{tag}.json", tmp_path / f"{mode}-store{world}{tag}"
+    env = {**os.environ, "DEEPWELL_TEST_RECIPE": "fp8_block", "DEEPWELL_TEST_MODE": mode, "DEEPWELL_TEST_CKPT_TAG": tag, **env_extra}
     procs = [
         subprocess.Popen([sys.executable, WORKER, str(r), str(world), str(store), str(out)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -111,19 +112,41 @@ def test_fsdp2_on_two_processes_matches_one(tmp_path):
     assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]
 
 
+def _same(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b))
+
+
 def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp_path):
     """deepwell.Trainer under 2 processes: each rank takes its rows of every global batch, and the
-    logged loss and gradient norm (means over the ranks) equal one process's. Its checkpoints (the
-    gathered state, rank 0 writing) resume a fresh sharded model bit for bit, and resume one process
-    from the same step with one process's losses (and the other way round is the same format)."""
-    two = _run(tmp_path, 2, "trainer")
-    one = _run(tmp_path, 1, "trainer", CROSS_RESUME=str(tmp_path / "ckpt-world2" / "step_00000001"))
+    logged loss and gradient norm (means over the ranks) equal one process's. Its checkpoints are
+    sharded (each rank writes its FSDP2 shards through torch.distributed.checkpoint, no rank
+    gathers the whole state: the worker makes distributed.py's gathers raise) and resume a fresh
+    sharded model bit for bit, and one process (torch.distributed not initialised: DCP's no_dist
+    load) from the same step with one process's losses. A damaged shard is a CheckpointError
+    naming it on both ranks. checkpoint_format="full" (rank 0 gathers and writes the one-process
+    format) resumes the same ways, and a one-process checkpoint resumes under 2 processes."""
+    two = _run(tmp_path, 2, "trainer", DEEPWELL_TEST_NO_GATHER="1", DEEPWELL_TEST_CORRUPT="1")
+    full = _run(tmp_path, 2, "trainer", "-full", DEEPWELL_TEST_CKPT_FORMAT="full")
+    crosses = [tmp_path / "ckpt-world2" / "step_00000001", tmp_path / "ckpt-world2-full" / "step_00000001"]
+    one = _run(tmp_path, 1, "trainer", CROSS_RESUME=os.pathsep.join(map(str, crosses)))
+    assert two["checkpoint_format"] == "sharded" and full["checkpoint_format"] == "full" and one["checkpoint_format"] == "full"
     assert len(one["losses"]) == len(two["losses"]) == 3
-    for a, b in zip(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]):
-        assert abs(a - b) <= 1e-5 * abs(a), (one, two)
-    assert two["resumed"] == two["losses"] and one["resumed"] == one["losses"]
-    for a, b in zip(one["losses"], one["crossed"]):
-        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], one["crossed"])
+    assert _same(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]), (one, two)
+    assert two["resumed"] == two["losses"] and full["resumed"] == full["losses"] == two["losses"] and one["resumed"] == one["losses"]
+    assert len(one["crossed"]) == 2 and all(_same(one["losses"], c) for c in one["crossed"]), (one["losses"], one["crossed"])
+
+    files = json.loads((crosses[0] / "manifest.json").read_text())["files"]
+    want = {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "rng-rank0.safetensors", "rng-rank1.safetensors"}
+    assert want <= set(files) and "model.safetensors" not in files, sorted(files)
+    assert "model.safetensors" in json.loads((crosses[1] / "manifest.json").read_text())["files"]
+    assert len(two["errors"]) == 2 and all(
+        re.search(r"step_00000003/dcp/__1_0\.distcp is corrupted .*the previous checkpoint \S*step_00000002 is intact", e) for e in two["errors"]
+    ), two["errors"]
+
+    # One process's (full-format) checkpoint under 2 processes, which then write sharded ones.
+    back = _run(tmp_path, 2, "trainer", "-from1", CROSS_RESUME=str(tmp_path / "ckpt-world1" / "step_00000001"))
+    assert back["checkpoint_format"] == "sharded" and back["resumed"] == back["losses"] == two["losses"]
+    assert _same(one["losses"], back["crossed"][0]), (one["losses"], back["crossed"])
 
 
 def test_main_job_under_torchrun(tmp_path):

@@ -98,13 +98,17 @@ def test_llama_with_tensor_parallel_trains_like_one_process(tmp_path):
 
 def test_trainer_with_tensor_parallel_matches_one_process_and_resumes(tmp_path):
     """deepwell.Trainer on the split model: both ranks take the whole batch (data degree 1), the
-    gradient norm combines the split and the whole weights' norms, and a checkpoint resumes the
-    split model bit for bit and one process with one process's losses."""
-    two = _llama(tmp_path, 2, tensor=2, mode="trainer")
-    one = _llama(tmp_path, 1, mode="trainer", CROSS_RESUME=str(tmp_path / "ckpt-world2" / "step_00000001"))
+    gradient norm combines the split and the whole weights' norms, and a sharded checkpoint (each
+    rank writes its half of the split weights through torch.distributed.checkpoint, no rank gathers
+    the whole state) resumes the split model bit for bit and one process with one process's losses."""
+    two = _llama(tmp_path, 2, tensor=2, mode="trainer", DEEPWELL_TEST_NO_GATHER="1")
+    step = tmp_path / "ckpt-world2" / "step_00000001"
+    one = _llama(tmp_path, 1, mode="trainer", CROSS_RESUME=str(step))
+    assert two["checkpoint_format"] == "sharded"
+    assert {"dcp/__0_0.distcp", "dcp/__1_0.distcp", "rng-rank1.safetensors"} <= set(json.loads((step / "manifest.json").read_text())["files"])
     assert _close(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]), (one, two)
     assert two["resumed"] == two["losses"]
-    assert _close(one["losses"], one["crossed"]), (one["losses"], one["crossed"])
+    assert _close(one["losses"], one["crossed"][0]), (one["losses"], one["crossed"])
 
 
 def test_two_dimensional_mesh_data_and_tensor(tmp_path):

@@ -1,7 +1,7 @@
 """Training on top of a compiled `deepwell.Engine`: the Trainer (trainer.py), its checkpoints
-(checkpoint.py, state.py), learning-rate schedules (schedule.py), the byte-level standard-library
-corpus (data.py), inference artifacts (export.py, quantized.py), the per-recipe parity run
-(parity.py) and the loss plots (plots.py)."""
+(checkpoint.py, state.py; sharded.py under several processes), learning-rate schedules
+(schedule.py), the byte-level standard-library corpus (data.py), inference artifacts (export.py,
+quantized.py), the per-recipe parity run (parity.py) and the loss plots (plots.py)."""
 
 from .checkpoint import CheckpointError
 from .data import ByteCorpus, TokenBatches, heldout_batches

@@ -3,7 +3,7 @@
 Layout of `checkpoint_dir`:
 
     step_00000100/            one checkpoint: <part>.safetensors files and manifest.json
-    step_00000200/
+    step_00000200/            (a sharded one also dcp/: torch.distributed.checkpoint's files, train/sharded.py)
     latest                    the name of the newest complete checkpoint (one line)
 
 A checkpoint is written into a hidden temporary directory (`.tmp-step_...`), every file fsynced, the
@@ -12,7 +12,7 @@ manifest last, then renamed to its final name (atomic on POSIX) and only then na
 which no reader looks at and the next writer deletes; `latest` always names a complete checkpoint,
 and older checkpoints are pruned (`keep`) only after the new one is in place.
 
-The manifest records each file's size and SHA-256 and its own SHA-256 (over its canonical JSON), so
+The manifest records each file's size (every file of the checkpoint, those in subdirectories too) and SHA-256 and its own SHA-256 (over its canonical JSON), so
 a truncated or edited file, an edited manifest and a missing file are each a `CheckpointError` that
 names the file, never a silent partial load.
 """
@@ -70,14 +70,25 @@ def _cpu_contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
 
 
-def save(directory: str | os.PathLike, step: int, parts: dict[str, dict[str, torch.Tensor]], state: dict, keep: int | None = None) -> Path:
-    """Writes checkpoint `step` (parts: file stem -> tensors; state: JSON-able) and returns its path.
-    Keeps the newest `keep` checkpoints (None: all)."""
+def begin(directory: str | os.PathLike, step: int) -> Path:
+    """A fresh temporary directory to write checkpoint `step` into, after deleting the `.tmp-*`
+    directories of writers that died. Under several processes rank 0 calls this and the others
+    write their files into the same directory (a file system all ranks share, as DCP assumes)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # left by a writer that died
         shutil.rmtree(stale, ignore_errors=True)
-    final = write_atomic(root / step_dir_name(step), parts, {"format": FORMAT, "version": VERSION, "step": step, "state": state})
+    return staging(root / step_dir_name(step))
+
+
+def save(directory: str | os.PathLike, step: int, parts: dict[str, dict[str, torch.Tensor]], state: dict, keep: int | None = None,
+         staged: Path | None = None) -> Path:
+    """Writes checkpoint `step` (parts: file stem -> tensors; state: JSON-able) and returns its path.
+    `staged`: the `begin` directory other files of the checkpoint were already written into (the
+    manifest covers them too). Keeps the newest `keep` checkpoints (None: all)."""
+    root = Path(directory)
+    staged = begin(root, step) if staged is None else staged
+    final = commit(staged, root / step_dir_name(step), parts, {"format": FORMAT, "version": VERSION, "step": step, "state": state})
     name = final.name
     pointer = root / f".tmp-{LATEST}-{os.getpid()}"
     pointer.write_text(name + "\n")
@@ -95,23 +106,43 @@ def write_atomic(final: Path, parts: dict[str, dict[str, torch.Tensor]], body: d
     """Writes `parts` as <stem>.safetensors and `body` (with the files' sizes and SHA-256, and its
     own SHA-256) as manifest.json into a temporary sibling of `final`, fsynced, then renamed to
     `final` (an existing `final` is swapped out first and deleted after)."""
+    return commit(staging(Path(final)), Path(final), parts, body)
+
+
+def write_part(directory: Path, stem: str, tensors: dict[str, torch.Tensor]) -> Path:
+    """`directory`/<stem>.safetensors, fsynced (the manifest hashes it later)."""
     from safetensors.torch import save_file
 
-    final = Path(final)
+    path = directory / f"{stem}.safetensors"
+    save_file(_cpu_contiguous(tensors), str(path))
+    _fsync_file(path)
+    return path
+
+
+def staging(final: Path) -> Path:
+    """An empty temporary sibling of `final` (hidden: no reader looks at `.tmp-*`)."""
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    files = {}
+    return tmp
+
+
+def commit(tmp: Path, final: Path, parts: dict[str, dict[str, torch.Tensor]], body: dict) -> Path:
+    """`write_atomic` into the staging directory `tmp`: the manifest lists every file under `tmp`
+    (those already there, such as DCP's shard files in a subdirectory, and `parts`), by path
+    relative to the checkpoint."""
     for stem, tensors in parts.items():
-        path = tmp / f"{stem}.safetensors"
-        save_file(_cpu_contiguous(tensors), str(path))
-        _fsync_file(path)
-        files[path.name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        write_part(tmp, stem, tensors)
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        # Files other processes wrote were fsynced by them; the hash reads them back once more.
+        files[path.relative_to(tmp).as_posix()] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
     body = {**body, "files": files}
     manifest = tmp / MANIFEST
     manifest.write_text(json.dumps({**body, "sha256": hashlib.sha256(_canonical(body)).hexdigest()}, indent=1))
     _fsync_file(manifest)
-    _fsync_dir(tmp)
+    for d in [p for p in tmp.rglob("*") if p.is_dir()] + [tmp]:
+        _fsync_dir(d)
     if final.exists():
         old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
         os.rename(final, old)
@@ -186,17 +217,26 @@ def verify(path: str | os.PathLike, fmt: str = FORMAT, version: int = VERSION) -
 
 def load(path: str | os.PathLike, fmt: str = FORMAT) -> tuple[dict[str, dict[str, torch.Tensor]], dict, Path]:
     """(parts, state, path) of a verified checkpoint (the manifest itself as state for fmt != FORMAT)."""
-    from safetensors.torch import load_file
-
     ckpt = Path(path)
     manifest = verify(ckpt, fmt)
+    return read_parts(ckpt, manifest), (manifest["state"] if fmt == FORMAT else manifest), ckpt
+
+
+def read_parts(ckpt: Path, manifest: dict, stems: list[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
+    """The top-level <stem>.safetensors files of a verified checkpoint (`stems`: only those); files
+    in subdirectories (DCP's shards) are read by their own reader."""
+    from safetensors.torch import load_file
+
     parts = {}
     for name in manifest["files"]:
+        stem = name.removesuffix(".safetensors")
+        if "/" in name or stem == name or (stems is not None and stem not in stems):
+            continue
         try:
-            parts[name.removesuffix(".safetensors")] = load_file(str(ckpt / name))
+            parts[stem] = load_file(str(ckpt / name))
         except Exception as e:  # safetensors raises its own error type
             raise CheckpointError(f"checkpoint {ckpt}: {ckpt / name} cannot be read as safetensors ({e})") from None
-    return parts, (manifest["state"] if fmt == FORMAT else manifest), ckpt
+    return parts
 
 
 def previous_intact(path: Path) -> Path | None:

@@ -1,9 +1,11 @@
 """What the Trainer does differently when it runs in several processes (torchrun; the model
 sharded by deepwell.compile's plan, plan/shard.py): every rank takes its rows of each global batch,
-losses and gradient norms are averaged over the ranks, and only rank 0 writes logs, plots, the
-progress bar and checkpoints. Checkpoints hold the full (gathered) weights and optimizer states in
-the one-process format, through torch.distributed.checkpoint's state-dict API (full_state_dict), so a
-run saved by N processes resumes in M. With one process every function here is the plain path."""
+losses and gradient norms are averaged over the ranks, and only rank 0 writes logs, plots and the
+progress bar. Checkpoints are sharded by default (train/sharded.py: every rank writes its shards
+through torch.distributed.checkpoint); with checkpoint_format="full" they hold the weights and
+optimizer states gathered to rank 0 (the gather functions here, torch.distributed.checkpoint's
+state-dict API with full_state_dict), written by rank 0 in the one-process format. Either way a run
+saved by N processes resumes in M. With one process every function here is the plain path."""
 
 from __future__ import annotations
 
@@ -142,6 +144,27 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, ten
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]],
     }
     set_optimizer_state_dict(model, opt, sd, options=_options())
+
+
+def on_rank0(fn):
+    """fn() run by rank 0 alone, its result broadcast to every rank (a JSON-sized object). A
+    CheckpointError it raises is raised on every rank with rank 0's message, so no rank waits for
+    the others in a collective they never reach. (Verifying a checkpoint: rank 0 hashes its files
+    once, not every rank.)"""
+    from .checkpoint import CheckpointError
+
+    if world_size() == 1:
+        return fn()
+    box = [None, None]
+    if is_main():
+        try:
+            box[0] = fn()
+        except CheckpointError as e:
+            box[1] = str(e)
+    dist.broadcast_object_list(box, src=0)
+    if box[1] is not None:
+        raise CheckpointError(box[1])
+    return box[0]
 
 
 def barrier() -> None:

@@ -16,8 +16,11 @@ steps and at the end (train/checkpoint.py); loss.png at the end (train/plots.py)
 
 Under torchrun (several processes, the model sharded by deepwell.compile's plan) every batch is a
 global batch: each rank trains on its rows of it, the logged loss and gradient norm are the ranks'
-means, rank 0 alone logs and plots, and checkpoints hold the gathered state in the one-process
-format (train/distributed.py).
+means, rank 0 alone logs and plots, and checkpoints are sharded: every rank writes its shards of
+the model and optimizer state through torch.distributed.checkpoint (train/sharded.py), resumable
+in any number of processes. checkpoint_format="full" gathers the state to rank 0 instead, which
+writes the one-process format (whole safetensors files, what export() and other tools read;
+train/distributed.py).
 
 A batch is a (batch, seq + 1) int64 tensor of token ids (next-token prediction on [:, :-1] ->
 [:, 1:]) unless `loss_fn(engine, batch)` says otherwise. A data source with `state_dict()` /
@@ -39,7 +42,7 @@ import torch.nn.functional as F
 
 from .. import _native
 from ..nn.weight_cache import microbatches
-from . import checkpoint, distributed, plots, state
+from . import checkpoint, distributed, plots, sharded, state
 from .data import TokenBatches
 from .log import JsonlLog
 from .schedule import WarmupCosine, constant
@@ -92,6 +95,7 @@ class Trainer:
         seed: int = 0,
         plot: bool = True,
         deterministic: bool | None = None,
+        checkpoint_format: str | None = None,
     ):
         who = "deepwell.Trainer"
         self.engine = engine
@@ -108,6 +112,10 @@ class Trainer:
             raise ValueError(f"{who}: clip_grad_norm must be positive or None, got {clip_grad_norm!r}")
         self.clip_grad_norm = clip_grad_norm
         self.keep_checkpoints = keep_checkpoints
+        #: "sharded" (the default under several processes: each rank writes its shards through
+        #: torch.distributed.checkpoint, train/sharded.py) or "full" (the default with one process:
+        #: whole safetensors files; under several processes rank 0 gathers the whole state to write them).
+        self.checkpoint_format = sharded.resolve_format(checkpoint_format)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.log_dir = Path(log_dir) if log_dir is not None else self.checkpoint_dir
         self.loss_fn = loss_fn or next_token_loss
@@ -322,25 +330,31 @@ class Trainer:
     # Checkpoints
 
     def state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
-        """(tensor parts, JSON state) of a checkpoint at the current step."""
+        """(tensor parts, JSON state) of a checkpoint at the current step in the one-process
+        ("full") format; under several processes the model and optimizer state gathered to rank 0."""
         model, aliases = distributed.model_tensors(self.model)
         opt, opt_meta = distributed.optimizer_state(self.model, self.optimizer)
         rng, rng_meta = state.rng_state()
         guard, guard_meta = state.guardrail_state(self.model)
+        meta = {**self._meta(guard_meta), "checkpoint_format": "full", "model_aliases": aliases, "optimizer": opt_meta, "rng": rng_meta}
+        parts = {"model": model, "optimizer": opt, "rng": rng}
+        if guard:
+            parts["guardrails"] = guard
+        return parts, meta
+
+    def _meta(self, guard_meta: dict) -> dict:
+        """The JSON state both formats share: everything but the model, optimizer and RNG."""
         plan = getattr(self.engine, "plan", None)
         loader = getattr(self, "_loader", None)
-        meta = {
+        return {
             "step": self.step,
             "batches_used": self.batches_used,
             "tokens_seen": self.tokens_seen,
             "seed": self.seed,
             "history": self.history,
             "loader": loader.state_dict() if loader is not None and hasattr(loader, "state_dict") else None,
-            "model_aliases": aliases,
-            "optimizer": opt_meta,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "lr_schedule": asdict(self.lr_schedule) if isinstance(self.lr_schedule, WarmupCosine) else repr(self.lr_schedule),
-            "rng": rng_meta,
             "plan": plan.to_dict() if plan is not None else None,
             "policy": asdict(plan.policy) if plan is not None else None,
             "quantization": {
@@ -350,19 +364,20 @@ class Trainer:
             },
             "versions": {"torch": torch.__version__, "deepwell": _native.version()},
         }
-        parts = {"model": model, "optimizer": opt, "rng": rng}
-        if guard:
-            parts["guardrails"] = guard
-        return parts, meta
 
     def save_checkpoint(self) -> Path:
         if self.checkpoint_dir is None:
             raise ValueError("deepwell.Trainer.save_checkpoint: the Trainer has no checkpoint_dir")
 
-        parts, meta = self.state()  # (every rank takes part in gathering a sharded model's state)
-        if distributed.is_main():
-            checkpoint.save(self.checkpoint_dir, self.step, parts, meta, self.keep_checkpoints)
-        distributed.barrier()  # the other ranks see the checkpoint only once it is complete
+        if self.checkpoint_format == "sharded":
+            guard, guard_meta = state.guardrail_state(self.model)  # rank 0's, as in the full format
+            sharded.save(self.checkpoint_dir, self.step, self.model, self.optimizer, {"guardrails": guard} if guard else {},
+                         self._meta(guard_meta), self.keep_checkpoints)
+        else:
+            parts, meta = self.state()  # (every rank takes part in gathering a sharded model's state)
+            if distributed.is_main():
+                checkpoint.save(self.checkpoint_dir, self.step, parts, meta, self.keep_checkpoints)
+            distributed.barrier()  # the other ranks see the checkpoint only once it is complete
         self.last_checkpoint = self.checkpoint_dir / checkpoint.step_dir_name(self.step)
         self.log.write({"step": self.step, "event": "checkpoint", "path": str(self.last_checkpoint)})
         return self.last_checkpoint
@@ -375,20 +390,20 @@ class Trainer:
         target = path if checkpoint.is_checkpoint(path) else checkpoint.latest(path)
         if target is None:
             raise checkpoint.CheckpointError(f"{path} holds no checkpoint")
-        try:
-            parts, meta, target = checkpoint.load(target)
-        except checkpoint.CheckpointError as e:
-            prev = checkpoint.previous_intact(Path(target))
-            hint = f"; the previous checkpoint {prev} is intact: resume from it (fit(..., resume={str(prev)!r}))" if prev else "; there is no older intact checkpoint"
-            raise checkpoint.CheckpointError(f"{e}{hint}") from None
+        manifest = distributed.on_rank0(lambda: self._verified(Path(target)))  # rank 0 hashes, every rank raises
+        meta = manifest["state"]
         self._check_plan(meta, target)
-        distributed.load_model_tensors(self.model, parts["model"], meta["model_aliases"])
-        distributed.load_optimizer_state(self.model, self.optimizer, parts["optimizer"], meta["optimizer"])
+        if meta.get("checkpoint_format", "full") == "sharded":
+            parts, rng_meta = sharded.load(self.model, self.optimizer, target, manifest)
+        else:
+            parts, rng_meta = checkpoint.read_parts(target, manifest), meta["rng"]
+            distributed.load_model_tensors(self.model, parts["model"], meta["model_aliases"])
+            distributed.load_optimizer_state(self.model, self.optimizer, parts["optimizer"], meta["optimizer"])
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
         if self.scheduler is not None and meta["scheduler"] is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
-        state.load_rng_state(parts["rng"], meta["rng"])
+        state.load_rng_state(parts["rng"], rng_meta)
         state.load_guardrail_state(self.model, parts.get("guardrails", {}), meta["quantization"]["guarded_layers"])
         self._events_seen = {n: len(g.record.events) for n, g in state.guarded_layers(self.model).items()}
         self.step, self.batches_used, self.tokens_seen = meta["step"], meta["batches_used"], meta["tokens_seen"]
@@ -398,6 +413,17 @@ class Trainer:
         self.last_checkpoint = target
         self.log.write({"step": self.step, "event": "resumed", "path": str(target)})
         return target
+
+    @staticmethod
+    def _verified(target: Path) -> dict:
+        """The manifest of checkpoint `target` once every file checks; else a CheckpointError that
+        also names the newest older checkpoint that is intact."""
+        try:
+            return checkpoint.verify(target)
+        except checkpoint.CheckpointError as e:
+            prev = checkpoint.previous_intact(target)
+            hint = f"; the previous checkpoint {prev} is intact: resume from it (fit(..., resume={str(prev)!r}))" if prev else "; there is no older intact checkpoint"
+            raise checkpoint.CheckpointError(f"{e}{hint}") from None
 
     def _check_plan(self, meta: dict, target: Path) -> None:
         """Resuming under another plan would silently change every quantized site's numerics."""
