@@ -162,3 +162,17 @@ def test_main_job_under_torchrun(tmp_path):
     assert "steps 3..4 bit-identical to the first run" in out
     assert out.count("main job:") == 1  # the other rank is silent
     assert (tmp_path / "run" / "checkpoints" / "step_00000004").is_dir()
+
+
+def test_main_job_under_torchrun_with_tensor_parallelism(tmp_path):
+    """`torchrun --nproc-per-node 2 -m deepwell --tensor-parallel 2`: the blocks split over both
+    processes (DTensor), training, and the resume from the middle checkpoint bit for bit."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "deepwell", "--device", "cpu",
+           "--quick", "--steps", "4", "--parity-steps", "0", "--tensor-parallel", "2", "--out", str(tmp_path / "run")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "parallel: data 1 x tensor 2" in out and "forced by tensor_parallel=2" in out
+    assert "steps 3..4 bit-identical to the first run" in out
+    assert out.count("main job:") == 1

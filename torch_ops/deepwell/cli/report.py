@@ -125,6 +125,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--parity-steps", type=int, default=None,
         help="steps per recipe of the parity run (default 40 on the CPU, 150 on a GPU; 10 with --quick; 0 skips it)",
     )
+    p.add_argument(
+        "--tensor-parallel", type=int, default=None,
+        help="tensor-parallel degree under torchrun (default: the planner's choice; the rest of the processes "
+        "are data-parallel ranks)",
+    )
     p.add_argument("--out", default="deepwell_run", help="directory for the logs, plots, checkpoints and export (default: deepwell_run/ in the working directory)")
     p.add_argument("--quick", action="store_true", help="skip the quantization report; 20 training steps, 10 per parity recipe")
     args = p.parse_args(argv)
@@ -137,6 +142,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--steps must be at least 2 (the run checkpoints half-way and resumes), got {args.steps}")
     if args.parity_steps < 0:
         p.error(f"--parity-steps must be 0 or more, got {args.parity_steps}")
+    if args.tensor_parallel is not None and args.tensor_parallel < 1:
+        p.error(f"--tensor-parallel must be 1 or more, got {args.tensor_parallel}")
     return args
 
 
@@ -151,5 +158,6 @@ def main(argv: list[str] | None = None) -> None:
         print(probe())
         if not args.quick:
             quantization_report(device)
-        train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps)
+        train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps,
+                   tensor_parallel=args.tensor_parallel)
         print(f"main job: {time.perf_counter() - start:.0f} s")

@@ -59,20 +59,24 @@ class ModelConfig:
         return model.to(device=device, dtype=getattr(torch, self.dtype))
 
 
-def build_engine(config: ModelConfig, recipe: str, device: torch.device, seed: int = 0, verbose: bool = False):
-    """The model built from `seed`, captured, planned with `recipe` and compiled (deepwell.compile)."""
+def build_engine(config: ModelConfig, recipe: str, device: torch.device, seed: int = 0, verbose: bool = False,
+                 tensor_parallel: int | None = None):
+    """The model built from `seed`, captured, planned with `recipe` (and `tensor_parallel`, autoplan's
+    forced tensor degree) and compiled (deepwell.compile)."""
     from ..plan.engine import autoplan, capture, compile
     from ..plan.policy import PrecisionPolicy
 
     from ..plan.parallel import world_size
 
     model = config.build(device, seed)
-    if config.batch % world_size():
-        raise ValueError(f"deepwell: a batch of {config.batch} rows cannot be split over {world_size()} processes")
-    # One rank's micro-batch: the plan's memory figures are per rank (the Trainer splits each batch).
-    example = torch.zeros(config.batch // world_size(), config.seq_len, dtype=torch.long, device=device)
+    data = world_size() // (tensor_parallel or 1)  # the data ranks (a tensor degree not dividing: autoplan raises)
+    if data and config.batch % data:
+        raise ValueError(f"deepwell: a batch of {config.batch} rows cannot be split over {data} data-parallel processes")
+    # One data rank's micro-batch: the plan's memory figures are per rank (the Trainer splits each batch).
+    example = torch.zeros(config.batch // max(data, 1), config.seq_len, dtype=torch.long, device=device)
     ir = capture(model, (example,))
-    plan = autoplan(ir, policy=PrecisionPolicy(precision=recipe, min_features=config.min_features))
+    policy = PrecisionPolicy(precision=recipe, min_features=config.min_features)
+    plan = autoplan(ir, policy=policy, tensor_parallel=tensor_parallel)
     if verbose:
         print(plan.table())
     return compile(ir, plan=plan)
