@@ -149,15 +149,20 @@ def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp
     assert _same(one["losses"], back["crossed"][0]), (one["losses"], back["crossed"])
 
 
-def test_main_job_under_torchrun(tmp_path):
-    """`torchrun --nproc-per-node 2 -m deepwell`: FSDP planned over the two processes, training on
-    the stdlib corpus, and the resume from the middle checkpoint bit for bit (rank 0 prints)."""
+def _main_job_under_torchrun(tmp_path, *options: str) -> str:
+    """`torchrun --nproc-per-node 2 -m deepwell` on the CPU, 4 quick steps; its stdout."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "deepwell", "--device", "cpu",
-           "--quick", "--steps", "4", "--parity-steps", "0", "--out", str(tmp_path / "run")]
+           "--quick", "--steps", "4", "--parity-steps", "0", *options, "--out", str(tmp_path / "run")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
+    return done.stdout
+
+
+def test_main_job_under_torchrun(tmp_path):
+    """`torchrun --nproc-per-node 2 -m deepwell`: FSDP planned over the two processes, training on
+    the stdlib corpus, and the resume from the middle checkpoint bit for bit (rank 0 prints)."""
+    out = _main_job_under_torchrun(tmp_path)
     assert "(2 processes under torchrun)" in out and "parallel: data 2 x tensor 1" in out
     assert "steps 3..4 bit-identical to the first run" in out
     assert out.count("main job:") == 1  # the other rank is silent
@@ -167,12 +172,7 @@ def test_main_job_under_torchrun(tmp_path):
 def test_main_job_under_torchrun_with_tensor_parallelism(tmp_path):
     """`torchrun --nproc-per-node 2 -m deepwell --tensor-parallel 2`: the blocks split over both
     processes (DTensor), training, and the resume from the middle checkpoint bit for bit."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "deepwell", "--device", "cpu",
-           "--quick", "--steps", "4", "--parity-steps", "0", "--tensor-parallel", "2", "--out", str(tmp_path / "run")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
+    out = _main_job_under_torchrun(tmp_path, "--tensor-parallel", "2")
     assert "parallel: data 1 x tensor 2" in out and "forced by tensor_parallel=2" in out
     assert "steps 3..4 bit-identical to the first run" in out
     assert out.count("main job:") == 1
