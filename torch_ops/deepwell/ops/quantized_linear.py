@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _nondiff
-from .linear import _parse_recipe
+from .linear import _check_bias, _parse_recipe
 from ._library import define
 
 _OP = "quantized_linear"
@@ -68,9 +68,7 @@ def _quantized_linear_fake(x, weight_data, weight_scale, weight_global_scale, bi
         _checks.shape_eq(_OP, "weight_global_scale", weight_global_scale, [])
     elif weight_global_scale is not None:
         _checks.fail(_OP, "weight_global_scale", f"be None for {name}", "a tensor")
-    if bias is not None:
-        _checks.dtype_in(_OP, "bias", bias, _checks.FLOAT_INPUTS)
-        _checks.shape_eq(_OP, "bias", bias, [n])
+    _check_bias(_OP, bias, x, n)
     if modelled and x.device.type not in ("cpu", "meta"):
         _checks.fail(_OP, "recipe", "name a GPU to model after '@' only for CPU tensors", _checks.quoted(recipe))
     return x.new_empty((*x.shape[:-1], n))

@@ -252,16 +252,22 @@ fn run_forward(op: Op, x: Tensor, weight: Tensor, bias: Option<Tensor>, recipe: 
         others.push(("bias", b));
     }
     let layer = Layer::new(op, x, weight, &others, recipe)?;
-    if let Some(b) = &bias {
-        check::dtype_in(op, "bias", b, &check::FLOAT_INPUTS)?;
-        check::shape_eq(op, "bias", b, &[layer.n as i64])?;
-    }
+    check_bias(op, bias.as_ref(), layer.n as i64)?;
     let form = Form::of(layer.choice(Pass::Fprop).backend).0;
     let x2 = layer.x_2d(op)?;
     let xa = quantize::along_k(op, layer.recipe, form, Role::Activation, x2, 0)?;
     let wb = layer.weight_operand(op, Want::Fprop)?;
     let y = gemm::run::run(op, xa, wb, bias, layer.x.dtype())?;
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &layer.out_shape)?])
+}
+
+/// A bias, when given, is a float vector of the layer's out_features `n`.
+fn check_bias(op: Op, bias: Option<&Tensor>, n: i64) -> Result<()> {
+    if let Some(b) = bias {
+        check::dtype_in(op, "bias", b, &check::FLOAT_INPUTS)?;
+        check::shape_eq(op, "bias", b, &[n])?;
+    }
+    Ok(())
 }
 
 /// An empty tensor standing for a gradient nobody asked for (the autograd formula drops it).

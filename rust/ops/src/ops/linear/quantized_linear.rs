@@ -12,7 +12,7 @@
 
 use deepwell_core::policy::{gemm_backend, GemmShape, Pass, Recipe};
 
-use super::{arch_of, parse_recipe};
+use super::{arch_of, check_bias, parse_recipe};
 use crate::aten;
 use crate::check;
 use crate::dtype::DType;
@@ -119,10 +119,7 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
         }
         (_, None) => {}
     }
-    if let Some(b) = &bias {
-        check::dtype_in(op, "bias", b, &check::FLOAT_INPUTS)?;
-        check::shape_eq(op, "bias", b, &[n])?;
-    }
+    check_bias(op, bias.as_ref(), n)?;
 
     let arch = arch_of(op, device, modelled, &recipe_arg)?;
     let m = x.numel() as usize / k as usize;
