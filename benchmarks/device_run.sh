@@ -16,6 +16,8 @@
 #   moe       benchmarks/bench_moe.py             (moe-quick: the E64 layer only, no model step)
 #   profile-moe benchmarks/profile_moe.py       (one MoE layer's kernel time by stage, HF grouped_mm vs
 #             deepwell bf16, E64; profile-moe-all: the three bench_moe shapes)
+#   parallel  benchmarks/bench_parallel.py        (1 vs 2 GPUs through torchrun: FSDP2 and tensor parallel;
+#             needs a 2-GPU kind, nvidia-h200-x2; NVLink multicast stays off)
 #   moe-tests the MoE GPU tests (-m gpu; the CPU ones, HF parity included, run in CI against transformers 5.23)
 # Logs and JSON go to $OUT.
 set -uo pipefail
@@ -90,6 +92,12 @@ for step in $steps; do
                 python3 benchmarks/profile_moe.py --shape "$shape" 2>&1 | tee "$OUT/profile_moe-$shape.log" || status=1
             done
             find benchmarks/results -name "profile_moe-*.json" -exec cp {} "$OUT/" \;
+            ;;
+        parallel)
+            export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+            python3 benchmarks/bench_parallel.py --configs "${PARALLEL_CONFIGS:-1x4,1x8,2x8,2x4tp}" 2>&1 \
+                | tee "$OUT/bench_parallel.log" | grep -v Warning || status=1
+            cp benchmarks/results/bench_parallel-*.json "$OUT/" 2>/dev/null
             ;;
         moe-tests)
             python3 -m pytest tests/test_moe.py tests/test_moe_module.py tests/test_grouped_linear.py -m gpu \

@@ -1,0 +1,249 @@
+"""Scale-out on one node: the same training step on 1 and 2 GPUs, with the parallel plan
+deepwell.autoplan picks (FSDP2 over the data ranks; `--configs` adds tensor parallelism), through
+torchrun. Per run: tokens/s, peak memory per rank against dryrun's per-rank prediction, and the loss
+at every step, so 2 GPUs can be checked against 1 for the same global batch (loss parity) and for
+the same per-GPU batch (weak scaling).
+
+A config is "<processes>x<global batch rows>[tp]": "1x4" one GPU with 4 rows of SEQ tokens, "2x8" two
+processes with 4 rows each (FSDP2), "2x4tp" two processes splitting every layer (tensor parallel 2)
+over the same 4 rows. Each config runs in its own `torchrun --standalone` (the launcher here), from
+the same initial weights (seed 0) on the same batch every step.
+
+- scaling = tokens/s of "2xB" / tokens/s of "1x(B/2)": each GPU keeps its batch (weak scaling, the
+  issue's >= 1.8x target); "vs 1 GPU same batch" divides by "1xB" instead.
+- parity = the largest |loss difference| over the steps between "2xB" and "1xB" (same global batch):
+  FSDP2 reduces gradients in bf16 across ranks and the GEMMs see half the rows, so the last bits
+  differ; it is printed next to the loss's own drop over the run, for scale.
+
+    python benchmarks/bench_parallel.py [--model 1b|8b] [--configs 1x4,1x8,2x8] [--steps 12]
+    python benchmarks/bench_parallel.py --quick --device cpu   # tiny model, gloo: checks the script
+
+NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1): the lent
+multi-GPU machines require it, and FSDP2 does not need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+#: The lent machines' rule (the device tool's KINDS.md): never use NVLink multicast.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SEQ, QUICK_SEQ = 2048, 128
+
+
+def parse_config(text: str) -> tuple[int, int, int]:
+    """'2x8' -> (2 processes, 8 rows, tensor degree 1); '2x4tp' -> (2, 4, 2)."""
+    tp = text.endswith("tp")
+    procs, rows = (int(v) for v in text.removesuffix("tp").split("x"))
+    return procs, rows, procs if tp else 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Worker: one rank of one config (run by torchrun).
+
+
+def _worker(args) -> None:
+    import torch.distributed as dist
+
+    import deepwell
+    import deepwell.plan.backend
+    from deepwell.models import Llama
+    from deepwell.train.distributed import shard_rows
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_train_step import MODELS, VOCAB
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    deepwell.plan.backend.ensure_registered()
+
+    procs, rows, tensor = parse_config(args.config)
+    dim, heads, hidden, layers = MODELS[args.model]
+    seq = SEQ
+    if args.quick:
+        dim, heads, hidden, layers, seq = 256, 4, 768, 2, QUICK_SEQ
+    torch.manual_seed(0)
+    model = Llama(VOCAB, dim, layers, heads, hidden, max_seq=seq).to(device=device, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(1)  # on the CPU: every rank draws the same global batch
+    tokens = torch.randint(0, VOCAB, (rows, seq), generator=g).to(device)
+    targets = torch.randint(0, VOCAB, (rows, seq), generator=g).to(device)
+    mine, my_targets = shard_rows(tokens, tensor=tensor), shard_rows(targets, tensor=tensor)
+
+    ir = deepwell.capture(model, (mine,))
+    plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=args.precision,
+                             tensor_parallel=tensor if tensor > 1 else None)
+    engine = deepwell.compile(ir, plan=plan)
+    estimate = deepwell.dryrun(engine)
+    # Fused AdamW takes one kind of tensor per call: tensor parallelism leaves the embeddings, norms
+    # and LM head plain next to its DTensor shards, so each kind gets its own optimizer.
+    from torch.distributed.tensor import DTensor
+
+    kinds = [[p for p in model.parameters() if isinstance(p, DTensor) == d] for d in (True, False)]
+    opts = [torch.optim.AdamW(params, lr=1e-4, fused=True) for params in kinds if params]
+    losses = []
+
+    def step():
+        logits = engine(mine)
+        loss = F.cross_entropy(logits.view(-1, VOCAB).float(), my_targets.reshape(-1))
+        losses.append(loss.detach())
+        loss.backward()
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    step()
+    sync()
+    first_s = time.perf_counter() - t0
+    for _ in range(args.warmup):
+        step()
+    sync()
+    if world > 1:
+        dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync()
+    ms = (time.perf_counter() - t0) / args.steps * 1e3
+    peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+
+    # The global loss of each step: the ranks' means over equal row counts, averaged (tensor ranks
+    # of one data rank hold the same rows, so their mean is that data rank's loss).
+    curve = torch.stack(losses).float()
+    peaks = torch.tensor([float(peak)], device=device)
+    if world > 1:
+        dist.all_reduce(curve)
+        curve /= world
+        gathered = [torch.zeros_like(peaks) for _ in range(world)]
+        dist.all_gather(gathered, peaks)
+        peaks = torch.cat(gathered)
+    if rank == 0:
+        out = {
+            "config": args.config, "processes": procs, "global_rows": rows, "tensor": tensor, "seq": seq,
+            "tokens_per_step": rows * seq, "step_ms": ms, "tokens_per_s": rows * seq / ms * 1e3,
+            "first_call_s": first_s, "peak_bytes_per_rank": [int(p) for p in peaks.tolist()],
+            "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
+            "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
+            "parallelism": plan.parallelism, "reason": plan.sharding["reason"],
+            "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
+            "estimate": str(estimate),
+        }
+        with open(args.out, "w") as f:
+            json.dump(out, f)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------
+# Launcher: one torchrun per config, then the table.
+
+
+def _launch(args, config: str, out: str) -> dict:
+    procs = parse_config(config)[0]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
+           os.path.abspath(__file__), "--worker", "--config", config, "--out", out, "--model", args.model,
+           "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
+    if args.quick:
+        cmd.append("--quick")
+    env = {**os.environ, **NO_MULTICAST, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run(cmd, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_parallel: config {config} failed (exit {done.returncode}); its output is above")
+    with open(out) as f:
+        return json.load(f)
+
+
+def _environment(device: str) -> dict:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if device == "cuda":
+        from _common import environment
+
+        return {**environment(), "gpus": torch.cuda.device_count()}
+    import datetime
+    import platform
+
+    return {"device": "cpu", "sm": "0.0", "sms": 0, "torch": torch.__version__, "cuda": None,
+            "python": platform.python_version(), "gpus": 0,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="1b", choices=["1b", "8b"])
+    p.add_argument("--configs", default="1x4,1x8,2x8")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--steps", type=int, default=12, help="timed steps (after the first call and the warm-up)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="a 2-layer d=256 model, 128-token rows")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return _worker(args)
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _common import write_json
+
+    env = _environment(args.device)
+    print(f"# bench_parallel: {args.model} LLaMA, precision={args.precision}, configs {args.configs}; "
+          f"{env['device']} x {env['gpus']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']}")
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in args.configs.split(","):
+            runs[config] = _launch(args, config, os.path.join(tmp, f"{config}.json"))
+
+    gib = 2**30
+    print(f"\n{'config':<8} {'plan':<22} {'step ms':>8} {'tokens/s':>10} {'peak GiB/rank':>14} {'dryrun GiB':>10} "
+          f"{'err':>6} {'first s':>8}  loss first -> last")
+    for c, r in runs.items():
+        par = r["parallelism"]
+        plan = f"data {par['data']} x tensor {par['tensor']}"
+        peak = max(r["peak_bytes_per_rank"])
+        err = r["predicted_peak_bytes_per_rank"] / peak - 1 if peak else float("nan")
+        print(f"{c:<8} {plan:<22} {r['step_ms']:8.1f} {r['tokens_per_s']:10.0f} {peak / gib:14.2f} "
+              f"{r['predicted_peak_bytes_per_rank'] / gib:10.2f} {err * 100:+5.1f}% {r['first_call_s']:8.1f}  "
+              f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
+        r["dryrun_error"] = err
+    summary = []
+    for c, r in runs.items():
+        procs, rows, tensor = parse_config(c)
+        if procs == 1:
+            continue
+        one_gpu_same_batch = runs.get(f"1x{rows}")
+        one_gpu_same_per_gpu = runs.get(f"1x{rows // procs}") if tensor == 1 else one_gpu_same_batch
+        line = {"config": c}
+        if one_gpu_same_per_gpu:
+            line["scaling"] = r["tokens_per_s"] / one_gpu_same_per_gpu["tokens_per_s"]
+        if one_gpu_same_batch:
+            line["vs_one_gpu_same_batch"] = r["tokens_per_s"] / one_gpu_same_batch["tokens_per_s"]
+            diffs = [abs(a - b) for a, b in zip(r["losses"], one_gpu_same_batch["losses"])]
+            line["parity_max_abs"] = max(diffs)
+            line["loss_drop"] = one_gpu_same_batch["losses"][0] - one_gpu_same_batch["losses"][-1]
+        summary.append(line)
+        print(f"{c}: " + ", ".join(f"{k} {v:.4g}" for k, v in line.items() if k != "config"))
+    name = f"bench_parallel-{args.model}" + ("-quick" if args.quick else "")
+    print("wrote", write_json(name, env, list(runs.values()), {"summary": summary, "precision": args.precision}))
+
+
+if __name__ == "__main__":
+    main()
