@@ -210,7 +210,9 @@ def main() -> None:
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for config in args.configs.split(","):
-            runs[config] = _launch(args, config, os.path.join(tmp, f"{config}.json"))
+            r = runs[config] = _launch(args, config, os.path.join(tmp, f"{config}.json"))
+            print(f"{config}: {r['tokens_per_s']:.0f} tokens/s, peak {max(r['peak_bytes_per_rank']) / 2**30:.2f} GiB/rank, "
+                  f"losses {[round(v, 4) for v in r['losses']]}", flush=True)
 
     gib = 2**30
     print(f"\n{'config':<8} {'plan':<22} {'step ms':>8} {'tokens/s':>10} {'peak GiB/rank':>14} {'dryrun GiB':>10} "
