@@ -124,6 +124,7 @@ def _worker(args) -> None:
     sync()
     ms = (time.perf_counter() - t0) / args.steps * 1e3
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+    kernels = _kernel_split(step, sync, 3) if args.profile and cuda else {}
 
     # The global loss of each step: the ranks' means over equal row counts, averaged (tensor ranks
     # of one data rank hold the same rows, so their mean is that data rank's loss).
@@ -144,12 +145,42 @@ def _worker(args) -> None:
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
             "parallelism": plan.parallelism, "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
-            "estimate": str(estimate),
+            "estimate": str(estimate), "kernel_ms": kernels,
         }
         with open(args.out, "w") as f:
             json.dump(out, f)
     if world > 1:
         dist.destroy_process_group()
+
+
+def _kernel_split(step, sync, steps: int) -> dict[str, float]:
+    """Kernel ms per step on this rank's GPU by kind (bench_train_step's kinds plus NCCL's
+    collectives), and "busy": the union of all kernel intervals, so step - busy is the time the GPU
+    waited (on the host, or on a collective's peer)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench_train_step import kind_of
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    kinds: dict[str, float] = {}
+    spans = []
+    for e in prof.events():
+        lo, hi = e.time_range.start, e.time_range.end
+        if e.device_type.name != "CUDA" or hi <= lo:
+            continue
+        kind = "nccl" if "nccl" in e.name.lower() else kind_of(e.name)
+        kinds[kind] = kinds.get(kind, 0.0) + (hi - lo) / steps / 1e3
+        spans.append((lo, hi))
+    spans.sort()
+    busy, end = 0.0, float("-inf")
+    for lo, hi in spans:
+        if hi > end:
+            busy += hi - max(lo, end)
+            end = hi
+    return {**kinds, "busy": busy / steps / 1e3}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -161,8 +192,7 @@ def _launch(args, config: str, out: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
            os.path.abspath(__file__), "--worker", "--config", config, "--out", out, "--model", args.model,
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
-    if args.quick:
-        cmd.append("--quick")
+    cmd += ["--quick"] * args.quick + ["--profile"] * args.profile
     env = {**os.environ, **NO_MULTICAST, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
@@ -193,6 +223,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12, help="timed steps (after the first call and the warm-up)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="a 2-layer d=256 model, 128-token rows")
+    p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
@@ -226,6 +257,8 @@ def main() -> None:
               f"{r['predicted_peak_bytes_per_rank'] / gib:10.2f} {err * 100:+5.1f}% {r['first_call_s']:8.1f}  "
               f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
         r["dryrun_error"] = err
+        if r["kernel_ms"]:
+            print(f"{'':<8} kernel ms per step on rank 0: " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_ms"].items())))
     summary = []
     for c, r in runs.items():
         procs, rows, tensor = parse_config(c)
