@@ -71,6 +71,8 @@ def _worker(args) -> None:
         dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     deepwell.plan.backend.ensure_registered()
+    if args.sm_carveout is not None:
+        torch._C._set_sm_carveout_experimental(args.sm_carveout)
 
     procs, rows, tensor = parse_config(args.config)
     dim, heads, hidden, layers = MODELS[args.model]
@@ -193,6 +195,7 @@ def _launch(args, config: str, out: str) -> dict:
            os.path.abspath(__file__), "--worker", "--config", config, "--out", out, "--model", args.model,
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile
+    cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
     env = {**os.environ, **NO_MULTICAST, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
@@ -223,6 +226,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12, help="timed steps (after the first call and the warm-up)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="a 2-layer d=256 model, 128-token rows")
+    p.add_argument("--sm-carveout", type=int, default=None,
+                   help="SMs torch's GEMMs leave free (torch._C._set_sm_carveout_experimental) for NCCL's kernels")
     p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
