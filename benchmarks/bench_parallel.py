@@ -227,7 +227,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="a 2-layer d=256 model, 128-token rows")
     p.add_argument("--sm-carveout", type=int, default=None,
-                   help="SMs torch's GEMMs leave free (torch._C._set_sm_carveout_experimental) for NCCL's kernels")
+                   help="SMs torch's GEMMs leave free for NCCL (default: the plan's sm_carveout; 0 for none)")
     p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

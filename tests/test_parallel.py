@@ -60,6 +60,39 @@ def test_planner_decides_tensor_parallel_from_memory():
         _native.call("parallel_plan", {"cluster": {"world_size": 2, "devices_per_node": 1, "memory_bytes": 0}, "model": model})
 
 
+def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
+    """GPU processes with data parallelism plan an SM carveout for FSDP's overlapped collectives
+    (Rust's COMM_SMS); CPU processes and tensor parallelism alone do not. Applying it sets torch's
+    process-wide carveout on CUDA only, and never overrides one the user set."""
+    from deepwell.plan.shard import leave_sms_to_collectives
+
+    gib = 1 << 30
+    model = {"weight_bytes": 2 * gib, "gradient_bytes": 2 * gib, "optimizer_bytes": 4 * gib,
+             "activation_bytes": 10 * gib, "largest_unit_bytes": gib // 8}
+    cluster = {"world_size": 2, "devices_per_node": 2, "memory_bytes": 80 * gib, "peer_access": True}
+    p = _native.call("parallel_plan", {"cluster": cluster, "model": model})
+    assert p["data"] == 2 and p["sm_carveout"] > 0 and f"leave {p['sm_carveout']} SMs" in p["reason"]
+    assert _native.call("parallel_plan", {"cluster": {**cluster, "memory_bytes": 0}, "model": model})["sm_carveout"] == 0
+    tp = _native.call("parallel_plan", {"cluster": cluster, "model": {**model, "activation_bytes": 100 * gib}})
+    assert (tp["tensor"], tp["sm_carveout"]) == (2, 0)
+    assert deepwell.autoplan(_ir(), world_size=2).sharding["sm_carveout"] == 0  # the CPU: memory unknown
+
+    before = torch._C._get_sm_carveout_experimental()
+    try:
+        torch._C._set_sm_carveout_experimental(None)
+        leave_sms_to_collectives(torch.device("cpu"), 16)
+        assert torch._C._get_sm_carveout_experimental() is None
+        leave_sms_to_collectives(torch.device("cuda", 0), 0)
+        assert torch._C._get_sm_carveout_experimental() is None
+        leave_sms_to_collectives(torch.device("cuda", 0), 16)
+        assert torch._C._get_sm_carveout_experimental() == 16
+        torch._C._set_sm_carveout_experimental(4)  # the user's own
+        leave_sms_to_collectives(torch.device("cuda", 0), 16)
+        assert torch._C._get_sm_carveout_experimental() == 4
+    finally:
+        torch._C._set_sm_carveout_experimental(before)
+
+
 def _site(name: str) -> Site:
     return Site(name, "Linear", "attention", 256, 256, 128, device="cpu", dtype="torch.float32")
 

@@ -109,7 +109,7 @@ def autoplan(
     if tensor_parallel is not None:
         par = force_tensor_degree(par, tensor_parallel)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
-    plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "per_rank_bytes", "reason", "saved")}
+    plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "sm_carveout", "per_rank_bytes", "reason", "saved")}
     plan.moe = moe
     plan.seq_len, plan.global_batch = seq_len, global_batch
     return plan

@@ -31,7 +31,7 @@ def nbytes(params) -> int:
 def plan_parallelism(
     model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int, quantized: bool | None = None
 ) -> dict:
-    """{data, tensor, fsdp, reshard_after_forward, per_rank_bytes, reason, saved} for `world`
+    """{data, tensor, fsdp, reshard_after_forward, sm_carveout, per_rank_bytes, reason, saved} for `world`
     processes; `saved`: `memory.saved_activation_bytes`'s (total, largest, output bytes, output elements), measured before
     sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
     is one rank's micro-batch; `hw` the node's devices (None: unknown memory); `quantized`: whether
@@ -76,4 +76,6 @@ def force_tensor_degree(par: dict, tensor: int) -> dict:
         f"{world} processes: tensor parallel {tensor}{fsdp}, forced by "
         f"tensor_parallel={tensor} (the planner chose data {par['data']} x tensor {par['tensor']}: {par['reason']})"
     )
-    return {**par, "data": data, "tensor": tensor, "fsdp": data > 1, "per_rank_bytes": 0, "reason": reason}
+    carveout = par["sm_carveout"] if data > 1 else 0  # only FSDP's collectives overlap the GEMMs
+    return {**par, "data": data, "tensor": tensor, "fsdp": data > 1, "sm_carveout": carveout, "per_rank_bytes": 0,
+            "reason": reason}

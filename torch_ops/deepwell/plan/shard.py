@@ -47,4 +47,15 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     for block in blocks(model):
         fully_shard(block, mesh=mesh["data"], reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)
+    leave_sms_to_collectives(device, sharding.get("sm_carveout", 0))
     return model
+
+
+def leave_sms_to_collectives(device: torch.device, sms: int) -> None:
+    """Has torch's GEMMs target all but `sms` SMs (the plan's `sm_carveout`; the reason is
+    `COMM_SMS` in rust/core/src/policy/parallel.rs), so that FSDP's all-gathers and reduce-scatters
+    find SMs beside a persistent GEMM. Process-wide, as torch's setting is; a carveout the user set
+    (torch._C._set_sm_carveout_experimental) is kept."""
+    if device.type != "cuda" or sms <= 0 or torch._C._get_sm_carveout_experimental() is not None:
+        return
+    torch._C._set_sm_carveout_experimental(sms)
