@@ -141,6 +141,25 @@ def test_tensor_parallel_argument():
         deepwell.autoplan(ir, world_size=2, tensor_parallel=3)
 
 
+def test_one_ranks_activations_under_tensor_parallelism():
+    """autoplan measures a tensor-parallel rank's saved activations with the split layers at their
+    local shapes and the attention at its local heads: less than the whole model's (heads and hidden
+    units split), more than half of it (the residual stream, norms and LM head stay whole); the
+    model's heads come back unchanged; dryrun uses the rank's count."""
+    from deepwell.plan.memory import saved_activation_bytes
+
+    ir = _ir()
+    for quantized in (True, False):
+        whole = saved_activation_bytes(ir.model, ir.example_inputs, quantized)
+        half = saved_activation_bytes(ir.model, ir.example_inputs, quantized, tensor=2)
+        assert whole[0] / 2 < half[0] < whole[0], (quantized, whole, half)
+        assert half[2:] == whole[2:]  # the logits: the LM head is not split
+    assert all(b.attention.heads == 4 for b in ir.model.layers)
+    plan = deepwell.autoplan(ir, world_size=2, tensor_parallel=2)  # the CPU's auto plan: bf16 sites
+    assert plan.sharding["saved"] == half
+    assert deepwell.autoplan(ir, world_size=2).sharding["saved"] == whole  # data parallel: the whole micro-batch's
+
+
 def test_a_shard_that_splits_quantization_blocks_raises():
     """fp8_block quantizes W in 128x128 tiles: 4 ways, wq's 256 output features leave 64 per rank."""
     ir = _ir()

@@ -112,8 +112,9 @@ def dryrun(engine: Engine) -> Estimate:
         units = [nbytes(b.parameters()) for b in blocks(model)]
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
-        # Measured by autoplan, before sharding: under tensor parallelism an upper bound (the
-        # residual stream and the norms' activations are replicated, the heads' and hidden units' split).
+        # Measured by autoplan before sharding, for one rank: under tensor parallelism with the
+        # split layers at their local shapes (the residual stream and the norms' activations stay
+        # replicated, the heads' and hidden units' are split).
         activations, largest, *output = plan.sharding["saved"]  # 2 fields in plans saved before outputs were counted
     else:
         gathered = 0

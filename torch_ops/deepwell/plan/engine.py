@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .hardware import Hardware
-from .parallel import force_tensor_degree, plan_parallelism
+from .parallel import force_tensor_degree, plan_parallelism, with_tensor_share
 from .parallel import world_size as current_world_size
 from .policy import PrecisionPolicy
 from .shard import shard
@@ -108,6 +108,7 @@ def autoplan(
     par = plan_parallelism(ir.model, ir.example_inputs, hw, world_size or current_world_size(), quantized)
     if tensor_parallel is not None:
         par = force_tensor_degree(par, tensor_parallel)
+    par = with_tensor_share(ir.model, ir.example_inputs, par, quantized)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "sm_carveout", "per_rank_bytes", "reason", "saved")}
     plan.moe = moe

@@ -15,18 +15,24 @@ what eager autograd saves, an upper bound."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 
-def saved_activation_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None) -> tuple[int, int, int, int]:
+def saved_activation_bytes(
+    model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1
+) -> tuple[int, int, int, int]:
     """(total, largest, output, output elements): bytes of the activations one training forward
     saves, of the largest of them and of the forward's outputs, and the outputs' element count.
     `quantized`: whether the plan runs deepwell GEMMs (the backend then lets the partitioner
-    recompute their inputs); None counts what eager autograd saves."""
+    recompute their inputs); None counts what eager autograd saves. `tensor` > 1: one rank's share
+    under tensor parallelism of that degree (plan/tensor_parallel.py: the split layers traced at
+    their local shapes, the attention at its local heads; the compiled count only)."""
     if quantized is not None:
         try:
-            return compiled_saved_bytes(model, example_inputs, quantized)
+            return compiled_saved_bytes(model, example_inputs, quantized, tensor)
         except Exception:  # noqa: BLE001 - any tracing failure: the eager count is an upper bound
             pass
     return eager_saved_bytes(model, example_inputs)
@@ -53,7 +59,9 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
     return sum(seen.values()), max(seen.values(), default=0), output, sum(t.numel() for t in outs)
 
 
-def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantized: bool) -> tuple[int, int, int, int]:
+def compiled_saved_bytes(
+    model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1
+) -> tuple[int, int, int, int]:
     """`saved_activation_bytes`'s four figures under torch.compile. Saved: the storages behind the
     backward graph's inputs other than the output gradients (`tangents_*`) and the parameters, each
     counted once (a saved view and its base share one), from AOTAutograd's partition of the model's
@@ -96,9 +104,16 @@ def compiled_saved_bytes(model: torch.nn.Module, example_inputs: tuple, quantize
     def forward(*args):
         return functional_call(model, {**dict(zip(names, args[: len(names)])), **buffers}, args[len(names) :])
 
+    from . import tensor_parallel
+
+    local = tensor_parallel.local_shapes(model, tensor) if tensor > 1 else {}
+    heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
     options = _partitioner_options(1 if quantized else 0)
-    with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        params = [mode.from_tensor(p).requires_grad_(p.requires_grad) for _, p in model.named_parameters()]
+    with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads:
+        params = [
+            (mode.from_tensor(p).new_empty(local[n]) if n in local else mode.from_tensor(p)).requires_grad_(p.requires_grad)
+            for n, p in model.named_parameters()
+        ]
         inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
         traced = aot_function(forward, fw_compiler=_identity, bw_compiler=_identity, partition_fn=partition)
         traced(*params, *inputs)

@@ -17,6 +17,8 @@ block layout other than LLaMA's names (MoE blocks included): those raise `Runtim
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import recipes
@@ -90,6 +92,30 @@ def check(model: torch.nn.Module, tensor: int, recipe_of: dict[str, str]) -> Non
             _fail(f"of degree {tensor} applies to {_WHAT}; {where}'s attention has no integer 'heads' attribute")
         if heads % tensor:
             _fail(f"of degree {tensor} cannot split {name}.attention's {heads} heads evenly")
+
+
+def local_shapes(model: torch.nn.Module, tensor: int) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> the shape one rank holds after `apply(model, mesh, tensor)` (LAYOUT's
+    weights only; `check` first): what plan/memory.py traces to measure one rank's activations."""
+    shapes = {}
+    for name, block in named_blocks(model):
+        for rel, style in LAYOUT.items():
+            n, k = block.get_submodule(rel).weight.shape
+            shapes[f"{name}.{rel}.weight"] = (n // tensor, k) if style == "colwise" else (n, k // tensor)
+    return shapes
+
+
+@contextlib.contextmanager
+def local_heads(model: torch.nn.Module, tensor: int):
+    """The blocks' attention computes `heads / tensor` heads inside the block, as after `apply`."""
+    attentions = [block.attention for _, block in named_blocks(model)]
+    for a in attentions:
+        a.heads //= tensor
+    try:
+        yield
+    finally:
+        for a in attentions:
+            a.heads *= tensor
 
 
 def apply(model: torch.nn.Module, mesh, tensor: int) -> None:
