@@ -11,7 +11,8 @@ relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block, `
 cuBLASLt blockwise GEMMs alone on pre-quantized operands: step - gemms is what quantization and
 glue cost (the gap to explain; see the README's performance notes). Also, in the same process:
 fp8_block's forward + backward under torch.compile (it must not be slower than eager), the
-inference forward from stored weight codes (`quantized_linear`), and
+inference forward from stored weight codes (`quantized_linear`) and the backward from them
+(`quantized_linear_backward`, what FSDP2's FP8 all-gather runs), and
 torchao's float8 training linear (tensorwise and rowwise recipes, eager and compiled) when torchao
 is installed. The last shape, 8192 x 2048 x 5632, is small enough that per-call host time matters.
 
@@ -163,6 +164,11 @@ def main() -> None:
             inf = time_ms(lambda: ops.quantized_linear(x.detach(), wq, ws, None, None, "fp8_block"))
         print(f"{shape:>20} {'fp8_block':>10} quantized_linear (stored weight codes) forward: {inf:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "quantized_linear_fwd_ms": inf})
+        # The backward from the same codes (FSDP2's FP8 all-gather: plan/fp8_weights.py): vs the
+        # backward op above, W^T's operand is the codes transposed instead of W quantized again.
+        bwd_codes = time_ms(lambda: ops.quantized_linear_backward(dy, x, wq, ws, "fp8_block", w.dtype, True, True))
+        print(f"{shape:>20} {'fp8_block':>10} quantized_linear_backward (from the codes): {bwd_codes:.3f} ms")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "quantized_linear_backward_ms": bwd_codes})
         del x, w, dy, y64
         torch.cuda.empty_cache()
     if not torchao_version():

@@ -5,6 +5,12 @@ steps through deepwell.Trainer (which shards the global batches itself) instead 
 DEEPWELL_TEST_TENSOR=T forces tensor parallelism of degree T (autoplan's tensor_parallel=): the T
 adjacent ranks of each data rank take the same rows.
 
+FP8 all-gather (tests/test_fp8_all_gather.py): DEEPWELL_TEST_FP8_ALL_GATHER=1 plans with
+autoplan's fp8_all_gather=True; DEEPWELL_TEST_MODE=eager runs the loop without torch.compile, the
+planned sites' nn.Linear forwards calling deepwell.scaled_linear; DEEPWELL_TEST_GRADS=1 saves each
+rank's loss and gradient shards of every step to OUT.rank<r>.pt; DEEPWELL_TEST_DTYPE=bfloat16 trains
+a bf16 model; DEEPWELL_TEST_DIM sets the model width (256).
+
 Checkpoints of the trainer mode: DEEPWELL_TEST_CKPT_FORMAT (full | sharded; unset: the Trainer's
 default) into ckpt-world<WORLD><DEEPWELL_TEST_CKPT_TAG> beside OUT. CROSS_RESUME: checkpoints
 (separated by os.pathsep) to resume fresh Trainers from, each one's losses a list of "crossed".
@@ -31,6 +37,34 @@ from deepwell.models import Llama
 STEPS, BATCH, SEQ, VOCAB = 3, 4, 64, 256
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
 MODE = os.environ.get("DEEPWELL_TEST_MODE", "loop")
+FP8_ALL_GATHER = os.environ.get("DEEPWELL_TEST_FP8_ALL_GATHER") == "1"
+DIM = int(os.environ.get("DEEPWELL_TEST_DIM", "256"))
+DTYPE = getattr(torch, os.environ.get("DEEPWELL_TEST_DTYPE", "float32"))
+PRE_ALL_GATHERS = [0]  # calls of Fp8BlockShard.fsdp_pre_all_gather: the FP8 path ran
+
+
+def _count_fp8_gathers() -> None:
+    from deepwell.plan.fp8_weights import Fp8BlockShard
+
+    pre = Fp8BlockShard.fsdp_pre_all_gather
+
+    def counted(self, mesh, outer_size, outer_stride, module, mp_policy):  # FSDP2 reads the signature
+        PRE_ALL_GATHERS[0] += 1
+        return pre(self, mesh, outer_size, outer_stride, module, mp_policy)
+
+    Fp8BlockShard.fsdp_pre_all_gather = counted
+
+
+def _eager(ir, plan):
+    """The model sharded as `plan` says, its planned sites' nn.Linear forwards running
+    deepwell.scaled_linear eagerly (no torch.compile)."""
+    from deepwell.plan.shard import shard
+
+    recipe_of = {s.name: s.recipe for s in plan.sites}
+    for name, module in ir.model.named_modules():
+        if recipe_of.get(name, "bf16") != "bf16":
+            module.forward = lambda x, m=module, r=recipe_of[name]: torch.ops.deepwell.scaled_linear(x, m.weight, m.bias, r, None)
+    return shard(ir.model, plan.parallelism, plan.sharding, recipe_of)
 
 
 def main() -> None:
@@ -38,8 +72,9 @@ def main() -> None:
     deepwell.plan.backend.ensure_registered()  # (an installed deepwell registers it by entry point)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    _count_fp8_gathers()
     torch.manual_seed(0)
-    model = Llama(VOCAB, 256, 2, 4, 512, max_seq=SEQ)
+    model = Llama(VOCAB, DIM, 2, 4, 2 * DIM, max_seq=SEQ).to(DTYPE)
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, VOCAB, (STEPS, BATCH, SEQ + 1), generator=g)
     tensor = int(os.environ.get("DEEPWELL_TEST_TENSOR", "1")) if world > 1 else 1
@@ -49,9 +84,10 @@ def main() -> None:
     # Every block planned alike: FSDP2 compiles one graph per block (plan/backend.py _shared_decision).
     policy = deepwell.PrecisionPolicy(precision=RECIPE, min_features=128, first_last_bf16=False)
     tp = tensor if tensor > 1 else None
-    plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp)
-    engine = deepwell.compile(ir, plan=plan)
-    estimate = deepwell.dryrun(engine)
+    plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER)
+    engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan)
+    estimate = deepwell.dryrun(engine) if MODE != "eager" else None
+    saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, norms = [], []
     resumed, crossed = [], []
@@ -75,19 +111,23 @@ def main() -> None:
             sources.append((source, crossed[-1]))
         for source, into in sources:
             torch.manual_seed(123)  # other initial weights: the checkpoint must bring them back
-            fresh = Llama(VOCAB, 256, 2, 4, 512, max_seq=SEQ)
+            fresh = Llama(VOCAB, DIM, 2, 4, 2 * DIM, max_seq=SEQ).to(DTYPE)
             fir = deepwell.capture(fresh, (data[0, rows, :-1],))
-            feng = deepwell.compile(fir, plan=deepwell.autoplan(fir, policy=policy, tensor_parallel=tp))
+            fplan = deepwell.autoplan(fir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER)
+            feng = deepwell.compile(fir, plan=fplan)
             t = deepwell.Trainer.from_engine(feng, optimizer=torch.optim.AdamW(fresh.parameters(), lr=1e-3),
                                              max_steps=STEPS, progress=False, plot=False)
             t.fit(batches, resume=source)
             into.extend(r["loss"] for r in t.history)
         if os.environ.get("DEEPWELL_TEST_CORRUPT") == "1":
             errors = _corrupt_and_load(trainer, os.path.join(ckpt, f"step_{STEPS:08d}"), rank, world)
-    for step in range(STEPS if MODE == "loop" else 0):
+    for step in range(STEPS if MODE in ("loop", "eager") else 0):
         tokens, targets = data[step, rows, :-1], data[step, rows, 1:]
         loss = torch.nn.functional.cross_entropy(engine(tokens).flatten(0, 1), targets.flatten())
         loss.backward()
+        if os.environ.get("DEEPWELL_TEST_GRADS") == "1":
+            local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
+            saved.append({"loss": loss.detach().clone(), **{n: local(p.grad).clone() for n, p in model.named_parameters()}})
         opt.step()
         opt.zero_grad(set_to_none=True)
         mean = loss.detach().clone()
@@ -107,11 +147,20 @@ def main() -> None:
         "recipes": sorted({s.recipe for s in plan.sites}),
         # What the compiled graphs run, site by site (per block under FSDP2).
         "ran": sorted(s.runs_in for p in deepwell.plan.backend.PLANS for s in p.sites),
-        "predicted_peak_bytes": estimate.peak_bytes,
+        "predicted_peak_bytes": estimate.peak_bytes if estimate else None,
+        "fp8_all_gather": plan.sharding.get("fp8_all_gather"),
+        "fp8_gathered": plan.sharding.get("fp8_gathered"),
+        "fp8_pre_all_gathers": PRE_ALL_GATHERS[0],
+        "predicted_gathered_bytes": estimate.gathered if estimate else None,
+        # What FSDP2 shards hold and what the model's state dict (checkpoints) shows of them.
+        "local_types": {n: type(getattr(p, "_local_tensor", p)).__name__ for n, p in model.named_parameters()},
+        "state_dict_types": {n: type(getattr(t, "_local_tensor", t)).__name__ for n, t in model.state_dict().items()},
         "sharded": type(model).__name__,
         "heads": [layer.attention.heads for layer in model.layers],
         "wq_placements": [repr(p) for p in getattr(model.layers[0].attention.wq.weight, "placements", ())],
     }
+    if saved:
+        torch.save(saved, f"{out}.rank{rank}.pt")
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)

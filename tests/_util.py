@@ -1,7 +1,12 @@
-"""Helpers shared by the op tests: conversions to the float64 reference model's numpy world, and
-random inputs spanning many magnitudes."""
+"""Helpers shared by the tests: conversions to the float64 reference model's numpy world, random
+inputs spanning many magnitudes, saved-activation bytes, and the multi-process (gloo) launcher."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -67,3 +72,20 @@ def saved_activation_bytes(run, inputs, model: torch.nn.Module) -> int:
         out = run(inputs)
     out.float().square().mean().backward()
     return sum(storages.values())
+
+
+def spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
+    """Runs `world` processes of tests/`script` (RANK WORLD STORE OUT: gloo on the CPU, joined
+    through a file store) with `env_extra` added to the environment; fails with a rank's log if
+    one exits non-zero, else returns the JSON rank 0 wrote to OUT (tmp_path/<tag>.json)."""
+    out, store = tmp_path / f"{tag}.json", tmp_path / f"{tag}-store"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env_extra}
+    procs = [
+        subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), script), str(r), str(world), str(store), str(out)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
+    ]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}"
+    return json.loads(out.read_text())

@@ -88,6 +88,12 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(2, 3, 64, dtype=torch.float32), *_mx(w_mx), None, _x(32, seed=2), "mxfp8"), {}),
             ((_x(5, 32), *torch.ops.deepwell.nvfp4_quantize(w_nv, None, True), _x(32, seed=3), "nvfp4@sm_100"), {}),
         ],
+        "quantized_linear_backward": [
+            ((_x(4, 256), _x(4, 256, seed=1), *_fb(_x(256, 256, seed=4), 128, 128), "fp8_block", torch.float32, True, True), {}),
+            ((_x(2, 4, 512, dtype=torch.float32), _x(2, 4, 256, seed=1, dtype=torch.float32), *_fb(_x(512, 256, seed=5), 128, 128),
+              "fp8_block@sm_90", torch.bfloat16, True, False), {}),
+            ((_x(128, 128), _x(128, 256, seed=1), *_fb(w_fb, 128, 128), "fp8_block", torch.float16, False, True), {}),
+        ],
         "unswizzle_scales": [((torch.ops.deepwell.swizzle_scales(scale), 130, 6), {})],
         "moe_route": [
             ((_x(6, 8, dtype=torch.float32), None, 2, "softmax", 0, 0, 0.0), {}),

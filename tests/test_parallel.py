@@ -209,3 +209,13 @@ def test_main_job_under_torchrun_with_tensor_parallelism(tmp_path):
     assert "parallel: data 1 x tensor 2" in out and "forced by tensor_parallel=2" in out
     assert "steps 3..4 bit-identical to the first run" in out
     assert out.count("main job:") == 1
+
+
+def test_main_job_under_torchrun_with_fp8_all_gather(tmp_path):
+    """`torchrun --nproc-per-node 2 -m deepwell --precision fp8_block --fp8-all-gather`: FSDP2 gathers
+    the fp8_block weights as FP8 codes (the plan says which and why not the others; bit-identity to
+    the high-precision gather: tests/test_fp8_all_gather.py), training, and the bit-for-bit resume."""
+    out = _main_job_under_torchrun(tmp_path, "--precision", "fp8_block", "--fp8-all-gather")
+    assert "FP8 all-gather (fp8_block codes + tile scales) for 24 weights" in out
+    assert "layers.0.attention.wq (recipe bf16)" in out  # the first site, bf16 by the policy
+    assert "steps 3..4 bit-identical to the first run" in out

@@ -6,38 +6,19 @@ cannot be split. Multi-process runs are gloo processes on the CPU, as in test_pa
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch import nn
 
 import deepwell
+from _util import spawn
 from deepwell.models import Llama
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
 
-HERE = os.path.dirname(__file__)
-
-
-def _spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
-    out, store = tmp_path / f"{tag}.json", tmp_path / f"{tag}-store"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **env_extra}
-    procs = [
-        subprocess.Popen([sys.executable, os.path.join(HERE, script), str(r), str(world), str(store), str(out)],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(world)
-    ]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}"
-    return json.loads(out.read_text())
-
-
 def _llama(tmp_path, world: int, tensor: int = 1, mode: str = "loop", **env) -> dict:
-    return _spawn(tmp_path, "_fsdp_worker.py", world, f"{mode}-w{world}-t{tensor}", DEEPWELL_TEST_RECIPE="fp8_block",
+    return spawn(tmp_path, "_fsdp_worker.py", world, f"{mode}-w{world}-t{tensor}", DEEPWELL_TEST_RECIPE="fp8_block",
                   DEEPWELL_TEST_MODE=mode, DEEPWELL_TEST_TENSOR=str(tensor), **env)
 
 
@@ -61,7 +42,7 @@ def test_sharding_rules_match_the_whole_ops(tmp_path):
     over k split in two; column-parallel dx: over n) add the two ranks' fp32 partial sums: within
     2 (K + 1) u (|a| @ |b|) per element of one GEMM's result (u = 2^-24, K the reduced length;
     tests/_tp_worker.py _bound says why)."""
-    got = _spawn(tmp_path, "_tp_worker.py", 2, "ops")
+    got = spawn(tmp_path, "_tp_worker.py", 2, "ops")
     exact = {"colwise": ("y", "dw"), "rowwise": ("dx", "dw"), "replicated": ("y", "dx", "dw")}
     partial = {"colwise": "dx", "rowwise": "y"}
     for recipe in ("bf16", "fp8_block"):

@@ -20,6 +20,7 @@ pub enum Kind {
     Float,
     Bool,
     Str,
+    ScalarType,
     OptScalarType,
     OptInt,
 }
@@ -34,6 +35,7 @@ impl Kind {
             Kind::Float => "float",
             Kind::Bool => "bool",
             Kind::Str => "str",
+            Kind::ScalarType => "ScalarType",
             Kind::OptScalarType => "ScalarType?",
             Kind::OptInt => "int?",
         }
@@ -54,6 +56,7 @@ enum Value {
     Float(f64),
     Bool(bool),
     Str(String),
+    ScalarType(i32),
     OptScalarType(Option<i32>),
     OptInt(Option<i64>),
 }
@@ -135,6 +138,7 @@ impl Args {
                         Kind::Float => Value::Float(f64::from_bits(v)),
                         Kind::Bool => Value::Bool(v & 0xff != 0),
                         Kind::Str => Value::Str(take_string(v as _)),
+                        Kind::ScalarType => Value::ScalarType(v as i32),
                         Kind::OptScalarType => Value::OptScalarType(take_box(v).map(|c| c as i32)),
                         Kind::OptInt => Value::OptInt(take_box(v).map(|c| c as i64)),
                     }
@@ -206,6 +210,13 @@ impl Args {
     pub fn opt_int(&mut self, name: &'static str) -> Result<Option<i64>> {
         match self.take(name)? {
             Value::OptInt(v) => Ok(v),
+            _ => Err(self.wrong_kind(name)),
+        }
+    }
+
+    pub fn scalar_type(&mut self, name: &'static str) -> Result<DType> {
+        match self.take(name)? {
+            Value::ScalarType(v) => Ok(DType::from_code(v)),
             _ => Err(self.wrong_kind(name)),
         }
     }

@@ -5,7 +5,7 @@ registers the Rust kernels behind them."""
 import torch
 
 from .linear import mxfp8_linear, scaled_linear
-from .quantized_linear import quantized_linear
+from .quantized_linear import quantized_linear, quantized_linear_backward
 from .grouped_linear import grouped_linear
 from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize, fp8_block_quantize_rowcol
@@ -34,6 +34,7 @@ __all__ = [
     "nvfp4_dequantize",
     "nvfp4_quantize",
     "quantized_linear",
+    "quantized_linear_backward",
     "scaled_linear",
     "swizzle_scales",
     "unswizzle_scales",

@@ -14,4 +14,6 @@ Rust's (rust/core/src/policy, through the C API); these modules are their typed 
 | `parallel` | the data / tensor degrees of a job (Rust's `parallel_plan`) |
 | `shard` | applies them: tensor parallelism, then FSDP2 `fully_shard` per block and at the root |
 | `tensor_parallel` | Megatron's layout on LLaMA blocks through DTensor's `parallelize_module` |
+| `fp8_all_gather` | which fp8_block weights FSDP2 gathers as FP8 codes (`autoplan(..., fp8_all_gather=True)`) |
+| `fp8_weights` | the FSDP2 extension tensors that gather them and run scaled_linear from the codes |
 """

@@ -10,7 +10,9 @@ depend on are freed, so they count only when they outgrow the activations:
 With several processes the figures are per rank: FSDP2 shards weights, gradients and AdamW states
 over the ranks (the plan's data x tensor degrees), and gathers a block's weights at a time
 (`gathered`: the largest block twice, the one computing and the one prefetched; with
-reshard_after_forward off, every block's gathered weights stay until the backward);
+reshard_after_forward off, every block's gathered weights stay until the backward; a weight on the
+FP8 all-gather, `autoplan(..., fp8_all_gather=True)`, counts its E4M3 codes at a byte per element
+and its fp32 tile scales, plan/fp8_all_gather.py `gathered_bytes`);
 activations are those of the captured micro-batch, which is one rank's.
 - weights and gradients: from the parameters;
 - activations: what the compiled forward saves for the backward: AOTAutograd's partition of the
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 
 from .. import _native
 from .engine import Engine
+from .fp8_all_gather import gathered_bytes
 from .memory import saved_activation_bytes
 from .parallel import blocks, nbytes
 
@@ -109,7 +112,7 @@ def dryrun(engine: Engine) -> Estimate:
         # whole): the rank's share is what it holds, read from the shards once compile has split them.
         share = sum(local.numel() * local.element_size() for local in map(_local, model.parameters()))
     if ranks > 1:
-        units = [nbytes(b.parameters()) for b in blocks(model)]
+        units = [gathered_bytes(b.parameters()) for b in blocks(model)]
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
         # Measured by autoplan before sharding, for one rank: under tensor parallelism with the

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .fp8_all_gather import choose as fp8_all_gather_choose
 from .hardware import Hardware
 from .parallel import force_tensor_degree, plan_parallelism, with_tensor_share
 from .parallel import world_size as current_world_size
@@ -89,6 +90,7 @@ def autoplan(
     policy: PrecisionPolicy | None = None,
     world_size: int | None = None,
     tensor_parallel: int | None = None,
+    fp8_all_gather: bool = False,
 ) -> Plan:
     """A decision per GEMM site from the Rust planner for `arch` (default: `hw`'s first GPU, else
     this machine). With `seq_len` and `global_batch`, GEMM shapes use seq_len * global_batch tokens
@@ -99,7 +101,11 @@ def autoplan(
     pipeline and expert degrees stay 1. `tensor_parallel` forces the tensor degree (the data degree
     is then world / tensor_parallel): the planner picks tensor parallelism only when data
     parallelism does not fit the devices' memory, never on the CPU, whose memory it does not know.
-    `moe` is recorded for the MoE planner."""
+    `fp8_all_gather=True` makes FSDP2 gather the fp8_block sites' weights as E4M3 codes and tile
+    scales instead of their high-precision values (fp8_all_gather.py says which qualify; the
+    training step is bit-identical, the gather about half the bytes of bf16):
+    `plan.sharding["fp8_all_gather"]`, the weights in `plan.sharding["fp8_gathered"]`, the rest
+    explained in its reason. `moe` is recorded for the MoE planner."""
     tokens = seq_len * global_batch if seq_len and global_batch else None
     sites = [dataclasses.replace(s, tokens=tokens or s.tokens, decision=None) for s in ir.sites]
     arch = arch or (hw.arch if hw is not None else None)
@@ -111,6 +117,12 @@ def autoplan(
     par = with_tensor_share(ir.model, ir.example_inputs, par, quantized)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "sm_carveout", "per_rank_bytes", "reason", "saved")}
+    plan.sharding["fp8_all_gather"], plan.sharding["fp8_gathered"] = bool(fp8_all_gather), []
+    if fp8_all_gather and plan.sharding["fsdp"]:
+        recipe_of = {s.name: s.recipe for s in plan.sites}
+        names, why = fp8_all_gather_choose(ir.model, recipe_of, par["data"], par["tensor"])
+        plan.sharding["fp8_gathered"] = names
+        plan.sharding["reason"] += f"; {why}"
     plan.moe = moe
     plan.seq_len, plan.global_batch = seq_len, global_batch
     return plan

@@ -5,14 +5,16 @@ ops/sharding.py). Then FSDP2's `fully_shard` on every block and the root over th
 (weights, gradients and AdamW states sharded; the deepwell ops see each block's gathered weights,
 and the weight cache keys them like any other tensor). Both: a 2-D mesh ("data", "tensor"), the
 tensor ranks of a data rank adjacent (rank = data_rank * tensor + tensor_rank), as torchtitan lays
-them out so that the per-layer all-reduces stay within a node."""
+them out so that the per-layer all-reduces stay within a node. With `autoplan(...,
+fp8_all_gather=True)` the plan's fp8_block weights that split into whole 128x128 tiles are gathered
+as FP8 codes and tile scales instead (fp8_all_gather.py; the others as before)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from . import tensor_parallel
+from . import fp8_all_gather, tensor_parallel
 from .parallel import blocks, world_size
 
 
@@ -44,6 +46,8 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     if data == 1:
         return model
     reshard = sharding["reshard_after_forward"]
+    # Before fully_shard, which shards the FP8 path's parameters like any other (fp8_all_gather.py).
+    fp8_all_gather.apply(model, sharding.get("fp8_gathered") or [], data)
     for block in blocks(model):
         fully_shard(block, mesh=mesh["data"], reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)

@@ -192,6 +192,48 @@ pub fn weight_dgrad(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor)
     dgrad_alone(op, recipe, dgrad, w)
 }
 
+/// `weight_dgrad(recipe, fprop, dgrad, W)` rebuilt from W's stored fp8_block codes (`data` (N, K)
+/// E4M3, `scale` (N/128, K/128) fp32, contiguous: what `weight_from_codes` reads). A 128x128 tile's
+/// codes and scale do not depend on its orientation (docs/NUMERICS.md "Transposes and layouts"), so
+/// W^T's operand is the codes transposed, laid out as `weight_dgrad` lays it out (dense GEMMs'
+/// accumulation may depend on the layout): a transposed view of the dequantized W where
+/// `derives_from_fprop`, else the dequantized W^T (`dgrad_alone`'s emulated pass), or cuBLASLt's
+/// 128x128 operand, data (K, N) and its (K/128, N/128) scales, as `dgrad_alone`'s `TileT` pass makes
+/// it. fp8_block only: MXFP8's 1x32 blocks along K are not W^T's blocks along N, and NVFP4's tiles
+/// carry a per-tensor scale of the whole weight.
+pub fn weight_dgrad_from_codes(
+    op: Op,
+    recipe: Recipe,
+    fprop: Form,
+    dgrad: Form,
+    data: Tensor,
+    scale: Tensor,
+) -> Result<Operand> {
+    check_form(op, recipe, dgrad)?;
+    let device = data.device();
+    let unsupported = || Error::Internal { op, msg: format!("no {dgrad:?} {recipe} dgrad operand from stored codes") };
+    if recipe != Recipe::Fp8Block {
+        return Err(unsupported());
+    }
+    if derives_from_fprop(recipe, fprop, dgrad) {
+        let f = weight_from_codes(op, recipe, fprop, data, scale, None)?;
+        return f.transposed_view(op)?.ok_or_else(unsupported);
+    }
+    // W^T's tiles: the bytes transposed (as uint8: a plain byte copy on every device) and the
+    // tile scales transposed.
+    let data_t = aten::view_dtype(op, aten::transpose_copy(op, &aten::view_dtype(op, data, DType::U8)?)?, DType::E4M3)?;
+    let scale_t = aten::transpose_copy(op, &scale)?;
+    match dgrad {
+        Form::Emulated => {
+            Ok(Operand::Dense(k::fp8_block_dequantize(op, data_t, scale_t, (128, 128), dense_dtype(device))?))
+        }
+        Form::Blockwise(scaling @ ScalingType::BlockWise128x128) => {
+            Ok(Operand::Blockwise { data: data_t, scale: scale_t.t(op)?, scaling })
+        }
+        _ => Err(unsupported()),
+    }
+}
+
 /// Whether W^T's dense operand is a transposed view of W's (then one quantization makes both).
 fn derives_from_fprop(recipe: Recipe, fprop: Form, dgrad: Form) -> bool {
     let symmetric = matches!(recipe, Recipe::Fp8Block | Recipe::Nvfp4 | Recipe::Bf16);

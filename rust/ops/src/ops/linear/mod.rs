@@ -103,18 +103,36 @@ pub fn manual_seed_entry(req: &Value) -> Answer {
 // ---------------------------------------------------------------------------------------------
 // Validation
 
-/// A validated call: x seen as (m, k), weight (n, k), and where it runs.
-struct Layer {
-    x: Tensor,
-    weight: Tensor,
-    recipe: Recipe,
-    device: Device,
-    arch: Arch,
-    m: usize,
-    k: usize,
-    n: usize,
+/// What every pass of a validated call needs besides the weight: x seen as (m, k), the weight's
+/// (n, k), and where it runs. `scaled_linear` holds the weight itself (`Layer`),
+/// `quantized_linear_backward` its stored codes.
+pub(super) struct Passes {
+    pub x: Tensor,
+    pub recipe: Recipe,
+    pub device: Device,
+    pub arch: Arch,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
     /// x's shape with its last dim replaced by n.
-    out_shape: Vec<i64>,
+    pub out_shape: Vec<i64>,
+}
+
+impl Passes {
+    pub fn choice(&self, pass: Pass) -> GemmChoice {
+        gemm_backend(self.recipe, self.arch, pass, GemmShape::linear(pass, self.m, self.k, self.n))
+    }
+
+    /// x as a contiguous (m, k) tensor.
+    pub fn x_2d(&self, op: Op) -> Result<Tensor> {
+        aten::contiguous(op, self.x.share(op)?)?.reshape_contiguous(op, &[self.m as i64, self.k as i64])
+    }
+}
+
+/// A validated `scaled_linear` call: its passes and the weight (n, k).
+struct Layer {
+    p: Passes,
+    weight: Tensor,
 }
 
 /// Where a call's GEMMs dispatch: the CUDA device's own arch, the CPU's table, or, for CPU tensors
@@ -200,24 +218,15 @@ impl Layer {
         let mut out_shape = x.sizes().to_vec();
         *out_shape.last_mut().unwrap_or(&mut 0) = n as i64;
         let arch = arch_of(op, device, modelled, recipe_arg)?;
-        Ok(Layer { x, weight, recipe, device, arch, m, k, n, out_shape })
-    }
-
-    fn choice(&self, pass: Pass) -> GemmChoice {
-        gemm_backend(self.recipe, self.arch, pass, GemmShape::linear(pass, self.m, self.k, self.n))
-    }
-
-    /// x as a contiguous (m, k) tensor.
-    fn x_2d(&self, op: Op) -> Result<Tensor> {
-        aten::contiguous(op, self.x.share(op)?)?.reshape_contiguous(op, &[self.m as i64, self.k as i64])
+        Ok(Layer { p: Passes { x, recipe, device, arch, m, k, n, out_shape }, weight })
     }
 
     /// The weight's fprop or dgrad operand: made for this call, or reused inside a reuse scope
     /// (`weight_cache.rs` says exactly when).
     fn weight_operand(&self, op: Op, want: Want) -> Result<gemm::Operand> {
-        let fprop = Form::of(self.choice(Pass::Fprop).backend).1;
-        let dgrad = Form::of(self.choice(Pass::Dgrad).backend).1;
-        let (recipe, w) = (self.recipe, &self.weight);
+        let fprop = Form::of(self.p.choice(Pass::Fprop).backend).1;
+        let dgrad = Form::of(self.p.choice(Pass::Dgrad).backend).1;
+        let (recipe, w) = (self.p.recipe, &self.weight);
         let contiguous = || aten::contiguous(op, w.share(op)?);
         let make_one = || match want {
             Want::Fprop => quantize::along_k(op, recipe, fprop, Role::Weight, contiguous()?, 0),
@@ -252,13 +261,13 @@ fn run_forward(op: Op, x: Tensor, weight: Tensor, bias: Option<Tensor>, recipe: 
         others.push(("bias", b));
     }
     let layer = Layer::new(op, x, weight, &others, recipe)?;
-    check_bias(op, bias.as_ref(), layer.n as i64)?;
-    let form = Form::of(layer.choice(Pass::Fprop).backend).0;
-    let x2 = layer.x_2d(op)?;
-    let xa = quantize::along_k(op, layer.recipe, form, Role::Activation, x2, 0)?;
+    let p = &layer.p;
+    check_bias(op, bias.as_ref(), p.n as i64)?;
+    let form = Form::of(p.choice(Pass::Fprop).backend).0;
+    let xa = quantize::along_k(op, p.recipe, form, Role::Activation, p.x_2d(op)?, 0)?;
     let wb = layer.weight_operand(op, Want::Fprop)?;
-    let y = gemm::run::run(op, xa, wb, bias, layer.x.dtype())?;
-    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &layer.out_shape)?])
+    let y = gemm::run::run(op, xa, wb, bias, p.x.dtype())?;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
 }
 
 /// A bias, when given, is a float vector of the layer's out_features `n`.
@@ -282,31 +291,46 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let seed = a.opt_int("seed")?.map_or_else(next_seed, |s| s as u64);
     let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
     let layer = Layer::new(op, x, weight, &[("grad_out", &dy)], &recipe)?;
+    let w_dtype = layer.weight.dtype();
+    run_backward(op, &layer.p, dy, seed, (need_x, need_w), w_dtype, || layer.weight_operand(op, Want::Dgrad))
+}
+
+/// The backward passes of a validated call: dy (checked against the call) quantized once for both
+/// GEMMs (`gradient_pair`), dgrad `dx = dy W` against `dgrad_weight()` (the weight's dgrad operand,
+/// made only when dx is wanted), wgrad `dW = dy^T x` from dy and x alone, in `w_dtype`.
+/// `scaled_linear_backward` and `quantized_linear_backward` both run it, so for the same operands
+/// they run the same passes bit for bit.
+pub(super) fn run_backward(
+    op: Op,
+    p: &Passes,
+    dy: Tensor,
+    seed: u64,
+    (need_x, need_w): (bool, bool),
+    w_dtype: DType,
+    dgrad_weight: impl FnOnce() -> Result<gemm::Operand>,
+) -> Result<Vec<Tensor>> {
     check::dtype_in(op, "grad_out", &dy, &check::FLOAT_INPUTS)?;
-    check::shape_eq(op, "grad_out", &dy, &layer.out_shape)?;
-    let dy2 = aten::contiguous(op, dy)?.reshape_contiguous(op, &[layer.m as i64, layer.n as i64])?;
+    check::shape_eq(op, "grad_out", &dy, &p.out_shape)?;
+    let dy2 = aten::contiguous(op, dy)?.reshape_contiguous(op, &[p.m as i64, p.n as i64])?;
 
-    let dgrad = need_x.then(|| Form::of(layer.choice(Pass::Dgrad).backend).0);
-    let wgrad = need_w.then(|| Form::of(layer.choice(Pass::Wgrad).backend));
-    let (dy_rows, dy_cols) = quantize::gradient_pair(op, layer.recipe, dgrad, wgrad.map(|f| f.0), dy2, seed)?;
+    let dgrad = need_x.then(|| Form::of(p.choice(Pass::Dgrad).backend).0);
+    let wgrad = need_w.then(|| Form::of(p.choice(Pass::Wgrad).backend));
+    let (dy_rows, dy_cols) = quantize::gradient_pair(op, p.recipe, dgrad, wgrad.map(|f| f.0), dy2, seed)?;
 
-    let x_dtype = layer.x.dtype();
+    let x_dtype = p.x.dtype();
     let dx = match dy_rows {
         Some(da) => {
-            let wb = layer.weight_operand(op, Want::Dgrad)?;
-            let dx = gemm::run::run(op, da, wb, None, x_dtype)?;
-            aten::contiguous(op, dx)?.reshape_contiguous(op, layer.x.sizes())?
+            let dx = gemm::run::run(op, da, dgrad_weight()?, None, x_dtype)?;
+            aten::contiguous(op, dx)?.reshape_contiguous(op, p.x.sizes())?
         }
-        None => unused(op, x_dtype, layer.device)?,
+        None => unused(op, x_dtype, p.device)?,
     };
-    let w_dtype = layer.weight.dtype();
     let dw = match (dy_cols, wgrad) {
         (Some(da), Some((_, x_form))) => {
-            let xb =
-                quantize::along_m(op, layer.recipe, x_form, Role::Activation, layer.x_2d(op)?, seed.wrapping_add(2))?;
+            let xb = quantize::along_m(op, p.recipe, x_form, Role::Activation, p.x_2d(op)?, seed.wrapping_add(2))?;
             aten::contiguous(op, gemm::run::run(op, da, xb, None, w_dtype)?)?
         }
-        _ => unused(op, w_dtype, layer.device)?,
+        _ => unused(op, w_dtype, p.device)?,
     };
     Ok(vec![dx, dw])
 }

@@ -1,6 +1,12 @@
 //! `deepwell.quantized_linear(x, weight_data, weight_scale, weight_global_scale, bias, recipe)`: the
 //! forward of `scaled_linear` from a weight quantized beforehand (an exported model's stored codes,
-//! torch_ops/deepwell/train/quantized.py). Inference only: no backward.
+//! torch_ops/deepwell/train/quantized.py; the codes FSDP2 gathers, torch_ops/deepwell/plan/fp8_weights.py).
+//! Not differentiable itself; `quantized_linear_backward(grad_out, x, weight_data, weight_scale,
+//! recipe, weight_dtype, need_input, need_weight)` is `scaled_linear_backward` from the same codes,
+//! fp8_block only: dgrad reads W^T's operand, which for 128x128 tiles is the tiles transposed
+//! (docs/NUMERICS.md "Transposes and layouts"; `quantize::weight_dgrad_from_codes`), and wgrad
+//! needs dy and x alone; both run `run_backward`, the body of `scaled_linear_backward`, so dx and
+//! dW (in `weight_dtype`) are bit-identical to it on the weight the codes came from.
 //!
 //! The stored codes are what the recipe's forward computes from W (`quantize::along_k` with the
 //! weight role: fp8_block 128x128 tiles, MXFP8 1x32 along in_features, NVFP4 16x16 tiles with
@@ -10,13 +16,13 @@
 //! On every device the output is bit-identical to `scaled_linear`'s forward on the weight the codes
 //! came from; tests/test_quantized_linear.py proves it against that op.
 
-use deepwell_core::policy::{gemm_backend, GemmShape, Pass, Recipe};
+use deepwell_core::policy::{Pass, Recipe};
 
-use super::{arch_of, check_bias, parse_recipe};
+use super::{arch_of, check_bias, parse_recipe, run_backward, Passes};
 use crate::aten;
 use crate::check;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::{Error, Op, Result};
 use crate::gemm::{self, quantize, Form, Role};
 use crate::kernel::{boxed_kernel, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
@@ -35,15 +41,37 @@ pub static QUANTIZED_FORWARD: OpSpec = OpSpec {
     returns: 1,
 };
 
+pub static QUANTIZED_BACKWARD: OpSpec = OpSpec {
+    name: "quantized_linear_backward",
+    args: &[
+        ("grad_out", Kind::Tensor),
+        ("x", Kind::Tensor),
+        ("weight_data", Kind::Tensor),
+        ("weight_scale", Kind::Tensor),
+        ("recipe", Kind::Str),
+        ("weight_dtype", Kind::ScalarType),
+        ("need_input", Kind::Bool),
+        ("need_weight", Kind::Bool),
+    ],
+    returns: 2,
+};
+
+/// One body for both devices, as `scaled_linear`'s.
 pub fn kernels() -> Vec<Kernel> {
-    ["CPU", "CUDA"]
-        .into_iter()
-        .map(|key| Kernel {
+    let mut v = Vec::new();
+    for key in ["CPU", "CUDA"] {
+        v.push(Kernel {
             spec: &QUANTIZED_FORWARD,
             dispatch_key: key,
             boxed: boxed_kernel!(QUANTIZED_FORWARD, forward),
-        })
-        .collect()
+        });
+        v.push(Kernel {
+            spec: &QUANTIZED_BACKWARD,
+            dispatch_key: key,
+            boxed: boxed_kernel!(QUANTIZED_BACKWARD, backward),
+        });
+    }
+    v
 }
 
 /// The stored codes' dtypes and shapes for an (n, k) weight: (data dtype, data cols, scale dtype,
@@ -57,17 +85,28 @@ fn layout(recipe: Recipe, n: i64, k: i64) -> Option<(DType, i64, DType, [i64; 2]
     }
 }
 
-fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
-    let op = a.op();
-    let (x, data, scale) = (a.tensor("x")?, a.tensor("weight_data")?, a.tensor("weight_scale")?);
-    let (global, bias) = (a.opt_tensor("weight_global_scale")?, a.opt_tensor("bias")?);
-    let recipe_arg = a.str("recipe")?;
-    let (recipe, modelled) = parse_recipe(op, &recipe_arg)?;
+/// A validated call on stored codes: the passes (x, recipe, device, arch, shapes) and the codes.
+struct Codes {
+    p: Passes,
+    data: Tensor,
+    scale: Tensor,
+    global: Option<Tensor>,
+}
 
+/// Checks x and W's stored codes for `recipe_arg` (the table of `layout`), with `others` (bias,
+/// grad_out) on the same device.
+fn codes(
+    op: Op,
+    x: Tensor,
+    (data, scale, global): (Tensor, Tensor, Option<Tensor>),
+    others: &[(&'static str, &Tensor)],
+    recipe_arg: &str,
+) -> Result<Codes> {
+    let (recipe, modelled) = parse_recipe(op, recipe_arg)?;
     check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
     let mut tensors = vec![("x", &x), ("weight_data", &data), ("weight_scale", &scale)];
     tensors.extend(global.iter().map(|g| ("weight_global_scale", g)));
-    tensors.extend(bias.iter().map(|b| ("bias", b)));
+    tensors.extend_from_slice(others);
     let device = check::same_device(op, check::Backend::of(op, x.device())?, &tensors)?;
     check::non_empty(op, "x", &x, 1)?;
     if data.dim() != 2 {
@@ -85,7 +124,7 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
             op,
             "recipe",
             "be a quantized recipe ('mxfp8', 'nvfp4', 'fp8_block')",
-            check::quoted(&recipe_arg),
+            check::quoted(recipe_arg),
         ));
     };
     let block = recipe.block_k().unwrap_or(1) as i64;
@@ -115,22 +154,59 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
             ));
         }
         (_, Some(_)) => {
-            return Err(Error::arg(op, "weight_global_scale", &format!("be None for {recipe}"), "a tensor"));
+            return Err(Error::arg(op, "weight_global_scale", format!("be None for {recipe}"), "a tensor"));
         }
         (_, None) => {}
     }
-    check_bias(op, bias.as_ref(), n)?;
-
-    let arch = arch_of(op, device, modelled, &recipe_arg)?;
-    let m = x.numel() as usize / k as usize;
-    let choice = gemm_backend(recipe, arch, Pass::Fprop, GemmShape::linear(Pass::Fprop, m, k as usize, n as usize));
-    let (x_form, w_form) = Form::of(choice.backend);
+    let arch = arch_of(op, device, modelled, recipe_arg)?;
+    let m = x.numel() / k as usize;
     let mut out_shape = x.sizes().to_vec();
     *out_shape.last_mut().unwrap_or(&mut 0) = n;
-    let x2 = aten::contiguous(op, x.share(op)?)?.reshape_contiguous(op, &[m as i64, k])?;
-    let xa = quantize::along_k(op, recipe, x_form, Role::Activation, x2, 0)?;
+    let (n, k) = (n as usize, k as usize);
     let contiguous = |t: Tensor| aten::contiguous(op, t);
-    let wb = quantize::weight_from_codes(op, recipe, w_form, contiguous(data)?, contiguous(scale)?, global)?;
-    let y = gemm::run::run(op, xa, wb, bias, x.dtype())?;
-    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &out_shape)?])
+    let (data, scale) = (contiguous(data)?, contiguous(scale)?);
+    Ok(Codes { p: Passes { x, recipe, device, arch, m, k, n, out_shape }, data, scale, global })
+}
+
+fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (x, data, scale) = (a.tensor("x")?, a.tensor("weight_data")?, a.tensor("weight_scale")?);
+    let (global, bias) = (a.opt_tensor("weight_global_scale")?, a.opt_tensor("bias")?);
+    let recipe_arg = a.str("recipe")?;
+    let others: Vec<_> = bias.iter().map(|b| ("bias", b)).collect();
+    let Codes { p, data, scale, global } = codes(op, x, (data, scale, global), &others, &recipe_arg)?;
+    check_bias(op, bias.as_ref(), p.n as i64)?;
+
+    let (x_form, w_form) = Form::of(p.choice(Pass::Fprop).backend);
+    let xa = quantize::along_k(op, p.recipe, x_form, Role::Activation, p.x_2d(op)?, 0)?;
+    let wb = quantize::weight_from_codes(op, p.recipe, w_form, data, scale, global)?;
+    let y = gemm::run::run(op, xa, wb, bias, p.x.dtype())?;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
+}
+
+fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (dy, x) = (a.tensor("grad_out")?, a.tensor("x")?);
+    let (data, scale) = (a.tensor("weight_data")?, a.tensor("weight_scale")?);
+    let recipe_arg = a.str("recipe")?;
+    let w_dtype = a.scalar_type("weight_dtype")?;
+    let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
+    if parse_recipe(op, &recipe_arg)?.0 != Recipe::Fp8Block {
+        return Err(Error::arg(
+            op,
+            "recipe",
+            "be 'fp8_block' (its 128x128 weight tiles, transposed, are W^T's for dgrad)",
+            check::quoted(&recipe_arg),
+        ));
+    }
+    let Codes { p, data, scale, .. } = codes(op, x, (data, scale, None), &[("grad_out", &dy)], &recipe_arg)?;
+    if !check::FLOAT_INPUTS.contains(&w_dtype) {
+        return Err(Error::arg(op, "weight_dtype", "be torch.float32, torch.bfloat16 or torch.float16", w_dtype));
+    }
+    let dgrad_weight = || {
+        let (fprop, dgrad) = (Form::of(p.choice(Pass::Fprop).backend).1, Form::of(p.choice(Pass::Dgrad).backend).1);
+        quantize::weight_dgrad_from_codes(op, p.recipe, fprop, dgrad, data, scale)
+    };
+    // fp8_block rounds gradients to nearest: the seed of stochastic rounding is never read.
+    run_backward(op, &p, dy, 0, (need_x, need_w), w_dtype, dgrad_weight)
 }
