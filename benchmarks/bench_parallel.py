@@ -88,7 +88,7 @@ def _worker(args) -> None:
 
     ir = deepwell.capture(model, (mine,))
     plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=args.precision,
-                             tensor_parallel=tensor if tensor > 1 else None)
+                             tensor_parallel=tensor if tensor > 1 else None, fp8_all_gather=args.fp8_all_gather)
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     # Fused AdamW takes one kind of tensor per call: tensor parallelism leaves the embeddings, norms
@@ -147,7 +147,7 @@ def _worker(args) -> None:
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
             "parallelism": plan.parallelism, "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
-            "estimate": str(estimate), "kernel_ms": kernels,
+            "estimate": str(estimate), "kernel_ms": kernels, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
         }
         with open(args.out, "w") as f:
             json.dump(out, f)
@@ -194,7 +194,7 @@ def _launch(args, config: str, out: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}",
            os.path.abspath(__file__), "--worker", "--config", config, "--out", out, "--model", args.model,
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
-    cmd += ["--quick"] * args.quick + ["--profile"] * args.profile
+    cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
     env = {**os.environ, **NO_MULTICAST, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(cmd, env=env)
@@ -228,6 +228,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a 2-layer d=256 model, 128-token rows")
     p.add_argument("--sm-carveout", type=int, default=None,
                    help="SMs torch's GEMMs leave free for NCCL (default: the plan's sm_carveout; 0 for none)")
+    p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
     p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -281,7 +282,7 @@ def main() -> None:
             line["loss_drop"] = one_gpu_same_batch["losses"][0] - one_gpu_same_batch["losses"][-1]
         summary.append(line)
         print(f"{c}: " + ", ".join(f"{k} {v:.4g}" for k, v in line.items() if k != "config"))
-    name = f"bench_parallel-{args.model}" + ("-quick" if args.quick else "")
+    name = f"bench_parallel-{args.model}" + ("-fp8ag" if args.fp8_all_gather else "") + ("-quick" if args.quick else "")
     print("wrote", write_json(name, env, list(runs.values()), {"summary": summary, "precision": args.precision}))
 
 
