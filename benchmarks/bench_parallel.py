@@ -35,7 +35,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-#: The lent machines' rule (the device tool's KINDS.md): never use NVLink multicast.
+#: The lent multi-GPU machines' rule (the device tool's notes on its kinds): never use NVLink multicast.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SEQ, QUICK_SEQ = 2048, 128
 
