@@ -33,17 +33,19 @@ def time_ms(fn, warmup: int = 5, iters: int = 20, reps: int = 7) -> float:
     return samples[len(samples) // 2]
 
 
-def environment() -> dict:
-    p = torch.cuda.get_device_properties(0)
-    return {
-        "device": p.name,
-        "sm": f"{p.major}.{p.minor}",
-        "sms": p.multi_processor_count,
+def environment(device: str = "cuda") -> dict:
+    """Where the run happened: the GPU (name, SM version and count) or, for a `device="cpu"` run,
+    "cpu" with its threads as `sms`; torch, CUDA and Python versions; the UTC date."""
+    common = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if device == "cpu":
+        return {"device": "cpu", "sm": "0.0", "sms": torch.get_num_threads(), **common, "cuda": None}
+    p = torch.cuda.get_device_properties(0)
+    return {"device": p.name, "sm": f"{p.major}.{p.minor}", "sms": p.multi_processor_count, **common}
 
 
 def header(title: str, env: dict) -> None:

@@ -204,20 +204,6 @@ def _launch(args, config: str, out: str) -> dict:
         return json.load(f)
 
 
-def _environment(device: str) -> dict:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if device == "cuda":
-        from _common import environment
-
-        return {**environment(), "gpus": torch.cuda.device_count()}
-    import datetime
-    import platform
-
-    return {"device": "cpu", "sm": "0.0", "sms": 0, "torch": torch.__version__, "cuda": None,
-            "python": platform.python_version(), "gpus": 0,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="1b", choices=["1b", "8b"])
@@ -239,9 +225,9 @@ def main() -> None:
         return _worker(args)
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _common import write_json
+    from _common import environment, write_json
 
-    env = _environment(args.device)
+    env = {**environment(args.device), "gpus": torch.cuda.device_count() if args.device == "cuda" else 0}
     print(f"# bench_parallel: {args.model} LLaMA, precision={args.precision}, configs {args.configs}; "
           f"{env['device']} x {env['gpus']}, torch {env['torch']}, CUDA {env['cuda']}, {env['date']}")
     runs = {}

@@ -278,16 +278,6 @@ def wall_ms(fn, x, params, dy, device: str) -> float:
     return (time.perf_counter() - t0) / 3 * 1e3
 
 
-def cpu_environment() -> dict:
-    """_common.environment's keys, for a run without a GPU."""
-    import datetime
-    import platform
-
-    return {"device": "cpu", "sm": "0.0", "sms": torch.get_num_threads(), "torch": torch.__version__,
-            "cuda": None, "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
 def build(e, d, f, k, tokens, device, aux_loss):
     """bench_moe.layer_rows' layer and inputs (same init), on `device`."""
     g = torch.Generator(device=device).manual_seed(0)
@@ -322,7 +312,7 @@ def main() -> None:
     tokens = args.tokens
     if args.quick:
         d, f, tokens = d // 8, f // 8, 512
-    env = environment() if args.device == "cuda" else cpu_environment()
+    env = environment(args.device)
     header(f"profile_moe: one MoE layer forward + backward by stage, {name} E{e} D{d} F{f} top-{k}, "
            f"{tokens} tokens, bf16", env)
     x, dy, moe, params = build(e, d, f, k, tokens, args.device, args.aux_loss)
