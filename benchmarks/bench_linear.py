@@ -7,10 +7,11 @@ For each (M, K, N): bf16 inputs x (M, K), W (N, K), dy (M, N); times of
 - `step_cached`: a later micro-batch inside `deepwell.microbatches()`, the weight's operands reused;
 - `fwd`: the forward alone (the weight quantized in it);
 and TFLOP/s = 3 * 2MNK / step (2MNK for fwd), the speedup over bf16, and the forward output's
-relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block, `gemms` is the three
-cuBLASLt blockwise GEMMs alone on pre-quantized operands: step - gemms is what quantization and
-glue cost (the gap to explain; see the README's performance notes). Also, in the same process:
-fp8_block's forward + backward under torch.compile (it must not be slower than eager), the
+relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block and fp8_tensor,
+`gemms` is the three cuBLASLt GEMMs alone on pre-quantized operands (blockwise; per-tensor, E5M2
+gradients): step - gemms is what quantization and glue cost (the gap to explain; see the README's
+performance notes). Also, in the same process: fp8_block's and fp8_tensor's forward + backward
+under torch.compile (they must not be slower than eager), the
 inference forward from stored weight codes (`quantized_linear`) and the backward from them
 (`quantized_linear_backward`, what FSDP2's FP8 all-gather runs), and
 torchao's float8 training linear (tensorwise and rowwise recipes, eager and compiled) when torchao
@@ -31,8 +32,8 @@ from _common import environment, header, time_ms, torchao_version, write_json
 
 ops = torch.ops.deepwell
 SHAPES = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 2048, 5632)]
-RECIPES = ["fp8_block", "mxfp8", "nvfp4", "bf16"]
-NATIVE_ON_SM90 = {"fp8_block", "bf16"}
+RECIPES = ["fp8_block", "fp8_tensor", "mxfp8", "nvfp4", "bf16"]
+NATIVE_ON_SM90 = {"fp8_block", "fp8_tensor", "bf16"}
 
 
 def bf16_step(x, w, dy):
@@ -76,6 +77,21 @@ def blockwise_gemms(x, w, dy):
         mm(xr, wq.t(), xs, ST.BlockWise1x128, ws.t(), ST.BlockWise128x128, output_dtype=torch.bfloat16)
         mm(dr, wt.t(), ds, ST.BlockWise1x128, wts.t(), ST.BlockWise128x128, output_dtype=torch.bfloat16)
         mm(dc, xc.t(), dcs, ST.BlockWise1x128, xcs, ST.BlockWise1x128, output_dtype=torch.bfloat16)
+
+    return run
+
+
+def tensorwise_gemms(x, w, dy):
+    """fp8_tensor's three GEMMs alone: per-tensor scales, E4M3 x and W, E5M2 dy (TN operands)."""
+    xr, xc, xs = ops.fp8_tensor_quantize_rowcol(x, "e4m3")
+    wr, wc, ws = ops.fp8_tensor_quantize_rowcol(w, "e4m3")
+    dr, dc, ds = ops.fp8_tensor_quantize_rowcol(dy, "e5m2")
+    mm = torch._scaled_mm
+
+    def run():
+        mm(xr, wr.t(), xs, ws, out_dtype=torch.bfloat16)
+        mm(dr, wc.t(), ds, ws, out_dtype=torch.bfloat16)
+        mm(dc, xc.t(), ds, xs, out_dtype=torch.bfloat16)
 
     return run
 
@@ -136,8 +152,9 @@ def main() -> None:
                    "tflops": 3 * flops / step / 1e9, "speedup": base_step / step, "speedup_cached": base_step / cached,
                    "fwd_speedup": base_fwd / fwd, "rel_err": err, "rel_err_minus_bf16": err - base_err,
                    "emulated": not native}
-            if recipe == "fp8_block" and env["sm"] == "9.0":
-                gemms = time_ms(blockwise_gemms(x.detach(), w.detach(), dy))
+            gemm_runs = {"fp8_block": blockwise_gemms, "fp8_tensor": tensorwise_gemms}
+            if recipe in gemm_runs and env["sm"] == "9.0":
+                gemms = time_ms(gemm_runs[recipe](x.detach(), w.detach(), dy))
                 row["gemms_only_ms"] = gemms
                 note += f"; 3 GEMMs alone {gemms:.3f} ms ({base_step / gemms:.2f}x bf16)"
             print(f"{shape:>20} {recipe:>10} {step:8.3f} {cached:8.3f} {fwd:7.3f} {row['tflops']:8.0f} "
@@ -146,14 +163,28 @@ def main() -> None:
         # Static shapes, compiled afresh per shape (as a model's graph is): a second shape would
         # otherwise recompile the same code as a dynamic-shape graph, with its extra host work.
         torch._dynamo.reset()
-        compiled = torch.compile(lambda x, w: ops.scaled_linear(x, w, None, "fp8_block", None), dynamic=False)
-        peers = {"deepwell fp8_block compiled": time_ms(lambda: torch.autograd.grad(compiled(x, w), (x, w), dy))}
+        peers = {}
+        for recipe in ("fp8_block", "fp8_tensor"):
+            compiled = torch.compile(lambda x, w, r=recipe: ops.scaled_linear(x, w, None, r, None), dynamic=False)
+            peers[f"deepwell {recipe} compiled"] = time_ms(lambda: torch.autograd.grad(compiled(x, w), (x, w), dy))
         if torchao_version():
             peers.update(torchao_steps(x, w, dy))
         for what, ms in peers.items():
             print(f"{shape:>20} {what:>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
             rows.append({"m": m, "k": k, "n": n, "recipe": what, "step_ms": ms, "speedup": base_step / ms,
                          "torchao": torchao_version() if "torchao" in what else None})
+        # fp8_tensor with x's codes saved by the forward (what the backend and deepwell.Linear run).
+        def saved_step():
+            y = ops.fp8_tensor_linear(x, w, None, "fp8_tensor")[0]
+            return torch.autograd.grad(y, (x, w), dy)
+
+        ms = time_ms(saved_step)
+        print(f"{shape:>20} {'fp8_tensor_linear (x codes saved)':>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_tensor_linear", "step_ms": ms, "speedup": base_step / ms})
+        _, codes, scale = ops.fp8_tensor_linear(x.detach(), w.detach(), None, "fp8_tensor")
+        bwd = time_ms(lambda: ops.fp8_tensor_linear_backward(dy, codes, scale, w, "fp8_tensor", True, True))
+        print(f"{shape:>20} {'fp8_tensor':>10} backward from the saved codes alone: {bwd:.3f} ms")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_tensor", "backward_saved_ms": bwd})
         # The backward op alone (dgrad + wgrad, the weight quantized in it), for the breakdown.
         bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))
         print(f"{shape:>20} {'fp8_block':>10} backward op alone: {bwd:.3f} ms")

@@ -58,6 +58,19 @@ def torch_fp8_block_rowcol(x: torch.Tensor):
     return (*torch_fp8_block_rows(x), *torch_fp8_block_rows(x.t()))
 
 
+def torch_fp8_tensor(x: torch.Tensor, dtype=torch.float8_e4m3fn):
+    """fp8_tensor in torch ops (what torchao's tensorwise cast compiles to): amax, pow2 scale, cast."""
+    amax = x.abs().amax().float()
+    scale = torch.where(amax > 0, torch.finfo(dtype).max / amax, torch.ones_like(amax))
+    scale = (scale.view(torch.int32) & 0x7F800000).view(torch.float32)
+    return (x.float() * scale).to(dtype), 1.0 / scale
+
+
+def torch_fp8_tensor_rowcol(x: torch.Tensor):
+    q, s = torch_fp8_tensor(x, torch.float8_e5m2)
+    return q, q.t().contiguous(), s
+
+
 # ----------------------------------------------------------------------------- cases
 def cases(m: int, k: int):
     """(name, deepwell fn, torch fn or None, bytes moved) for x (m, k) bf16."""
@@ -73,11 +86,15 @@ def cases(m: int, k: int):
         ("fp8_block 1x128", lambda x: ops.fp8_block_quantize(x, 1, 128), torch_fp8_block_rows, fb1),
         ("fp8_block 128x128", lambda x: ops.fp8_block_quantize(x, 128, 128), None, 2 * n + n + 4 * (n // 16384)),
         ("fp8_block rowcol^T", lambda x: ops.fp8_block_quantize_rowcol(x), torch_fp8_block_rowcol, fb1 + n + 4 * (n // 128)),
+        # fp8_tensor reads x twice (amax, then the cast).
+        ("fp8_tensor (+amax pass)", lambda x: ops.fp8_tensor_quantize(x), torch_fp8_tensor, 2 * n + 2 * n + n),
+        ("fp8_tensor rowcol e5m2", lambda x: ops.fp8_tensor_quantize_rowcol(x, "e5m2"), torch_fp8_tensor_rowcol, 4 * n + 2 * n),
         ("nvfp4 1x16 (given amax)", lambda x: ops.nvfp4_quantize(x, AMAX), None, nv1),
         ("nvfp4 1x16 (+amax pass)", lambda x: ops.nvfp4_quantize(x), None, nv1 + 2 * n),
         ("mxfp8 dequantize", lambda x: ops.mxfp8_dequantize(*MX[0]), None, n + n // 32 + 2 * n),
         ("nvfp4 dequantize", lambda x: ops.nvfp4_dequantize(*MX[1]), None, n // 2 + n // 16 + 2 * n),
         ("fp8_block dequantize", lambda x: ops.fp8_block_dequantize(*MX[2]), None, n + 4 * (n // 128) + 2 * n),
+        ("fp8_tensor dequantize", lambda x: ops.fp8_tensor_dequantize(*MX[4]), None, n + 2 * n),
         ("swizzle_scales (mx scales)", lambda x: ops.swizzle_scales(MX[0][1]), None, 2 * (n // 32)),
         ("unswizzle_scales", lambda x: ops.unswizzle_scales(MX[3], m, k // 32), None, 2 * (n // 32)),
     ]
@@ -104,7 +121,7 @@ def main() -> None:
         print(f"\n{m}x{k}: device copy {copy_gbs:7.0f} GB/s (roofline)")
         print(f"  {'kernel':<26}{'ms':>8}{'GB/s':>8}{'% copy':>8}  {'torch.compile GB/s':>19}{'speedup':>9}")
         mx = ops.mxfp8_quantize(x)
-        MX[:] = [mx, ops.nvfp4_quantize(x), ops.fp8_block_quantize(x), ops.swizzle_scales(mx[1])]
+        MX[:] = [mx, ops.nvfp4_quantize(x), ops.fp8_block_quantize(x), ops.swizzle_scales(mx[1]), ops.fp8_tensor_quantize(x)]
         for name, fn, ref, nbytes in cases(m, k):
             ms = time_ms(lambda: fn(x))
             gbs = nbytes / ms / 1e6

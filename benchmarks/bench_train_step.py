@@ -104,6 +104,7 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="1b")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--torchao", default="tensorwise,rowwise", help="torchao float8 recipes to run ('' for none)")
+    p.add_argument("--precisions", default="auto,fp8_tensor", help="deepwell precisions to run (auto first)")
     args = p.parse_args()
     dim, heads, hidden, default_layers = MODELS[args.model]
     spec = (dim, heads, hidden)
@@ -137,28 +138,34 @@ def main() -> None:
         del model
         torch.cuda.empty_cache()
 
-    model = make_model(spec, layers)
-    torch._dynamo.reset()
-    ir = deepwell.capture(model, (tokens,))
-    plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision="auto")
-    engine = deepwell.compile(ir, plan=plan)
-    estimate = deepwell.dryrun(engine)
-    planning_before = deepwell.plan.backend.STATS["planning_s"]
-    first, ms, peak, (kms, kinds), loss = run(model, engine, tokens, targets, args.steps)
-    planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
-    recipes = sorted({s.recipe for s in plan.sites})
-    rows.append({"what": f"deepwell auto ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-                 "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss,
-                 "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
-                 "predicted_speedup": estimate.speedup, "planning_s": planning,
-                 "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}})
+    deepwell_rows = []
+    for precision in [p for p in args.precisions.split(",") if p]:
+        model = make_model(spec, layers)
+        torch._dynamo.reset()
+        ir = deepwell.capture(model, (tokens,))
+        plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=precision)
+        engine = deepwell.compile(ir, plan=plan)
+        estimate = deepwell.dryrun(engine)
+        planning_before = deepwell.plan.backend.STATS["planning_s"]
+        first, ms, peak, (kms, kinds), loss = run(model, engine, tokens, targets, args.steps)
+        planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
+        recipes = sorted({s.recipe for s in plan.sites})
+        row = {"what": f"deepwell {precision} ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
+               "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss,
+               "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
+               "predicted_speedup": estimate.speedup, "planning_s": planning, "precision": precision,
+               "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}}
+        rows.append(row)
+        deepwell_rows.append((row, plan, estimate))
+        del model, engine
+        torch.cuda.empty_cache()
 
     base = rows[0]["tokens_per_s"]
     print(f"kernel ms per step by kind ({', '.join(k for k, _ in KINDS)}, other):")
     for r in rows:
         print(f"  {r['what']:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_kinds"].items())))
-    dw = rows[-1]
-    print(f"{n_params / 1e9:.2f}B parameters; auto plan: {len(plan.sites)} GEMM sites, {dw['sites']}")
+    dw, plan, estimate = deepwell_rows[0]
+    print(f"{n_params / 1e9:.2f}B parameters; {dw['precision']} plan: {len(plan.sites)} GEMM sites, {dw['sites']}")
     steps_run = rows[0]["loss"][2]
     print(f"{'run':<32} {'step ms':>8} {'kernels ms':>10} {'tokens/s':>10} {'vs bf16':>8} {'peak GiB':>9} "
           f"{'first call s':>12} {f'loss step 1 -> {steps_run}':>20}")

@@ -66,6 +66,16 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         ],
         "fp8_block_quantize_rowcol": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float16),), {"pow2": False})],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
+        "fp8_tensor_quantize": [
+            ((_x(4, 33),), {}),
+            ((_x(3, 5, 7, dtype=torch.float32),), {"elem": "e5m2"}),
+            ((_x(8, 64, dtype=torch.float16).t(),), {}),
+        ],
+        "fp8_tensor_quantize_rowcol": [((_x(70, 130),), {}), ((_x(64, 16, dtype=torch.float32),), {"elem": "e5m2"})],
+        "fp8_tensor_dequantize": [
+            (torch.ops.deepwell.fp8_tensor_quantize(_x(4, 33)), {}),
+            (torch.ops.deepwell.fp8_tensor_quantize(_x(9, 5), "e5m2"), {"out_dtype": torch.float32}),
+        ],
         "swizzle_scales": [((scale,), {})],
         "scaled_linear": [
             ((_p(2, 3, 64), _p(32, 64, seed=1), _p(32, seed=2), "mxfp8"), {}),
@@ -73,6 +83,17 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_p(32, 32), _p(16, 32, seed=1), _p(16, seed=2), "nvfp4"), {"seed": 7}),
             ((_p(5, 48, dtype=torch.float16), _p(24, 48, seed=1, dtype=torch.float16), None, "bf16"), {}),
             ((_x(3, 64), _x(32, 64, seed=1), None, "mxfp8"), {}),
+            ((_p(2, 40, 48), _p(32, 48, seed=1), _p(32, seed=2), "fp8_tensor"), {}),
+        ],
+        "fp8_tensor_linear": [
+            ((_p(2, 40, 48), _p(32, 48, seed=1), _p(32, seed=2)), {}),
+            ((_p(64, 64, dtype=torch.float32), _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90"), {}),
+        ],
+        "fp8_tensor_linear_backward": [
+            ((_x(2, 40, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(2, 40, 48), _x(32, 48, seed=1), None)[1:],
+              _x(32, 48, seed=1), "fp8_tensor", True, True), {}),
+            ((_x(64, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(64, 48), _x(32, 48, seed=2), None)[1:],
+              _x(32, 48, seed=2), "fp8_tensor@sm_90", False, True), {}),
         ],
         "mxfp8_linear": [
             ((_p(2, 3, 64), _p(32, 64, seed=1)), {}),
@@ -82,6 +103,8 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(2, 32, 32), _x(2, 32, 64, seed=1), _x(32, 64, seed=2), "mxfp8", None, True, True), {}),
             ((_x(32, 16), _x(32, 32, seed=1), _x(16, 32, seed=2), "nvfp4", 3, True, False), {}),
             ((_x(128, 128), _x(128, 128, seed=1), _x(128, 128, seed=2), "fp8_block", None, False, True), {}),
+            ((_x(48, 32), _x(48, 64, seed=1), _x(32, 64, seed=2), "fp8_tensor", None, True, True), {}),
+            ((_x(50, 32), _x(50, 64, seed=1), _x(32, 64, seed=2), "fp8_tensor", None, True, True), {}),
         ],
         "quantized_linear": [
             ((_x(4, 256), *_fb(w_fb, 128, 128), None, None, "fp8_block"), {}),

@@ -51,7 +51,7 @@ BAD = [
     ("unsw-len", lambda: ops.unswizzle_scales(SC.flatten(), 5, 3), ["deepwell.unswizzle_scales", "'swizzled'", "[512]", "[15]"]),
     ("unsw-rows", lambda: ops.unswizzle_scales(SC.flatten(), 0, 3), ["'rows, cols'", "positive"]),
     ("lin-k", lambda: ops.scaled_linear(X, W, None, "mxfp8"), ["deepwell.scaled_linear", "x has 64 features", "in_features 96", "[32, 96]"]),
-    ("lin-recipe", lambda: ops.scaled_linear(X, W64, None, "fp4"), ["'recipe'", "'mxfp8', 'nvfp4', 'fp8_block', 'bf16'", '"fp4"']),
+    ("lin-recipe", lambda: ops.scaled_linear(X, W64, None, "fp4"), ["'recipe'", "'mxfp8', 'nvfp4', 'fp8_block', 'fp8_tensor', 'bf16'", '"fp4"']),
     ("lin-k-block", lambda: ops.scaled_linear(X48, W48, None, "mxfp8"), ["'weight'", "divisible by 32", "in_features", "[32, 48]"]),
     ("lin-n-block", lambda: ops.scaled_linear(X, W64[:24], None, "mxfp8"), ["'weight'", "out_features for dgrad", "[24, 64]"]),
     ("lin-fp8-block", lambda: ops.scaled_linear(X, W64, None, "fp8_block"), ["'weight'", "divisible by 128", "[32, 64]"]),

@@ -44,6 +44,10 @@ def operand(t: np.ndarray, recipe: str, role: str, seed: int | None = None, hada
         block = (128, 128) if role == "weight" else (1, 128)
         data, scale = ref.fp8_block_quantize(t, *block)
         return ref.fp8_block_dequantize(data, scale, *block).astype(np.float64)
+    if recipe == "fp8_tensor":
+        elem = "e5m2" if role == "gradient" else "e4m3"
+        data, scale_inv = ref.fp8_tensor_quantize(t, elem)
+        return ref.fp8_tensor_dequantize(data, scale_inv, elem).astype(np.float64)
     if recipe == "nvfp4":
         sr = seed if role == "gradient" else None
         data, scale, s_dec = nv.nvfp4_quantize(t, block_2d=role == "weight", stochastic_seed=sr, hadamard=hadamard)

@@ -208,6 +208,36 @@ def fp8_block_dequantize(data, scale_inv, block_rows: int = 1, block_cols: int =
     return mul32(decode_e4m3(t), si).reshape(data.shape)
 
 
+# ----------------------------------------------------------------------------- FP8 tensor
+_FP8_TENSOR = {"e4m3": (E4M3_MAX, cast_e4m3, decode_e4m3), "e5m2": (E5M2_MAX, cast_e5m2, decode_e5m2)}
+
+
+def fp8_tensor_scale(tensor_amax, elem: str = "e4m3") -> np.float32:
+    """fp8_block's scale rule with the format's max (448 or 57344), always rounded down to a power of
+    two (docs/NUMERICS.md "FP8 tensor")."""
+    fmax = _FP8_TENSOR[elem][0]
+    a = np.float64(np.float32(tensor_amax))
+    if not np.isfinite(a) or a == 0:
+        return np.float32(1.0)
+    s = min(np.float64(div32(fmax, a)), FLT_MAX)
+    _, E = _frexp(s)
+    return np.float32(np.ldexp(1.0, int(E) - 1))
+
+
+def fp8_tensor_quantize(x, elem: str = "e4m3"):
+    """One scale for the whole tensor from its NaN-propagating amax: (codes uint8 of x's shape,
+    scale_inv float32) with q = cast(fp32(x * scale)), scale_inv = fp32(1 / scale)."""
+    x = as_f32(x)
+    _, cast, _ = _FP8_TENSOR[elem]
+    s = fp8_tensor_scale(amax(x.reshape(-1), axis=0) if x.size else 0.0, elem)
+    return cast(mul32(x.astype(np.float64), s)), np.float32(div32(1.0, s))
+
+
+def fp8_tensor_dequantize(data, scale_inv, elem: str = "e4m3") -> np.ndarray:
+    """x' = fp32(decode(q) * scale_inv)."""
+    return mul32(_FP8_TENSOR[elem][2](np.asarray(data)), np.float32(scale_inv))
+
+
 # ----------------------------------------------------------------------------- swizzle
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m

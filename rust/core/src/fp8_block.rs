@@ -19,11 +19,17 @@ use rayon::prelude::*;
 
 /// The quantization scale for a block with this amax (see the module docs).
 pub fn fp8_block_scale(amax: f32, pow2: bool) -> f32 {
+    fp8_scale(amax, E4M3_MAX, pow2)
+}
+
+/// `max / amax` under the rules of the module docs, for an element format whose largest finite
+/// value is `max` (E4M3 here; fp8_tensor's gradients use E5M2's 57344).
+pub fn fp8_scale(amax: f32, max: f32, pow2: bool) -> f32 {
     let amax = amax.abs();
     if amax == 0.0 || !amax.is_finite() {
         return 1.0;
     }
-    let mut scale = E4M3_MAX / amax;
+    let mut scale = max / amax;
     if scale.is_infinite() {
         scale = f32::MAX;
     }

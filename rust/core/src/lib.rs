@@ -12,6 +12,7 @@
 //! | [`mxfp8`] | MXFP8 (1x32 blocks, E8M0 scales; rceil and floor rules) |
 //! | [`nvfp4`] | NVFP4 (1x16 / 16x16 blocks, E4M3 block scale, fp32 tensor scale) |
 //! | [`fp8_block`] | FP8 with fp32 scales per 1x128 / 128x128 block |
+//! | [`fp8_tensor`] | FP8 with one fp32 scale per tensor from its current amax (E4M3, E5M2 gradients) |
 //! | [`hadamard`], [`rng`] | NVFP4's random Hadamard transform and stochastic rounding |
 //! | [`swizzle`] | Blackwell's 128x4 scale-tile layout and its inverse |
 //! | [`shape`] | the (outer, k, inner) view that quantizes along any dim without a transpose |
@@ -30,6 +31,7 @@ pub mod element;
 pub mod error;
 pub mod formats;
 pub mod fp8_block;
+pub mod fp8_tensor;
 pub mod hadamard;
 pub mod moe;
 pub mod mxfp8;
@@ -46,7 +48,8 @@ pub use formats::{
     abs_max, e2m1_to_f32, e4m3_to_f32, e5m2_to_f32, e8m0_to_f32, exp2i, f32_to_e2m1, f32_to_e4m3, f32_to_e5m2,
     E2M1_MAX, E4M3_MAX, E5M2_MAX,
 };
-pub use fp8_block::{fp8_block_dequantize, fp8_block_quantize, fp8_block_scale};
+pub use fp8_block::{fp8_block_dequantize, fp8_block_quantize, fp8_block_scale, fp8_scale};
+pub use fp8_tensor::{fp8_tensor_amax, fp8_tensor_dequantize, fp8_tensor_quantize, fp8_tensor_scale};
 pub use hadamard::{hadamard16, HADAMARD_SIGNS};
 pub use mxfp8::{mxfp8_dequantize, mxfp8_quantize, mxfp8_scale_byte, Fp8Elem, ScaleMode, MX_BLOCK};
 pub use nvfp4::{nvfp4_dequantize, nvfp4_encode_scale, nvfp4_global_amax, nvfp4_quantize, Nvfp4Options, NVFP4_BLOCK};

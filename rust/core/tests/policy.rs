@@ -50,12 +50,12 @@ fn policy_defaults() {
 fn native_recipes_per_arch() {
     use Recipe::*;
     let table: [(Arch, &[Recipe]); 13] = [
-        (HOPPER, &[Fp8Block, Bf16]),
-        (B200, &[Mxfp8, Nvfp4, Bf16]),
-        (B300, &[Mxfp8, Nvfp4, Bf16]),
-        (RTX5090, &[Mxfp8, Nvfp4, Bf16]),
-        (SPARK, &[Mxfp8, Nvfp4, Bf16]),
-        (ADA, &[Bf16]),
+        (HOPPER, &[Fp8Block, Fp8Tensor, Bf16]),
+        (B200, &[Mxfp8, Nvfp4, Fp8Tensor, Bf16]),
+        (B300, &[Mxfp8, Nvfp4, Fp8Tensor, Bf16]),
+        (RTX5090, &[Mxfp8, Nvfp4, Fp8Tensor, Bf16]),
+        (SPARK, &[Mxfp8, Nvfp4, Fp8Tensor, Bf16]),
+        (ADA, &[Fp8Tensor, Bf16]),
         (A100, &[Bf16]),
         (Arch::sm(8, 6), &[Bf16]),
         (Arch::sm(7, 0), &[Bf16]),
@@ -352,6 +352,9 @@ fn every_table_cell() {
                     Recipe::Fp8Block if fam == ArchFamily::Hopper => blk(BlockWise128x128),
                     Recipe::Mxfp8 if blackwell => ScaledMmMx { block: BlockWise1x32 },
                     Recipe::Nvfp4 if blackwell => ScaledMmMx { block: BlockWise1x16 },
+                    Recipe::Fp8Tensor if blackwell || matches!(fam, ArchFamily::Hopper | ArchFamily::Ada) => {
+                        ScaledMmTensorwise
+                    }
                     r => emu(r),
                 };
                 let c = gemm_backend(recipe, arch, pass, aligned(pass));

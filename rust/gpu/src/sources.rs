@@ -8,6 +8,7 @@ pub enum Header {
     Common,
     Mxfp8,
     Fp8Block,
+    Fp8Tensor,
     Nvfp4,
     Swizzle,
     Linear,
@@ -15,14 +16,23 @@ pub enum Header {
 }
 
 impl Header {
-    pub const ALL: [Header; 7] =
-        [Header::Common, Header::Mxfp8, Header::Fp8Block, Header::Nvfp4, Header::Swizzle, Header::Linear, Header::Moe];
+    pub const ALL: [Header; 8] = [
+        Header::Common,
+        Header::Mxfp8,
+        Header::Fp8Block,
+        Header::Fp8Tensor,
+        Header::Nvfp4,
+        Header::Swizzle,
+        Header::Linear,
+        Header::Moe,
+    ];
 
     pub fn file_name(self) -> &'static str {
         match self {
             Header::Common => "common.cuh",
             Header::Mxfp8 => "mxfp8.cuh",
             Header::Fp8Block => "fp8_block.cuh",
+            Header::Fp8Tensor => "fp8_tensor.cuh",
             Header::Nvfp4 => "nvfp4.cuh",
             Header::Swizzle => "swizzle.cuh",
             Header::Linear => "linear.cuh",
@@ -35,6 +45,7 @@ impl Header {
             Header::Common => include_str!("../../../cuda/common.cuh"),
             Header::Mxfp8 => include_str!("../../../cuda/mxfp8.cuh"),
             Header::Fp8Block => include_str!("../../../cuda/fp8_block.cuh"),
+            Header::Fp8Tensor => include_str!("../../../cuda/fp8_tensor.cuh"),
             Header::Nvfp4 => include_str!("../../../cuda/nvfp4.cuh"),
             Header::Swizzle => include_str!("../../../cuda/swizzle.cuh"),
             Header::Linear => include_str!("../../../cuda/linear.cuh"),

@@ -130,7 +130,8 @@ pub fn recipes_entry(_: &Value) -> Answer {
         .iter()
         .map(|&r| {
             let elem = match r {
-                Recipe::Mxfp8 | Recipe::Fp8Block => {
+                // fp8_tensor: the activations' format (its gradients are E5M2).
+                Recipe::Mxfp8 | Recipe::Fp8Block | Recipe::Fp8Tensor => {
                     json!({"name": "e4m3", "max": E4M3_MAX, "max_code": 0x7E, "half_ulp_at_max": 16.0})
                 }
                 Recipe::Nvfp4 => json!({"name": "e2m1", "max": E2M1_MAX, "max_code": 0x7, "half_ulp_at_max": 1.0}),

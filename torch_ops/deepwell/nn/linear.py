@@ -66,7 +66,10 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         recipe = self.recipe if self.guardrail is None else self.guardrail.recipe
-        y = ops.scaled_linear(x, self.weight, self.bias, recipe, None)
+        if recipe == "fp8_tensor":  # saves x's FP8 codes for the backward instead of x
+            y = ops.fp8_tensor_linear(x, self.weight, self.bias, recipe)[0]
+        else:
+            y = ops.scaled_linear(x, self.weight, self.bias, recipe, None)
         if self.guardrail is not None:
             self.guardrail.observe(x, y)
         return y

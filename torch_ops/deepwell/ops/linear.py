@@ -8,6 +8,7 @@ dispatch table in the README). Recipes:
 | recipe | operands | GEMM on sm_90 (H100/H200) | on Blackwell | on CPU / other GPUs |
 |---|---|---|---|---|
 | fp8_block | E4M3, fp32 scales per 1x128 (x, dy), 128x128 (W) | cuBLASLt blockwise FP8 (native) | emulated | emulated |
+| fp8_tensor | E4M3 (x, W), E5M2 (dy), one fp32 scale per tensor | cuBLASLt per-tensor FP8 (native) | native | native on sm_89, else emulated |
 | mxfp8 | E4M3, E8M0 scale per 1x32 | emulated (dequantize + bf16 GEMM) | native MX GEMM | emulated |
 | nvfp4 | E2M1, E4M3 per 1x16 (16x16 for W) + fp32 per tensor; SR on dy; RHT on wgrad | emulated | native | emulated |
 | bf16 | bf16 | cuBLAS | cuBLAS | fp32 matmul of bf16 values |
@@ -195,13 +196,14 @@ def scaled_linear(
         weight: (out_features, in_features), a float dtype; both dims multiples of the recipe's block
             (mxfp8 32, nvfp4 16, fp8_block 128).
         bias: (out_features,) or None.
-        recipe: "mxfp8", "nvfp4", "fp8_block" or "bf16" (the table in this module's docstring).
+        recipe: "mxfp8", "nvfp4", "fp8_block", "fp8_tensor" or "bf16" (the table in this module's
+            docstring). For training in fp8_tensor, `fp8_tensor_linear` saves x's FP8 codes instead of x.
         seed: seed of NVFP4's stochastic rounding of gradients; None draws a fresh one per backward
             from deepwell's sequence (`deepwell.manual_seed`).
 
     Returns:
-        y: (..., out_features) in x's dtype. The weight's quantized operands are cached until the
-        weight is modified in place (its version counter changes).
+        y: (..., out_features) in x's dtype. The weight is quantized by every call, except inside
+        `deepwell.microbatches()` (rust/ops/src/ops/linear/weight_cache.rs says when it is reused).
     """
     return torch.ops.deepwell.scaled_linear(x, weight, bias, recipe, seed)
 

@@ -168,10 +168,32 @@ def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
         )
 
 
+def _saves_codes(g: Gemm) -> bool:
+    """Whether the site runs as `fp8_tensor_linear` (x's FP8 codes saved for the backward instead
+    of x): fp8_tensor sites, except on DTensor weights (tensor parallelism), for which only
+    `scaled_linear` has sharding rules (ops/sharding.py)."""
+    if g.site.recipe.partition("@")[0] != "fp8_tensor":
+        return False
+    w = g.weight.meta.get("example_value") if isinstance(g.weight, torch.fx.Node) else None
+    if not torch.distributed.is_available():
+        return True
+    from torch.distributed.tensor import DTensor
+
+    return not isinstance(w, DTensor)
+
+
+def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias) -> torch.fx.Node:
+    """The node computing the site's y in its recipe."""
+    if _saves_codes(g):
+        out = graph.call_function(torch.ops.deepwell.fp8_tensor_linear.default, (x, w, bias, g.site.recipe))
+        return graph.call_function(operator.getitem, (out, 0))
+    return graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
+
+
 def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
-    """Replaces every non-bf16 site with deepwell.scaled_linear; returns how many. A site's operands
-    may be earlier sites (a stack of linears): they are read through `replaced`, never from the
-    erased nodes the sites were captured with."""
+    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor: fp8_tensor_linear);
+    returns how many. A site's operands may be earlier sites (a stack of linears): they are read
+    through `replaced`, never from the erased nodes the sites were captured with."""
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def current(a):
@@ -184,7 +206,7 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
         x, weight, bias = current(g.x), current(g.weight), current(g.bias)
         with gm.graph.inserting_before(g.node):
             w = gm.graph.call_method("t", (weight,)) if g.weight_is_k_by_n else weight
-            new = gm.graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
+            new = _linear_call(gm.graph, g, x, w, bias)
         new.meta = dict(g.node.meta)
         g.node.replace_all_uses_with(new)
         replaced[g.node] = new

@@ -8,13 +8,17 @@
 //!
 //! | family | compute capability | native recipes | `auto` |
 //! |---|---|---|---|
-//! | datacenter Blackwell | 10.0, 10.3 | mxfp8, nvfp4, bf16 | mxfp8 |
-//! | consumer Blackwell | 12.0, 12.1 | mxfp8, nvfp4, bf16 | mxfp8 |
-//! | Hopper | 9.0 | fp8_block, bf16 | fp8_block |
-//! | Ada | 8.9 | bf16 (its FP8 is tensorwise only, which deepwell does not offer) | bf16 |
+//! | datacenter Blackwell | 10.0, 10.3 | mxfp8, nvfp4, fp8_tensor, bf16 | mxfp8 |
+//! | consumer Blackwell | 12.0, 12.1 | mxfp8, nvfp4, fp8_tensor, bf16 | mxfp8 |
+//! | Hopper | 9.0 | fp8_block, fp8_tensor, bf16 | fp8_block |
+//! | Ada | 8.9 | fp8_tensor, bf16 | bf16 |
 //! | older (Ampere, ...) | < 8.9 | bf16 | bf16 |
 //! | unvalidated | any other (10.1, 11.0, 13.x, ...) | bf16 | bf16 |
 //! | CPU | none | none: everything runs as the reference | bf16 |
+//!
+//! fp8_tensor (per-tensor scales: cuBLASLt's original FP8 mode, CC 8.9+) is native wherever FP8
+//! GEMMs exist but is never `auto`: it is the user's explicit choice (its one scale per tensor is
+//! coarser than the block recipes; docs/DESIGN.md "Recipes"). Only sm_90 has run it here.
 //!
 //! sm_120/121 follow cuBLAS ("CC 10.0+") rather than Transformer Engine, which refuses MXFP8 there
 //! (docs/DESIGN.md "Recipes"). Capabilities that deepwell has no table entry for get bf16 only: a decision
@@ -140,9 +144,12 @@ impl FromStr for Arch {
 pub fn native_recipes(arch: Arch) -> &'static [Recipe] {
     match arch.family() {
         ArchFamily::Cpu => &[],
-        ArchFamily::Hopper => &[Recipe::Fp8Block, Recipe::Bf16],
-        ArchFamily::Blackwell | ArchFamily::BlackwellConsumer => &[Recipe::Mxfp8, Recipe::Nvfp4, Recipe::Bf16],
-        ArchFamily::Ada | ArchFamily::Older | ArchFamily::Unvalidated => &[Recipe::Bf16],
+        ArchFamily::Hopper => &[Recipe::Fp8Block, Recipe::Fp8Tensor, Recipe::Bf16],
+        ArchFamily::Blackwell | ArchFamily::BlackwellConsumer => {
+            &[Recipe::Mxfp8, Recipe::Nvfp4, Recipe::Fp8Tensor, Recipe::Bf16]
+        }
+        ArchFamily::Ada => &[Recipe::Fp8Tensor, Recipe::Bf16],
+        ArchFamily::Older | ArchFamily::Unvalidated => &[Recipe::Bf16],
     }
 }
 
@@ -157,8 +164,8 @@ pub fn is_emulated(recipe: Recipe, arch: Arch) -> bool {
     recipe.is_low_precision() && !is_native(recipe, arch)
 }
 
-/// What `precision="auto"` resolves to on `arch`, and why: the first native low-precision recipe
-/// (mxfp8 on Blackwell, fp8_block on Hopper), else bf16.
+/// What `precision="auto"` resolves to on `arch`, and why: the first native block-scaled recipe
+/// (mxfp8 on Blackwell, fp8_block on Hopper), else bf16. fp8_tensor is never auto's answer.
 ///
 /// On Blackwell nvfp4 has the higher peak, but auto picks mxfp8: NVFP4 training needs its extra
 /// machinery (RHT, stochastic rounding, selective bf16 layers; arXiv 2509.25149) to match bf16,
@@ -166,7 +173,7 @@ pub fn is_emulated(recipe: Recipe, arch: Arch) -> bool {
 pub fn auto_recipe(arch: Arch) -> (Recipe, String) {
     let family = arch.family();
     match native_recipes(arch).first() {
-        Some(&r) if r.is_low_precision() => {
+        Some(&r) if r.is_low_precision() && r != Recipe::Fp8Tensor => {
             (r, format!("auto: {r} is the fastest native recipe on {arch} ({})", family.name()))
         }
         _ => (Recipe::Bf16, format!("auto: bf16, {arch} ({}) has no native block-scaled recipe", family.name())),
@@ -189,6 +196,7 @@ pub fn why_not_native(recipe: Recipe, arch: Arch) -> String {
         (Recipe::Fp8Block, _) => {
             format!("{arch}: cuBLASLt VEC128/BLK128x128 scaling needs CC 9.0")
         }
+        (Recipe::Fp8Tensor, _) => format!("{arch}: cuBLASLt FP8 needs CC 8.9+"),
         (Recipe::Mxfp8, _) => format!("{arch}: cuBLASLt VEC32_UE8M0 (MXFP8) needs CC 10.0+"),
         (Recipe::Nvfp4, _) => format!("{arch}: cuBLASLt VEC16_UE4M3 (NVFP4) needs CC 10.0+"),
         (Recipe::Bf16, _) => String::new(),

@@ -5,7 +5,7 @@
 //! memory traffic).
 //!
 //! Rates come from the device's [`ArchFamily`]: measured on an H100 for Hopper (docs/BASELINES.md:
-//! cuBLAS bf16 ~690 TFLOP/s, cuBLASLt FP8 1x128 x 128x128 ~1150, 1x128 x 1x128 ~900, copy ~3.0
+//! cuBLAS bf16 ~690 TFLOP/s, cuBLASLt FP8 1x128 x 128x128 ~1150, 1x128 x 1x128 ~900, per-tensor ~1250, copy ~3.0
 //! TB/s); the B200 datasheet's dense peaks for sm_100/103, labelled as such (no Blackwell GPU has
 //! run deepwell). Other devices get Hopper's numbers, and the answer says so.
 
@@ -22,6 +22,8 @@ pub struct Rates {
     pub fp8_block_weight: f64,
     /// cuBLASLt FP8, 1x128 x 1x128 (wgrad: both operands along the tokens).
     pub fp8_block_both: f64,
+    /// cuBLASLt FP8 with per-tensor scales.
+    pub fp8_tensor: f64,
     /// Block-scaled MXFP8 (1x32).
     pub mxfp8: f64,
     /// Block-scaled NVFP4 (1x16).
@@ -35,6 +37,7 @@ const HOPPER: Rates = Rates {
     bf16: 690.0,
     fp8_block_weight: 1150.0,
     fp8_block_both: 900.0,
+    fp8_tensor: 1250.0,
     mxfp8: 1150.0, // never used: MX GEMMs do not run on sm_90
     nvfp4: 1150.0,
     copy_tbps: 3.0,
@@ -45,6 +48,7 @@ const B200_DATASHEET: Rates = Rates {
     bf16: 2250.0,
     fp8_block_weight: 4500.0,
     fp8_block_both: 4500.0,
+    fp8_tensor: 4500.0,
     mxfp8: 4500.0,
     nvfp4: 9000.0,
     copy_tbps: 8.0,
@@ -80,6 +84,7 @@ fn rate(r: &Rates, backend: GemmBackend) -> f64 {
         GemmBackend::CublasBf16 | GemmBackend::CpuMatmul | GemmBackend::Emulated { .. } => r.bf16,
         GemmBackend::ScaledMmBlockwise { b: ScalingType::BlockWise128x128, .. } => r.fp8_block_weight,
         GemmBackend::ScaledMmBlockwise { .. } => r.fp8_block_both,
+        GemmBackend::ScaledMmTensorwise => r.fp8_tensor,
         GemmBackend::ScaledMmMx { block: ScalingType::BlockWise1x16 } => r.nvfp4,
         GemmBackend::ScaledMmMx { .. } => r.mxfp8,
     }
@@ -92,6 +97,10 @@ fn quantizer_bytes(s: &SiteCost, emulated: bool) -> f64 {
     let (m, k, n) = (s.tokens as f64, s.in_features as f64, s.out_features as f64);
     match s.recipe {
         Recipe::Bf16 => 0.0,
+        // fp8_tensor reads each tensor twice (its amax, then the cast): x for fprop and again,
+        // transposed, for wgrad (2 + 2 + 1 each), dy once into both copies (2 + 2 + 2), W into
+        // both copies in the forward (2 + 2 + 2) and into W^T again in the backward (2 + 2 + 1).
+        Recipe::Fp8Tensor if !emulated => m * k * 10.0 + m * n * 6.0 + n * k * 11.0,
         // bf16 read + 1-byte write per copy; rowcol kernels write two copies.
         _ if !emulated => m * k * 3.0 + m * k * 4.0 + m * n * 4.0 + n * k * (3.0 + 3.0 + 2.0),
         // quantize (2 -> 1 byte) then dequantize (1 -> 2 bytes) of x twice, dy twice, W twice.

@@ -19,6 +19,9 @@ pub enum GemmBackend {
         /// Scaling of operand B: 128x128 for the weight (fprop, dgrad), 1x128 for x (wgrad).
         b: ScalingType,
     },
+    /// cuBLASLt FP8 with one fp32 scale per operand via `aten::_scaled_mm_v2` (sm_89+):
+    /// E4M3 x E4M3 (fprop), E5M2 x E4M3 (dgrad, wgrad: the gradient is operand A).
+    ScaledMmTensorwise,
     /// cuBLASLt block-scaled MX / NV GEMM via `aten::_scaled_mm_v2`, both operands with this
     /// scaling, scales swizzled `SWIZZLE_32_4_4` (sm_100/103/120/121).
     ScaledMmMx {
@@ -40,6 +43,9 @@ impl GemmBackend {
             GemmBackend::CpuMatmul => "torch.matmul on CPU".to_string(),
             GemmBackend::ScaledMmBlockwise { a, b } => {
                 format!("cuBLASLt FP8 blockwise {} x {} (aten::_scaled_mm_v2, fp32 scales)", a.block(), b.block())
+            }
+            GemmBackend::ScaledMmTensorwise => {
+                "cuBLASLt FP8 per-tensor scales (aten::_scaled_mm_v2, fp32 scales)".to_string()
             }
             GemmBackend::ScaledMmMx { block } => {
                 let what = if block == ScalingType::BlockWise1x16 { "NVFP4" } else { "MXFP8" };
@@ -118,6 +124,7 @@ fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
 /// | fp8_block | wgrad | `ScaledMmBlockwise { a: 1x128, b: 1x128 }` | `Emulated` | `Emulated` | `Emulated` |
 /// | mxfp8 | all | `Emulated` | `ScaledMmMx { block: 1x32 }` | `Emulated` | `Emulated` |
 /// | nvfp4 | all | `Emulated` | `ScaledMmMx { block: 1x16 }` | `Emulated` | `Emulated` |
+/// | fp8_tensor | all | `ScaledMmTensorwise` | `ScaledMmTensorwise` | sm_89: `ScaledMmTensorwise`, else `Emulated` | `Emulated` |
 ///
 /// Shape rules, checked in this order for a low-precision recipe:
 /// 1. `K % block != 0` (32 / 16 / 128): the operands cannot be quantized along K, so the pass runs
@@ -168,6 +175,7 @@ pub fn gemm_backend(recipe: Recipe, arch: Arch, pass: Pass, shape: GemmShape) ->
         }
         (Recipe::Mxfp8, _, _) => GemmBackend::ScaledMmMx { block: ScalingType::BlockWise1x32 },
         (Recipe::Nvfp4, _, _) => GemmBackend::ScaledMmMx { block: ScalingType::BlockWise1x16 },
+        (Recipe::Fp8Tensor, _, _) => GemmBackend::ScaledMmTensorwise,
         // is_native() holds, so no other cell is reachable; emulation is the safe answer.
         _ => return emulated("no native kernel in the table".to_string()),
     };

@@ -86,6 +86,8 @@ impl GemmShape {
 /// (the `scale_recipe_a/b` integers of `aten::_scaled_mm_v2`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScalingType {
+    /// One fp32 scale for the whole operand (fp8_tensor).
+    TensorWise,
     /// One scale per 16 elements along K (NVFP4, E4M3 scales).
     BlockWise1x16,
     /// One scale per 32 elements along K (MXFP8, E8M0 scales).
@@ -101,6 +103,7 @@ impl ScalingType {
     /// BlockWise1x16 = 2, BlockWise1x32 = 3, BlockWise1x128 = 4, BlockWise128x128 = 5).
     pub fn torch_code(self) -> i64 {
         match self {
+            ScalingType::TensorWise => 0,
             ScalingType::BlockWise1x16 => 2,
             ScalingType::BlockWise1x32 => 3,
             ScalingType::BlockWise1x128 => 4,
@@ -108,9 +111,10 @@ impl ScalingType {
         }
     }
 
-    /// `1x16`, `1x32`, `1x128` or `128x128`.
+    /// `tensor`, `1x16`, `1x32`, `1x128` or `128x128`.
     pub fn block(self) -> &'static str {
         match self {
+            ScalingType::TensorWise => "tensor",
             ScalingType::BlockWise1x16 => "1x16",
             ScalingType::BlockWise1x32 => "1x32",
             ScalingType::BlockWise1x128 => "1x128",

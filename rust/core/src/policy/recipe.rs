@@ -5,6 +5,7 @@
 //! | `mxfp8` | E4M3 | E8M0 per 1x32 (OCP MX v1.0; docs/NUMERICS.md "MXFP8") | 32 |
 //! | `nvfp4` | E2M1 | E4M3 per 1x16 + fp32 per tensor (arXiv 2509.25149; docs/NUMERICS.md "NVFP4") | 16 |
 //! | `fp8_block` | E4M3 | fp32 per 1x128 (activations, grads), 128x128 (weights); docs/NUMERICS.md "FP8 block" | 128 |
+//! | `fp8_tensor` | E4M3 (x, W), E5M2 (grads) | one fp32 per tensor from its current amax; docs/NUMERICS.md "FP8 tensor" | none (any K) |
 //! | `bf16` | bf16 | none | none |
 
 use crate::error::{CoreError, Result};
@@ -20,15 +21,19 @@ pub enum Recipe {
     Nvfp4,
     /// DeepSeek-style FP8: E4M3, fp32 scales per 1x128 (activations/grads) or 128x128 (weights).
     Fp8Block,
+    /// Per-tensor current scaling (torchao's `tensorwise`): E4M3 activations and weights, E5M2
+    /// gradients, one power-of-two fp32 scale per tensor. Only where the user asks: `auto` never
+    /// picks it ([`super::auto_recipe`]).
+    Fp8Tensor,
     /// No quantization: a plain bf16 GEMM.
     Bf16,
 }
 
-const RECIPE_CHOICES: &str = "mxfp8, nvfp4, fp8_block, bf16";
+const RECIPE_CHOICES: &str = "mxfp8, nvfp4, fp8_block, fp8_tensor, bf16";
 
 impl Recipe {
     /// Every recipe, in the order the docs list them.
-    pub const ALL: [Recipe; 4] = [Recipe::Mxfp8, Recipe::Nvfp4, Recipe::Fp8Block, Recipe::Bf16];
+    pub const ALL: [Recipe; 5] = [Recipe::Mxfp8, Recipe::Nvfp4, Recipe::Fp8Block, Recipe::Fp8Tensor, Recipe::Bf16];
 
     /// The user-facing spelling (also what `Display` prints and `FromStr` accepts).
     pub fn as_str(self) -> &'static str {
@@ -36,11 +41,13 @@ impl Recipe {
             Recipe::Mxfp8 => "mxfp8",
             Recipe::Nvfp4 => "nvfp4",
             Recipe::Fp8Block => "fp8_block",
+            Recipe::Fp8Tensor => "fp8_tensor",
             Recipe::Bf16 => "bf16",
         }
     }
 
-    /// Elements per scale along the GEMM's K dimension; `None` for bf16 (no blocks).
+    /// Elements per scale along the GEMM's K dimension; `None` for bf16 (no blocks), 1 for
+    /// fp8_tensor (one scale for the whole tensor: every K quantizes).
     ///
     /// Every operand of every pass is quantized along that pass's K, so K must be a multiple of
     /// this (the reference quantizers assert it: `mxfp8.rs`, `nvfp4.rs`, `fp8_block.rs`). For
@@ -51,6 +58,7 @@ impl Recipe {
             Recipe::Mxfp8 => Some(32),
             Recipe::Nvfp4 => Some(16),
             Recipe::Fp8Block => Some(128),
+            Recipe::Fp8Tensor => Some(1),
             Recipe::Bf16 => None,
         }
     }
@@ -111,7 +119,7 @@ impl FromStr for Precision {
         s.parse::<Recipe>().map(Precision::Fixed).map_err(|_| CoreError::UnknownMode {
             what: "precision",
             got: s.to_string(),
-            choices: "auto, mxfp8, nvfp4, fp8_block, bf16",
+            choices: "auto, mxfp8, nvfp4, fp8_block, fp8_tensor, bf16",
         })
     }
 }
@@ -126,6 +134,7 @@ mod tests {
             (Recipe::Mxfp8, "mxfp8", Some(32)),
             (Recipe::Nvfp4, "nvfp4", Some(16)),
             (Recipe::Fp8Block, "fp8_block", Some(128)),
+            (Recipe::Fp8Tensor, "fp8_tensor", Some(1)),
             (Recipe::Bf16, "bf16", None),
         ] {
             assert_eq!(r.to_string(), s);

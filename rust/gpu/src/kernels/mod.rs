@@ -8,6 +8,7 @@
 //! grid-stride iteration in the .cuh (constants cited there and pinned by the tests below).
 
 pub mod fp8_block;
+pub mod fp8_tensor;
 pub mod linear;
 pub mod moe;
 pub mod mxfp8;
@@ -18,6 +19,7 @@ use crate::arch::grid_blocks;
 use crate::sources::Header;
 
 pub use fp8_block::{Block, Fp8Block};
+pub use fp8_tensor::Fp8Tensor;
 pub use linear::LinearEpilogue;
 pub use moe::Moe;
 pub use mxfp8::Mxfp8;
@@ -61,6 +63,7 @@ impl Float {
 pub enum KernelId {
     Mxfp8(Mxfp8),
     Fp8Block(Fp8Block),
+    Fp8Tensor(Fp8Tensor),
     Nvfp4(Nvfp4),
     Swizzle(Swizzle),
     Linear(LinearEpilogue),
@@ -72,6 +75,7 @@ impl KernelId {
         match self {
             KernelId::Mxfp8(_) => Header::Mxfp8,
             KernelId::Fp8Block(_) => Header::Fp8Block,
+            KernelId::Fp8Tensor(_) => Header::Fp8Tensor,
             KernelId::Nvfp4(_) => Header::Nvfp4,
             KernelId::Swizzle(_) => Header::Swizzle,
             KernelId::Linear(_) => Header::Linear,
@@ -84,6 +88,7 @@ impl KernelId {
         let (template, args) = match self {
             KernelId::Mxfp8(k) => k.template(),
             KernelId::Fp8Block(k) => k.template(),
+            KernelId::Fp8Tensor(k) => k.template(),
             KernelId::Nvfp4(k) => k.template(),
             KernelId::Swizzle(k) => k.template(),
             KernelId::Linear(k) => k.template(),
@@ -110,7 +115,15 @@ macro_rules! family_ids {
         }
     )*};
 }
-family_ids!(Mxfp8(Mxfp8), Fp8Block(Fp8Block), Nvfp4(Nvfp4), Swizzle(Swizzle), Linear(LinearEpilogue), Moe(Moe));
+family_ids!(
+    Mxfp8(Mxfp8),
+    Fp8Block(Fp8Block),
+    Fp8Tensor(Fp8Tensor),
+    Nvfp4(Nvfp4),
+    Swizzle(Swizzle),
+    Linear(LinearEpilogue),
+    Moe(Moe)
+);
 
 /// A template argument: a float tag or an `int` (cuda/INTERFACE.md: booleans and enums are ints).
 #[derive(Clone, Copy)]
@@ -133,6 +146,7 @@ pub fn all() -> Vec<KernelId> {
     let mut v: Vec<KernelId> = mxfp8::all().into_iter().map(KernelId::Mxfp8).collect();
     v.extend(nvfp4::all().into_iter().map(KernelId::Nvfp4));
     v.extend(fp8_block::all().into_iter().map(KernelId::Fp8Block));
+    v.extend(fp8_tensor::all().into_iter().map(KernelId::Fp8Tensor));
     v.extend(swizzle::all().into_iter().map(KernelId::Swizzle));
     v.extend(linear::all().into_iter().map(KernelId::Linear));
     v.extend(moe::all().into_iter().map(KernelId::Moe));
@@ -211,7 +225,7 @@ pub(crate) mod tests {
     #[test]
     fn every_kernel_is_distinct_and_named_like_interface_md() {
         let all = all();
-        assert_eq!(all.len(), 131 + 7 + 9); // + the 7 routing / permutation and 9 value-move kernels of moe.cuh
+        assert_eq!(all.len(), 131 + 7 + 9 + 24); // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24
         let names: std::collections::HashSet<String> = all.iter().map(|k| k.name_expression()).collect();
         assert_eq!(names.len(), all.len());
         let rows =
@@ -232,6 +246,7 @@ pub(crate) mod tests {
             (Header::Mxfp8, "DQ_UNROLL", DQ_UNROLL),
             (Header::Fp8Block, "TILE", fp8_block::TILE),
             (Header::Fp8Block, "DQ_UNROLL", DQ_UNROLL),
+            (Header::Fp8Tensor, "TILE", fp8_tensor::TILE),
             (Header::Nvfp4, "BLOCK", nvfp4::BLOCK),
         ];
         for (header, name, mirror) in mirrors {
@@ -242,6 +257,7 @@ pub(crate) mod tests {
             (Header::Mxfp8, "rows:    THREADS / 4 * ROWS_UNROLL = 256 blocks of 32"),
             (Header::Mxfp8, "rowcol:  one 128 x 128 tile (RC_TILE)"),
             (Header::Fp8Block, "quantize, rowcol: one 128 x 128 tile"),
+            (Header::Fp8Tensor, "cast_transposed: one 64 x 64 tile (TILE)"),
             (Header::Nvfp4, "quantizes a unit of 16 rows x 16 tiles (256 columns)"),
         ] {
             assert!(header.source().contains(summary), "{}: {summary}", header.file_name());

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `Dense` | cuBLAS bf16 / CPU matmul | plain values: bf16 on CUDA, fp32 on the CPU |
 //! | `Emulated` | the same GEMMs | the recipe's quantized values, dequantized exactly |
-//! | `Blockwise` | `_scaled_mm_v2` on sm_90 | E4M3 data + fp32 scales in cuBLASLt's layout |
+//! | `Blockwise` | `_scaled_mm_v2` on sm_90 (per-tensor: sm_89+) | FP8 data + fp32 scales in cuBLASLt's layout |
 //! | `Mx` | `_scaled_mm_v2` on Blackwell | MX/NV data + swizzled scales (+ NVFP4 global scale) |
 //!
 //! Every operand is `(rows, K)`: the GEMM computes `A @ B^T` over the shared last dim K.
@@ -31,6 +31,9 @@ impl Form {
             GemmBackend::CublasBf16 | GemmBackend::CpuMatmul => (Form::Dense, Form::Dense),
             GemmBackend::Emulated { .. } => (Form::Emulated, Form::Emulated),
             GemmBackend::ScaledMmBlockwise { a, b } => (Form::Blockwise(a), Form::Blockwise(b)),
+            GemmBackend::ScaledMmTensorwise => {
+                (Form::Blockwise(ScalingType::TensorWise), Form::Blockwise(ScalingType::TensorWise))
+            }
             GemmBackend::ScaledMmMx { block } => (Form::Mx(block), Form::Mx(block)),
         }
     }
@@ -54,7 +57,7 @@ pub enum Operand {
     DenseScaled { values: Tensor, global: Tensor },
     /// FP8 data (rows, K) and fp32 scales laid out as `_scaled_mm_v2` wants them on sm_90 (docs/BASELINES.md):
     /// 1x128: shape (rows, K/128), strides (1, rows); 128x128: shape (K/128, rows/128), strides
-    /// (1, K/128).
+    /// (1, K/128); `TensorWise` (fp8_tensor): a 0-d scale, E4M3 or (gradients) E5M2 data.
     Blockwise { data: Tensor, scale: Tensor, scaling: ScalingType },
     /// MXFP8 (E4M3) or NVFP4 (float4_e2m1fn_x2) data (rows, K) with its scales swizzled into
     /// 128x4 tiles, and NVFP4's global decode scale.

@@ -5,6 +5,7 @@
 //! |---|---|---|---|
 //! | mxfp8 | E4M3, E8M0 scale per 1x32, rceil | same | same |
 //! | fp8_block | E4M3, pow2 fp32 scale per 1x128 | per 128x128 | per 1x128 |
+//! | fp8_tensor | E4M3, one pow2 fp32 scale per tensor | same | E5M2, one scale |
 //! | nvfp4 | E2M1, 1x16, round to nearest | 16x16 blocks | 1x16, stochastic rounding |
 //! | bf16 | bf16 | bf16 | bf16 |
 //!
@@ -13,12 +14,14 @@
 //! Hadamard transform on both wgrad operands (x^T and dy^T along the tokens). Every operand is
 //! quantized along its GEMM's K; the wgrad operands along the token dim M (`along_m`). A column-wise
 //! copy is re-quantized from the high-precision tensor, never transposed from the row-wise one
-//! (docs/NUMERICS.md "Transposes"), except for 2-D blocks, where the two are identical.
+//! (docs/NUMERICS.md "Transposes"), except for 2-D blocks and fp8_tensor's single scale, where the
+//! two are identical: fp8_tensor's transposed operands are its codes transposed, written by the
+//! same pass that writes the row codes when both are needed (W, dy).
 
 use deepwell_core::policy::{Recipe, ScalingType};
 
 use super::operand::{dense_dtype, Form, Operand};
-use super::quantizers::{self as k, Nvfp4Options};
+use super::quantizers::{self as k, Copies, Fp8Elem, Nvfp4Options};
 use crate::aten;
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};
@@ -37,6 +40,28 @@ fn dense(op: Op, t: Tensor) -> Result<Tensor> {
     let device = t.device();
     let b = aten::to_dtype(op, t, DType::BF16)?;
     aten::to_dtype(op, b, dense_dtype(device))
+}
+
+/// fp8_tensor's element format: E5M2 for gradients (range), E4M3 for activations and weights.
+fn fp8_tensor_elem(role: Role) -> Fp8Elem {
+    if role == Role::Gradient {
+        Fp8Elem::E5M2
+    } else {
+        Fp8Elem::E4M3
+    }
+}
+
+/// fp8_tensor's values, dequantized exactly (a power-of-two scale times an FP8 code is a bf16).
+fn fp8_tensor_emulated(op: Op, t: Tensor, role: Role) -> Result<Tensor> {
+    let device = t.device();
+    let (data, scale) = k::fp8_tensor_quantize(op, t, fp8_tensor_elem(role))?;
+    k::fp8_tensor_dequantize(op, data, scale, dense_dtype(device))
+}
+
+/// fp8_tensor's operand of x (m, k) transposed, (k, m): the codes transposed (one pass).
+fn fp8_tensor_cols(op: Op, t: Tensor, role: Role) -> Result<Operand> {
+    let [_, data, scale] = k::fp8_tensor_quantize_rowcol(op, t, fp8_tensor_elem(role), Copies::Cols)?;
+    Ok(Operand::Blockwise { data, scale, scaling: ScalingType::TensorWise })
 }
 
 fn nvfp4_options(role: Role, seed: u64, hadamard: bool) -> Nvfp4Options {
@@ -69,6 +94,11 @@ fn along_last(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, block, dense_dtype(device))?))
         }
         (Form::Emulated, Recipe::Nvfp4) => nvfp4_emulated(op, t, nvfp4_options(role, seed, hadamard)),
+        (Form::Emulated, Recipe::Fp8Tensor) => Ok(Operand::Dense(fp8_tensor_emulated(op, t, role)?)),
+        (Form::Blockwise(scaling @ ScalingType::TensorWise), _) => {
+            let (data, scale) = k::fp8_tensor_quantize(op, t, fp8_tensor_elem(role))?;
+            Ok(Operand::Blockwise { data, scale, scaling })
+        }
         (Form::Blockwise(ScalingType::BlockWise128x128), _) => {
             let (data, scale) = k::fp8_block_quantize(op, t, (128, 128), k::ScaleLayout::RowMajor)?;
             let scale = scale.t(op)?;
@@ -110,6 +140,8 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
             let (data, scale) = k::fp8_block_quantize(op, t, (128, 1), k::ScaleLayout::RowMajor)?;
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 1), dense_dtype(device))?.t(op)?))
         }
+        (Form::Emulated, Recipe::Fp8Tensor) => Ok(Operand::Dense(fp8_tensor_emulated(op, t, role)?.t(op)?)),
+        (Form::Blockwise(ScalingType::TensorWise), _) => fp8_tensor_cols(op, t, role),
         (Form::Blockwise(scaling), _) => {
             let (data, scale) = k::fp8_block_quantize_transposed(op, t, k::Transposed::Cols)?;
             Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling }) // stored M-major
@@ -148,6 +180,9 @@ pub fn weight_from_codes(
         (Form::Emulated, Recipe::Fp8Block) => {
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 128), dense_dtype(device))?))
         }
+        (Form::Emulated, Recipe::Fp8Tensor) => {
+            Ok(Operand::Dense(k::fp8_tensor_dequantize(op, data, scale, dense_dtype(device))?))
+        }
         (Form::Emulated, Recipe::Nvfp4) => {
             let global = global.ok_or_else(missing)?;
             let unit = aten::ones_like(op, &global)?;
@@ -168,6 +203,36 @@ pub fn weight_from_codes(
     }
 }
 
+/// fp8_tensor's operand of x (m, k) along K from x's codes `data` (m, k) and 0-d `scale`: exactly
+/// what `along_k(Fp8Tensor, form, Role::Activation, x)` makes from x (`fp8_tensor_linear`).
+pub fn fp8_tensor_from_codes(op: Op, form: Form, data: Tensor, scale: Tensor) -> Result<Operand> {
+    match form {
+        Form::Blockwise(scaling @ ScalingType::TensorWise) => Ok(Operand::Blockwise { data, scale, scaling }),
+        Form::Emulated => {
+            let device = data.device();
+            Ok(Operand::Dense(k::fp8_tensor_dequantize(op, data, scale, dense_dtype(device))?))
+        }
+        _ => Err(Error::Internal { op, msg: format!("no {form:?} fp8_tensor operand from codes") }),
+    }
+}
+
+/// fp8_tensor's wgrad operand of x from x's transposed codes `codes_t` (k, m) and 0-d `scale`:
+/// exactly what `along_m(Fp8Tensor, form, Role::Activation, x)` makes from x, in its layout (the
+/// emulated operand is the dequantized (m, k) seen transposed, as `along_m` lays it out, so dense
+/// GEMMs accumulate in the same order).
+pub fn fp8_tensor_cols_from_codes(op: Op, form: Form, codes_t: Tensor, scale: Tensor) -> Result<Operand> {
+    match form {
+        Form::Blockwise(ScalingType::TensorWise) => fp8_tensor_from_codes(op, form, codes_t, scale),
+        Form::Emulated => {
+            let device = codes_t.device();
+            let bytes = aten::transpose_copy(op, &aten::view_dtype(op, codes_t, DType::U8)?)?;
+            let codes = aten::view_dtype(op, bytes, DType::E4M3)?;
+            Ok(Operand::Dense(k::fp8_tensor_dequantize(op, codes, scale, dense_dtype(device))?.t(op)?))
+        }
+        _ => Err(Error::Internal { op, msg: format!("no {form:?} fp8_tensor wgrad operand from codes") }),
+    }
+}
+
 /// The weight's two operands: W (N, K) along K for fprop, and W^T (K, N) along N for dgrad. Dense
 /// GEMMs read W^T's operand as a transposed view of W's where they coincide (dense values and 2-D
 /// blocks: fp8_block 128x128, NVFP4 16x16; docs/NUMERICS.md "Transposes"); cuBLASLt's 128x128 FP8
@@ -175,6 +240,14 @@ pub fn weight_from_codes(
 /// FP8 copy, at a fraction of the cost of a strided 1-byte transpose); MXFP8's 1x32 blocks quantize
 /// W along N (dim 0) instead, read through a transposed view.
 pub fn weight_pair(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) -> Result<(Operand, Operand)> {
+    let tensorwise = Form::Blockwise(ScalingType::TensorWise);
+    if (fprop, dgrad) == (tensorwise, tensorwise) {
+        // fp8_tensor: W's codes and W^T's (its codes transposed) from one pass.
+        let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, w, fp8_tensor_elem(Role::Weight), Copies::Both)?;
+        let scaling = ScalingType::TensorWise;
+        let d = Operand::Blockwise { data: cols, scale: scale.share(op)?, scaling };
+        return Ok((Operand::Blockwise { data: rows, scale, scaling }, d));
+    }
     let f = along_k(op, recipe, fprop, Role::Weight, w.share(op)?, 0)?;
     let d = match dgrad_from_fprop(op, recipe, &f, fprop, dgrad)? {
         Some(d) => d,
@@ -236,7 +309,7 @@ pub fn weight_dgrad_from_codes(
 
 /// Whether W^T's dense operand is a transposed view of W's (then one quantization makes both).
 fn derives_from_fprop(recipe: Recipe, fprop: Form, dgrad: Form) -> bool {
-    let symmetric = matches!(recipe, Recipe::Fp8Block | Recipe::Nvfp4 | Recipe::Bf16);
+    let symmetric = matches!(recipe, Recipe::Fp8Block | Recipe::Fp8Tensor | Recipe::Nvfp4 | Recipe::Bf16);
     match (fprop, dgrad) {
         (Form::Dense | Form::Emulated, Form::Dense | Form::Emulated) => symmetric || fprop == Form::Dense,
         _ => false,
@@ -257,6 +330,9 @@ fn dgrad_from_fprop(op: Op, recipe: Recipe, f: &Operand, fprop: Form, dgrad: For
 fn dgrad_alone(op: Op, recipe: Recipe, dgrad: Form, w: Tensor) -> Result<Operand> {
     if recipe == Recipe::Mxfp8 && dgrad == Form::Emulated {
         return along_m(op, recipe, dgrad, Role::Weight, w, 0);
+    }
+    if dgrad == Form::Blockwise(ScalingType::TensorWise) {
+        return fp8_tensor_cols(op, w, Role::Weight);
     }
     if let Form::Blockwise(scaling @ ScalingType::BlockWise128x128) = dgrad {
         let (data, scale) = k::fp8_block_quantize_transposed(op, w, k::Transposed::TileT)?;
@@ -291,6 +367,12 @@ pub fn gradient_pair(
             let cols = k::fp8_block_dequantize(op, cd, cs, (1, 128), dense_dtype(device))?;
             Ok((Some(Operand::Dense(rows)), Some(Operand::Dense(cols))))
         }
+        (Recipe::Fp8Tensor, Some(Form::Blockwise(sd)), Some(Form::Blockwise(sw))) => {
+            // dy's codes for dgrad and the same codes transposed for wgrad, from one pass.
+            let [rd, cd, scale] = k::fp8_tensor_quantize_rowcol(op, dy, fp8_tensor_elem(Role::Gradient), Copies::Both)?;
+            let rows = Operand::Blockwise { data: rd, scale: scale.share(op)?, scaling: sd };
+            Ok((Some(rows), Some(Operand::Blockwise { data: cd, scale, scaling: sw })))
+        }
         (Recipe::Fp8Block, Some(Form::Blockwise(sd)), Some(Form::Blockwise(sw))) => {
             // Scales stored M-major by the kernel: their .t() views are what cuBLASLt reads.
             let [rd, rs, cd, cs] = k::fp8_block_quantize_rowcol(op, dy, k::ScaleLayout::MMajor)?;
@@ -316,6 +398,7 @@ pub fn gradient_pair(
 fn check_form(op: Op, recipe: Recipe, form: Form) -> Result<()> {
     let ok = match form {
         Form::Dense | Form::Emulated => true,
+        Form::Blockwise(ScalingType::TensorWise) => recipe == Recipe::Fp8Tensor,
         Form::Blockwise(_) => recipe == Recipe::Fp8Block,
         Form::Mx(s) => matches!(
             (recipe, s),

@@ -6,11 +6,13 @@ use crate::check::Backend;
 use crate::dtype::DType;
 use crate::error::{Op, Result};
 use crate::ops::mxfp8::MxOptions;
-use crate::ops::{fp8_block, mxfp8, nvfp4, swizzle};
+use crate::ops::{fp8_block, fp8_tensor, mxfp8, nvfp4, swizzle};
 use crate::tensor::Tensor;
 
 pub use crate::ops::fp8_block::{ScaleLayout, Transposed};
+pub use crate::ops::fp8_tensor::Copies;
 pub use crate::ops::nvfp4::Nvfp4Options;
+pub use deepwell_core::Fp8Elem;
 
 fn on(op: Op, t: &Tensor) -> Result<Backend> {
     Backend::of(op, t.device())
@@ -53,6 +55,22 @@ pub fn fp8_block_quantize_transposed(op: Op, x: Tensor, out: Transposed) -> Resu
 
 pub fn fp8_block_dequantize(op: Op, data: Tensor, scale: Tensor, block: (i64, i64), out: DType) -> Result<Tensor> {
     fp8_block::dequantize(op, on(op, &data)?, data, scale, block, Some(out))
+}
+
+/// FP8 with one power-of-two scale for the whole tensor: (codes in x's layout, 0-d scale_inv).
+pub fn fp8_tensor_quantize(op: Op, x: Tensor, elem: Fp8Elem) -> Result<(Tensor, Tensor)> {
+    let [data, scale] = fp8_tensor::quantize(op, on(op, &x)?, x, elem)?;
+    Ok((data, scale))
+}
+
+/// x (m, k) quantized once: [row codes (m, k) (empty for `Copies::Cols`), codes transposed (k, m),
+/// scale_inv].
+pub fn fp8_tensor_quantize_rowcol(op: Op, x: Tensor, elem: Fp8Elem, copies: Copies) -> Result<[Tensor; 3]> {
+    fp8_tensor::quantize_rowcol(op, on(op, &x)?, x, elem, copies)
+}
+
+pub fn fp8_tensor_dequantize(op: Op, data: Tensor, scale: Tensor, out: DType) -> Result<Tensor> {
+    fp8_tensor::dequantize(op, on(op, &data)?, data, scale, Some(out))
 }
 
 /// NVFP4 along the last dim, global amax reduced on the device: (data, scale, global S_dec).

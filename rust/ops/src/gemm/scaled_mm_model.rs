@@ -1,5 +1,5 @@
 //! A CPU model of `aten::_scaled_mm_v2` for exactly the argument layouts deepwell builds (sm_90
-//! blockwise FP8, Blackwell MXFP8 / NVFP4 with swizzled scales), which torch runs only on CUDA. It
+//! blockwise and per-tensor FP8, Blackwell MXFP8 / NVFP4 with swizzled scales), which torch runs only on CUDA. It
 //! decodes each operand from those arguments (undoing the M-major and transposed scale views and
 //! the 128x4 swizzle, reading float4_e2m1fn_x2 data as packed bytes) and multiplies in fp32.
 //!
@@ -37,6 +37,8 @@ fn decode(op: Op, data: Tensor, scales: Scales) -> Result<Tensor> {
     let mut tensors = scales.tensors.into_iter();
     let scale = tensors.next().ok_or(Error::Internal { op, msg: "no scale".into() })?;
     match scales.recipes.first().copied() {
+        // TensorWise: one fp32 scale (fp8_tensor; E4M3 or E5M2 data).
+        Some(0) => k::fp8_tensor_dequantize(op, data, scale, DType::F32),
         // BlockWise1x128: (rows, K/128), M-major.
         Some(4) => k::fp8_block_dequantize(op, data, aten::contiguous(op, scale)?, (1, 128), DType::F32),
         // BlockWise128x128 (as operand B): a (K/128, rows/128) view of the (rows/128, K/128) tiles.

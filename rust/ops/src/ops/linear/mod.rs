@@ -15,6 +15,7 @@
 //! | dgrad | dy (M, out) | W^T (in, out) | out |
 //! | wgrad | dy^T (out, M) | x^T (in, M) | M (tokens) |
 
+pub mod fp8_tensor_linear;
 pub mod quantized_linear;
 pub mod weight_cache;
 
@@ -76,6 +77,7 @@ pub fn kernels() -> Vec<Kernel> {
         v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
     }
     v.extend(quantized_linear::kernels());
+    v.extend(fp8_tensor_linear::kernels());
     v
 }
 
@@ -107,6 +109,7 @@ pub fn manual_seed_entry(req: &Value) -> Answer {
 /// (n, k), and where it runs. `scaled_linear` holds the weight itself (`Layer`),
 /// `quantized_linear_backward` its stored codes.
 pub(super) struct Passes {
+    /// The call's x; for `fp8_tensor_linear_backward`, x's saved transposed codes (k, m).
     pub x: Tensor,
     pub recipe: Recipe,
     pub device: Device,
@@ -126,6 +129,19 @@ impl Passes {
     /// x as a contiguous (m, k) tensor.
     pub fn x_2d(&self, op: Op) -> Result<Tensor> {
         aten::contiguous(op, self.x.share(op)?)?.reshape_contiguous(op, &[self.m as i64, self.k as i64])
+    }
+
+    /// x's shape: the output's with its last dim k (dx has it).
+    pub fn x_shape(&self) -> Vec<i64> {
+        let mut s = self.out_shape.clone();
+        *s.last_mut().unwrap_or(&mut 0) = self.k as i64;
+        s
+    }
+
+    /// The wgrad operand of x quantized along the tokens (`along_m`), what the backward of
+    /// `scaled_linear` and `quantized_linear` reads.
+    pub fn x_wgrad(&self, op: Op, form: Form, seed: u64) -> Result<gemm::Operand> {
+        quantize::along_m(op, self.recipe, form, Role::Activation, self.x_2d(op)?, seed.wrapping_add(2))
     }
 }
 
@@ -163,7 +179,7 @@ fn parse_recipe(op: Op, s: &str) -> Result<(Recipe, Option<Arch>)> {
         Some((name, arch)) => (name, Some(arch)),
         None => (s, None),
     };
-    let recipe = check::parse(op, "recipe", name, "'mxfp8', 'nvfp4', 'fp8_block', 'bf16'")?;
+    let recipe = check::parse(op, "recipe", name, "'mxfp8', 'nvfp4', 'fp8_block', 'fp8_tensor', 'bf16'")?;
     let arch = arch
         .map(|a| {
             a.parse::<Arch>().map_err(|_| {
@@ -291,23 +307,28 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let seed = a.opt_int("seed")?.map_or_else(next_seed, |s| s as u64);
     let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
     let layer = Layer::new(op, x, weight, &[("grad_out", &dy)], &recipe)?;
-    let w_dtype = layer.weight.dtype();
-    run_backward(op, &layer.p, dy, seed, (need_x, need_w), w_dtype, || layer.weight_operand(op, Want::Dgrad))
+    let (p, w_dtype) = (&layer.p, layer.weight.dtype());
+    let grads = (need_x, need_w);
+    let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
+    run_backward(op, p, dy, seed, grads, (p.x.dtype(), w_dtype), dgrad_weight, |form| p.x_wgrad(op, form, seed))
 }
 
 /// The backward passes of a validated call: dy (checked against the call) quantized once for both
 /// GEMMs (`gradient_pair`), dgrad `dx = dy W` against `dgrad_weight()` (the weight's dgrad operand,
-/// made only when dx is wanted), wgrad `dW = dy^T x` from dy and x alone, in `w_dtype`.
-/// `scaled_linear_backward` and `quantized_linear_backward` both run it, so for the same operands
-/// they run the same passes bit for bit.
+/// made only when dx is wanted) in `x_dtype`, wgrad `dW = dy^T x` from dy and `x_wgrad(form)` (x's
+/// operand in the wgrad's form, made only when dW is wanted) in `w_dtype`.
+/// `scaled_linear_backward`, `quantized_linear_backward` and `fp8_tensor_linear_backward` all run
+/// it, so for the same operands they run the same passes bit for bit.
+#[allow(clippy::too_many_arguments)] // the passes' inputs, each made lazily by its caller
 pub(super) fn run_backward(
     op: Op,
     p: &Passes,
     dy: Tensor,
     seed: u64,
     (need_x, need_w): (bool, bool),
-    w_dtype: DType,
+    (x_dtype, w_dtype): (DType, DType),
     dgrad_weight: impl FnOnce() -> Result<gemm::Operand>,
+    x_wgrad: impl FnOnce(Form) -> Result<gemm::Operand>,
 ) -> Result<Vec<Tensor>> {
     check::dtype_in(op, "grad_out", &dy, &check::FLOAT_INPUTS)?;
     check::shape_eq(op, "grad_out", &dy, &p.out_shape)?;
@@ -317,18 +338,16 @@ pub(super) fn run_backward(
     let wgrad = need_w.then(|| Form::of(p.choice(Pass::Wgrad).backend));
     let (dy_rows, dy_cols) = quantize::gradient_pair(op, p.recipe, dgrad, wgrad.map(|f| f.0), dy2, seed)?;
 
-    let x_dtype = p.x.dtype();
     let dx = match dy_rows {
         Some(da) => {
             let dx = gemm::run::run(op, da, dgrad_weight()?, None, x_dtype)?;
-            aten::contiguous(op, dx)?.reshape_contiguous(op, p.x.sizes())?
+            aten::contiguous(op, dx)?.reshape_contiguous(op, &p.x_shape())?
         }
         None => unused(op, x_dtype, p.device)?,
     };
     let dw = match (dy_cols, wgrad) {
         (Some(da), Some((_, x_form))) => {
-            let xb = quantize::along_m(op, p.recipe, x_form, Role::Activation, p.x_2d(op)?, seed.wrapping_add(2))?;
-            aten::contiguous(op, gemm::run::run(op, da, xb, None, w_dtype)?)?
+            aten::contiguous(op, gemm::run::run(op, da, x_wgrad(x_form)?, None, w_dtype)?)?
         }
         _ => unused(op, w_dtype, p.device)?,
     };

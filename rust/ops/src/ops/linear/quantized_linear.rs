@@ -75,13 +75,15 @@ pub fn kernels() -> Vec<Kernel> {
 }
 
 /// The stored codes' dtypes and shapes for an (n, k) weight: (data dtype, data cols, scale dtype,
-/// scale shape). Mirrors `quantize_weight` in torch_ops/deepwell/train/quantized.py.
+/// scale shape); None for the recipes that have no stored-codes form. Mirrors `quantize_weight` in torch_ops/deepwell/train/quantized.py.
 fn layout(recipe: Recipe, n: i64, k: i64) -> Option<(DType, i64, DType, [i64; 2])> {
     match recipe {
         Recipe::Fp8Block => Some((DType::E4M3, k, DType::F32, [n / 128, k / 128])),
         Recipe::Mxfp8 => Some((DType::E4M3, k, DType::E8M0, [n, k / 32])),
         Recipe::Nvfp4 => Some((DType::U8, k / 2, DType::E4M3, [n, k / 16])),
-        Recipe::Bf16 => None,
+        // fp8_tensor re-quantizes its weights every call (one scale per tensor: a stored copy
+        // would have to carry the scale of the tensor it came from, i.e. of the whole weight).
+        Recipe::Fp8Tensor | Recipe::Bf16 => None,
     }
 }
 
@@ -208,5 +210,6 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
         quantize::weight_dgrad_from_codes(op, p.recipe, fprop, dgrad, data, scale)
     };
     // fp8_block rounds gradients to nearest: the seed of stochastic rounding is never read.
-    run_backward(op, &p, dy, 0, (need_x, need_w), w_dtype, dgrad_weight)
+    let x_wgrad = |form| p.x_wgrad(op, form, 0);
+    run_backward(op, &p, dy, 0, (need_x, need_w), (p.x.dtype(), w_dtype), dgrad_weight, x_wgrad)
 }

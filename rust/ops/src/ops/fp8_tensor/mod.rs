@@ -1,0 +1,163 @@
+//! `deepwell.fp8_tensor_quantize`, `fp8_tensor_quantize_rowcol` and `fp8_tensor_dequantize`
+//! (docs/NUMERICS.md "FP8 tensor"). Schemas: torch_ops/deepwell/ops/fp8_tensor.py. Checks here,
+//! shared by the CPU reference (`cpu.rs`, maths in rust/core/src/fp8_tensor.rs) and CUDA
+//! (`cuda.rs`, cuda/fp8_tensor.cuh).
+//!
+//! One fp32 power-of-two scale for the whole tensor, from its amax; E4M3 or E5M2 codes. The
+//! scale comes back as a 0-d tensor (what `_scaled_mm`'s tensor-wise scales are) and never
+//! reaches the host: the CUDA amax feeds the cast on the device.
+
+pub(crate) mod cpu;
+pub(crate) mod cuda;
+
+use deepwell_core::Fp8Elem;
+
+use crate::check::{self, Backend};
+use crate::dtype::{DType, Device};
+use crate::error::{Error, Op, Result};
+use crate::kernel::{cpu_and_cuda, Kernel};
+use crate::ops::run_on;
+use crate::stack::{Args, Kind, OpSpec};
+use crate::tensor::Tensor;
+
+pub static QUANTIZE: OpSpec =
+    OpSpec { name: "fp8_tensor_quantize", args: &[("x", Kind::Tensor), ("elem", Kind::Str)], returns: 2 };
+
+pub static QUANTIZE_ROWCOL: OpSpec =
+    OpSpec { name: "fp8_tensor_quantize_rowcol", args: &[("x", Kind::Tensor), ("elem", Kind::Str)], returns: 3 };
+
+pub static DEQUANTIZE: OpSpec = OpSpec {
+    name: "fp8_tensor_dequantize",
+    args: &[("data", Kind::Tensor), ("scale_inv", Kind::Tensor), ("out_dtype", Kind::OptScalarType)],
+    returns: 1,
+};
+
+pub fn kernels() -> Vec<Kernel> {
+    [
+        cpu_and_cuda!(QUANTIZE, quantize_boxed),
+        cpu_and_cuda!(QUANTIZE_ROWCOL, quantize_rowcol_boxed),
+        cpu_and_cuda!(DEQUANTIZE, dequantize_boxed),
+    ]
+    .concat()
+}
+
+/// The codes' torch dtype.
+pub fn code_dtype(elem: Fp8Elem) -> DType {
+    match elem {
+        Fp8Elem::E4M3 => DType::E4M3,
+        Fp8Elem::E5M2 => DType::E5M2,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The typed API: validates, then runs on `on` (the CPU reference or the CUDA kernels).
+
+/// `fp8_tensor_quantize`: x's codes in its own layout and the 0-d fp32 `scale_inv`.
+pub fn quantize(op: Op, on: Backend, x: Tensor, elem: Fp8Elem) -> Result<[Tensor; 2]> {
+    let q = Quantize::new(op, on, x, elem)?;
+    run_on(op, on, q, cpu::quantize, cuda::quantize)
+}
+
+/// Which copies of x (m, k) a transposing call writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copies {
+    /// The transposed codes (k, m) alone (a wgrad operand: x or dy along the tokens).
+    Cols,
+    /// The row codes (m, k) and the transposed codes (k, m), from one read.
+    Both,
+}
+
+/// x (m, k) quantized once: [row codes (m, k) (an empty tensor for `Copies::Cols`), the codes
+/// transposed (k, m), scale_inv (0-d)]. The torch op `fp8_tensor_quantize_rowcol` is `Copies::Both`.
+pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, elem: Fp8Elem, copies: Copies) -> Result<[Tensor; 3]> {
+    let q = Quantize::new(op, on, x, elem)?;
+    if q.x.dim() != 2 {
+        return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", q.x.dim())));
+    }
+    run_on(op, on, RowCol { q, copies }, cpu::quantize_rowcol, cuda::quantize_rowcol)
+}
+
+/// `fp8_tensor_dequantize`: decode(data) * scale_inv in `out_dtype` (bf16 when None).
+pub fn dequantize(op: Op, on: Backend, data: Tensor, scale_inv: Tensor, out_dtype: Option<DType>) -> Result<Tensor> {
+    let q = Dequantize::new(op, on, data, scale_inv, out_dtype)?;
+    let [out] = run_on(op, on, q, cpu::dequantize, cuda::dequantize)?;
+    Ok(out)
+}
+
+// The dispatcher's entry points: the schema's arguments, then the typed call.
+
+fn elem_arg(a: &mut Args) -> Result<Fp8Elem> {
+    check::parse(a.op(), "elem", &a.str("elem")?, "'e4m3', 'e5m2'")
+}
+
+fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
+    let (x, elem) = (a.tensor("x")?, elem_arg(a)?);
+    Ok(quantize(a.op(), on, x, elem)?.into())
+}
+
+fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
+    let (x, elem) = (a.tensor("x")?, elem_arg(a)?);
+    Ok(quantize_rowcol(a.op(), on, x, elem, Copies::Both)?.into())
+}
+
+fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
+    let (data, scale_inv, out_dtype) = (a.tensor("data")?, a.tensor("scale_inv")?, a.opt_scalar_type("out_dtype")?);
+    Ok(vec![dequantize(a.op(), on, data, scale_inv, out_dtype)?])
+}
+
+/// A validated quantize call: a non-empty float tensor.
+struct Quantize {
+    x: Tensor,
+    dtype: DType,
+    device: Device,
+    elem: Fp8Elem,
+}
+
+impl Quantize {
+    fn new(op: Op, backend: Backend, x: Tensor, elem: Fp8Elem) -> Result<Quantize> {
+        let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
+        let device = check::same_device(op, backend, &[("x", &x)])?;
+        check::non_empty(op, "x", &x, 1)?;
+        Ok(Quantize { x, dtype, device, elem })
+    }
+
+    /// (rows, cols) of a 2-d x.
+    fn matrix(&self) -> (i64, i64) {
+        (self.x.sizes()[0], self.x.sizes()[1])
+    }
+}
+
+struct RowCol {
+    q: Quantize,
+    copies: Copies,
+}
+
+struct Dequantize {
+    data: Tensor,
+    scale_inv: Tensor,
+    device: Device,
+    elem: Fp8Elem,
+    out_dtype: DType,
+}
+
+impl Dequantize {
+    fn new(op: Op, backend: Backend, data: Tensor, scale_inv: Tensor, out_dtype: Option<DType>) -> Result<Dequantize> {
+        let out_dtype = check::out_dtype(op, out_dtype)?;
+        let elem = match check::dtype_in(op, "data", &data, &[DType::E4M3, DType::E5M2])? {
+            DType::E5M2 => Fp8Elem::E5M2,
+            _ => Fp8Elem::E4M3,
+        };
+        check::dtype_in(op, "scale_inv", &scale_inv, &[DType::F32])?;
+        let device = check::same_device(op, backend, &[("data", &data), ("scale_inv", &scale_inv)])?;
+        check::non_empty(op, "data", &data, 1)?;
+        if scale_inv.numel() != 1 {
+            return Err(Error::arg(
+                op,
+                "scale_inv",
+                "hold one value (the tensor's scale)",
+                format!("shape {}", check::shape_str(scale_inv.sizes())),
+            ));
+        }
+        Ok(Dequantize { data, scale_inv, device, elem, out_dtype })
+    }
+}

@@ -1,0 +1,135 @@
+//! `deepwell.fp8_tensor_linear` and `deepwell.fp8_tensor_linear_backward`: `scaled_linear` in the
+//! fp8_tensor recipe, with x's FP8 codes saved for the backward instead of x. Schemas, fake kernels
+//! and the autograd formula: torch_ops/deepwell/ops/fp8_tensor_linear.py.
+//!
+//! With one scale per tensor (docs/NUMERICS.md "FP8 tensor"), x's wgrad operand (x along the
+//! tokens) is its fprop codes transposed. So the forward quantizes x once into both copies
+//! (`fp8_tensor_quantize_rowcol`: one amax pass, one cast pass), runs fprop on the row codes and
+//! returns the transposed codes and the scale; the backward reads them for wgrad. Against
+//! `scaled_linear` + `scaled_linear_backward` this saves, per layer and step, the backward's two
+//! passes over x (amax, cast: 5 bytes per element) for 1 more byte written in the forward, and
+//! autograd keeps 1 byte per element of x instead of 2. The codes travel as uint8 (their E4M3
+//! bytes): autograd and opcheck treat every output of a differentiable op as a tensor they can add
+//! and sum, which float8 tensors are not. Every output is bit-identical to
+//! `scaled_linear(x, w, b, "fp8_tensor")` and its backward (tests/test_fp8_tensor_linear.py).
+
+use deepwell_core::policy::{Pass, Recipe};
+
+use super::weight_cache::Want;
+use super::{arch_of, check_bias, parse_recipe, run_backward, Layer, Passes};
+use crate::aten;
+use crate::check;
+use crate::dtype::DType;
+use crate::error::{Error, Op, Result};
+use crate::gemm::quantizers::{self as k, Copies, Fp8Elem};
+use crate::gemm::{self, quantize, Form};
+use crate::kernel::{boxed_kernel, Kernel};
+use crate::stack::{Args, Kind, OpSpec};
+use crate::tensor::Tensor;
+
+pub static FORWARD: OpSpec = OpSpec {
+    name: "fp8_tensor_linear",
+    args: &[("x", Kind::Tensor), ("weight", Kind::Tensor), ("bias", Kind::OptTensor), ("recipe", Kind::Str)],
+    returns: 3,
+};
+
+pub static BACKWARD: OpSpec = OpSpec {
+    name: "fp8_tensor_linear_backward",
+    args: &[
+        ("grad_out", Kind::Tensor),
+        ("x_codes_t", Kind::Tensor),
+        ("x_scale_inv", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("recipe", Kind::Str),
+        ("need_input", Kind::Bool),
+        ("need_weight", Kind::Bool),
+    ],
+    returns: 2,
+};
+
+pub fn kernels() -> Vec<Kernel> {
+    let mut v = Vec::new();
+    for key in ["CPU", "CUDA"] {
+        v.push(Kernel { spec: &FORWARD, dispatch_key: key, boxed: boxed_kernel!(FORWARD, forward) });
+        v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
+    }
+    v
+}
+
+/// The recipe argument names fp8_tensor (`"fp8_tensor"`, or `"fp8_tensor@sm_90"` on CPU tensors).
+fn check_recipe(op: Op, recipe: Recipe, recipe_arg: &str) -> Result<()> {
+    if recipe == Recipe::Fp8Tensor {
+        return Ok(());
+    }
+    Err(Error::arg(op, "recipe", "be 'fp8_tensor' (optionally '@' a GPU to model)", check::quoted(recipe_arg)))
+}
+
+fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
+    let recipe_arg = a.str("recipe")?;
+    check_recipe(op, parse_recipe(op, &recipe_arg)?.0, &recipe_arg)?;
+    let others: Vec<_> = bias.iter().map(|b| ("bias", b)).collect();
+    let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
+    let p = &layer.p;
+    check_bias(op, bias.as_ref(), p.n as i64)?;
+    let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, p.x_2d(op)?, Fp8Elem::E4M3, Copies::Both)?;
+    let form = Form::of(p.choice(Pass::Fprop).backend).0;
+    let xa = quantize::fp8_tensor_from_codes(op, form, rows, scale.share(op)?)?;
+    let y = gemm::run::run(op, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
+    let codes = aten::view_dtype(op, cols, DType::U8)?;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes, scale])
+}
+
+/// Checks the saved codes (k, m) (E4M3 bytes as uint8) and their 0-d fp32 scale against the weight (n, k) and
+/// grad_out (..., n); the layer's passes, with the codes standing for x.
+fn saved_layer(op: Op, dy: &Tensor, codes: Tensor, scale: &Tensor, weight: Tensor, recipe_arg: &str) -> Result<Layer> {
+    let (recipe, modelled) = parse_recipe(op, recipe_arg)?;
+    check_recipe(op, recipe, recipe_arg)?;
+    check::dtype_in(op, "grad_out", dy, &check::FLOAT_INPUTS)?;
+    check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
+    check::dtype_in(op, "x_codes_t", &codes, &[DType::U8])?;
+    check::dtype_in(op, "x_scale_inv", scale, &[DType::F32])?;
+    let tensors = [("grad_out", dy), ("x_codes_t", &codes), ("x_scale_inv", scale), ("weight", &weight)];
+    let device = check::same_device(op, check::Backend::of(op, dy.device())?, &tensors)?;
+    check::shape_eq(op, "x_scale_inv", scale, &[])?;
+    if weight.dim() != 2 || codes.dim() != 2 {
+        let (arg, t) = if weight.dim() != 2 { ("weight", &weight) } else { ("x_codes_t", &codes) };
+        return Err(Error::arg(op, arg, "be 2-d", format!("a {}-d tensor", t.dim())));
+    }
+    check::non_empty(op, "weight", &weight, 2)?;
+    check::non_empty(op, "grad_out", dy, 1)?;
+    let (n, k) = (weight.sizes()[0], weight.sizes()[1]);
+    let m = dy.numel() as i64 / n.max(1);
+    check::shape_eq(op, "x_codes_t", &codes, &[k, m])?;
+    if dy.sizes().last() != Some(&n) {
+        return Err(Error::Mismatch {
+            op,
+            msg: format!(
+                "grad_out has {} features (shape {}) but weight has out_features {n}",
+                dy.sizes().last().unwrap_or(&0),
+                check::shape_str(dy.sizes())
+            ),
+        });
+    }
+    let arch = arch_of(op, device, modelled, recipe_arg)?;
+    let (m, k, n) = (m as usize, k as usize, n as usize);
+    let out_shape = dy.sizes().to_vec();
+    Ok(Layer { p: Passes { x: codes, recipe, device, arch, m, k, n, out_shape }, weight })
+}
+
+fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (dy, codes, scale, weight) =
+        (a.tensor("grad_out")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv")?, a.tensor("weight")?);
+    let recipe_arg = a.str("recipe")?;
+    let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
+    let layer = saved_layer(op, &dy, codes, &scale, weight, &recipe_arg)?;
+    let p = &layer.p;
+    let dtypes = (dy.dtype(), layer.weight.dtype());
+    let codes = aten::view_dtype(op, aten::contiguous(op, p.x.share(op)?)?, DType::E4M3)?;
+    let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
+    let x_wgrad = |form| quantize::fp8_tensor_cols_from_codes(op, form, codes, scale);
+    // fp8_tensor rounds gradients to nearest: no stochastic-rounding seed.
+    run_backward(op, p, dy, 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)
+}

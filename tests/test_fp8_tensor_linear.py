@@ -1,0 +1,101 @@
+"""deepwell.fp8_tensor_linear: scaled_linear in fp8_tensor that saves x's FP8 codes instead of x.
+Every output and gradient must be bit-identical to scaled_linear(..., "fp8_tensor") and its
+backward, on every path (emulated, sm_90's native arguments through the CPU model, the GPU), for
+any shape; autograd must keep the codes (1 byte per element), not x; the backend and
+deepwell.Linear must use it for fp8_tensor sites."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepwell
+from _util import same_bits, saved_activation_bytes
+
+ops = torch.ops.deepwell
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _both(shape, n, recipe, device, gen, dtype=torch.bfloat16, bias=True):
+    k = shape[-1]
+    x = torch.randn(shape, generator=gen).to(dtype).to(device)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
+    b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
+    dy = torch.randn(*shape[:-1], n, generator=gen).to(dtype).to(device)
+    outs = []
+    for fn in (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_tensor_linear(*a, recipe)):
+        leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+        y = fn(leaves[0], leaves[1], leaves[2] if bias else None)
+        outs.append((y, *torch.autograd.grad(y, leaves, dy)))
+    return outs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,n", [((4, 50, 96), 64), ((256, 512), 384), ((3, 7), 5), ((130, 48), 32)])
+def test_bit_identical_to_scaled_linear(device, shape, n, gen):
+    """M = 200 and 3: wgrad's K (the token count) not a multiple of 16 runs emulated on sm_90; the
+    others native there. On the CPU all emulated."""
+    plain, saved = _both(shape, n, "fp8_tensor", device, gen)
+    for a, b in zip(plain, saved):
+        assert same_bits(a.cpu(), b.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_native_sm90_arguments_on_the_cpu(dtype, gen):
+    plain, saved = _both((2, 64, 128), 96, "fp8_tensor@sm_90", "cpu", gen, dtype=dtype, bias=False)
+    for a, b in zip(plain, saved):
+        assert same_bits(a, b)
+
+
+def test_autograd_keeps_the_codes_not_x(gen):
+    """Saved for backward: the (k, m) E4M3 codes and the 0-d scale (plus the weight), never x."""
+    x = torch.randn(512, 256, generator=gen).bfloat16().requires_grad_()
+    lin = torch.nn.Linear(256, 128, dtype=torch.bfloat16)
+    saved = saved_activation_bytes(lambda t: deepwell.fp8_tensor_linear(t, lin.weight, lin.bias), x, lin)
+    plain = saved_activation_bytes(lambda t: ops.scaled_linear(t, lin.weight, lin.bias, "fp8_tensor", None), x, lin)
+    assert plain == 512 * 256 * 2  # x in bf16
+    assert saved == 512 * 256 * 1 + 4  # its codes and the scale
+
+
+def _deepwell_calls(run) -> list[str]:
+    """The deepwell ops `run()` calls, in order (compiled code calls custom ops through the
+    dispatcher, which the profiler records)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    return [e.name.split("::")[1] for e in prof.events() if e.name.startswith("deepwell::")]
+
+
+def test_deepwell_linear_and_backend_use_it(gen):
+    lin = deepwell.Linear(128, 64, recipe="fp8_tensor", guardrails=False).bfloat16()
+    x = torch.randn(32, 128, generator=gen).bfloat16()
+    assert _deepwell_calls(lambda: lin(x)) == ["fp8_tensor_linear"]
+    assert same_bits(lin(x), ops.scaled_linear(x, lin.weight, lin.bias, "fp8_tensor", None))
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512)).bfloat16()
+    policy = deepwell.PrecisionPolicy(precision="fp8_tensor", first_last_bf16=False)
+    compiled = torch.compile(model, backend="deepwell", options={"policy": policy})
+    x = torch.randn(64, 512, generator=gen).bfloat16().requires_grad_()
+    compiled(x).float().sum().backward()  # compiles (tracing calls the ops on fake tensors)
+    out = []
+    calls = _deepwell_calls(lambda: out.append(compiled(x)) or out[0].float().sum().backward())
+    y = out[0]
+    assert [s.recipe for s in deepwell.last_plan().sites] == ["fp8_tensor", "fp8_tensor"]
+    assert calls.count("fp8_tensor_linear") == 2 and "scaled_linear" not in calls
+    assert calls.count("fp8_tensor_linear_backward") == 2
+    h = torch.nn.functional.gelu(ops.scaled_linear(x.detach(), model[0].weight, model[0].bias, "fp8_tensor", None))
+    ref = ops.scaled_linear(h, model[2].weight, model[2].bias, "fp8_tensor", None)
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+def test_errors_name_the_op_and_argument(gen):
+    x, w = torch.randn(4, 32), torch.randn(16, 32)
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear: argument 'recipe' must be 'fp8_tensor'.*\"fp8_block\""):
+        ops.fp8_tensor_linear(x, w, None, "fp8_block")
+    _, codes, scale = ops.fp8_tensor_linear(x, w, None)
+    dy = torch.randn(4, 16)
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_backward: argument 'x_codes_t' must have shape \[32, 4\]"):
+        ops.fp8_tensor_linear_backward(dy, codes.t(), scale, w, "fp8_tensor", True, True)
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_backward: argument 'x_codes_t' must have dtype"):
+        ops.fp8_tensor_linear_backward(dy, codes.float(), scale, w, "fp8_tensor", True, True)
+    with pytest.raises(RuntimeError, match=r"grad_out has 16 features .* but weight has out_features 8"):
+        ops.fp8_tensor_linear_backward(torch.randn(2, 16), codes, scale, torch.randn(8, 32), "fp8_tensor", True, True)
