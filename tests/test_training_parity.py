@@ -40,7 +40,7 @@ def _model():
     return Llama(VOCAB, DIM, LAYERS, HEADS, HIDDEN, max_seq=128).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("precision", ["fp8_block"])
+@pytest.mark.parametrize("precision", ["fp8_block", "fp8_tensor"])
 def test_compiled_quantized_training_follows_eager_bf16(precision):
     reference = _losses(_model(), STEPS)
     torch._dynamo.reset()
