@@ -14,7 +14,7 @@
 //   cast_transposed: one 64 x 64 tile (TILE)
 //   dequantize:      THREADS elements
 #pragma once
-#include "common.cuh"
+#include "fp8_block.cuh"
 
 namespace deepwell {
 namespace fp8_tensor_detail {
@@ -33,25 +33,10 @@ template <int Elem> __device__ __forceinline__ float tensor_scale(const unsigned
     return __uint_as_float(__float_as_uint(s) & 0xFF800000u);
 }
 
-// The V = 16 / sizeof(In) elements at i: one 16-byte load (VEC), else the first nv one by one
-// (the rest 0).
-template <class In, bool VEC>
-__device__ __forceinline__ void load16(const void* x, int64_t i, int nv, uint32_t (&w)[4]) {
-    if constexpr (VEC) {
-        const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const char*>(x) + i * Bytes<In>::N);
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    } else {
-        constexpr int V = 16 / Bytes<In>::N;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) w[k] = 0;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-            if (j >= nv) break;
-            if constexpr (Bytes<In>::N == 4) w[j] = __float_as_uint(static_cast<const float*>(x)[i + j]);
-            else w[j >> 1] |= static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i + j]) << (16 * (j & 1));
-        }
-    }
-}
+// Chunk I/O: fp8_block.cuh's `load_chunk` (16 bytes of input at element i, or its first nv
+// elements one by one) and `store_chunk` (V codes as one store, or the first nv bytes).
+using fp8_block_detail::load_chunk;
+using fp8_block_detail::store_chunk;
 
 // The V elements times the scale, cast, packed 4 per word in element order.
 template <class In, int Elem, int V>
@@ -62,19 +47,6 @@ __device__ __forceinline__ void encode(const uint32_t (&w)[4], float scale, uint
         const uint32_t hi =
             Fp8<Elem>::encode2(__fmul_rn(widen<In>(w, j + 2), scale), __fmul_rn(widen<In>(w, j + 3), scale));
         out[j >> 2] = lo | (hi << 16);
-    }
-}
-
-// V codes to p: one 8- or 4-byte store (VEC), else the first nv bytes.
-template <int V, bool VEC>
-__device__ __forceinline__ void store_codes(uint8_t* p, const uint32_t (&out)[V / 4], int nv) {
-    if constexpr (VEC) {
-        if constexpr (V == 8) *reinterpret_cast<uint2*>(p) = make_uint2(out[0], out[1]);
-        else *reinterpret_cast<uint32_t*>(p) = out[0];
-    } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-            if (j < nv) p[j] = static_cast<uint8_t>(out[j >> 2] >> (8 * (j & 3)));
     }
 }
 
@@ -98,13 +70,13 @@ __global__ void __launch_bounds__(THREADS)
     for (int64_t c = tid; c < chunks; c += stride) {
         uint32_t w[4], out[V / 4];
         if (vec) {
-            load16<In, true>(x, c * V, V, w);
+            load_chunk<In, true>(x, c * V, V, w);
             encode<In, Elem, V>(w, scale, out);
-            store_codes<V, true>(data + c * V, out, V);
+            store_chunk<V, true>(data + c * V, out, V);
         } else {
-            load16<In, false>(x, c * V, V, w);
+            load_chunk<In, false>(x, c * V, V, w);
             encode<In, Elem, V>(w, scale, out);
-            store_codes<V, false>(data + c * V, out, V);
+            store_chunk<V, false>(data + c * V, out, V);
         }
     }
     for (int64_t i = chunks * V + tid; i < n; i += stride) data[i] = Fp8<Elem>::encode(__fmul_rn(In::load(x, i), scale));
@@ -138,12 +110,12 @@ __global__ void __launch_bounds__(THREADS)
             const int64_t r = r0 + row;
             const bool live = r < m && nv > 0;
             uint32_t w[4] = {0, 0, 0, 0}, out[V / 4];
-            if (live && vec && nv == V) load16<In, true>(x, r * k + c, V, w);
-            else if (live) load16<In, false>(x, r * k + c, nv, w);
+            if (live && vec && nv == V) load_chunk<In, true>(x, r * k + c, V, w);
+            else if (live) load_chunk<In, false>(x, r * k + c, nv, w);
             encode<In, Elem, V>(w, scale, out);
             if (ROWS && live) {
-                if (vec && nv == V) store_codes<V, true>(row_data + r * k + c, out, V);
-                else store_codes<V, false>(row_data + r * k + c, out, nv);
+                if (vec && nv == V) store_chunk<V, true>(row_data + r * k + c, out, V);
+                else store_chunk<V, false>(row_data + r * k + c, out, nv);
             }
             uint32_t* dst = reinterpret_cast<uint32_t*>(tile + row * PITCH + li * V);
 #pragma unroll

@@ -45,11 +45,11 @@ impl Family for Fp8Tensor {
     fn geometry(self, s: Matrix, wave: Wave) -> Geometry {
         let n = s.rows * s.cols;
         match self {
-            // One 16-byte chunk of input per thread per iteration (fp8_tensor.cuh:96-98).
+            // One 16-byte chunk of input per thread per iteration (fp8_tensor.cuh:68-70).
             Fp8Tensor::Cast { input, .. } => wave.cover(n / (16 / input.bytes()), T),
-            // One 64 x 64 tile per CTA per iteration, edge tiles partial (fp8_tensor.cuh:132).
+            // One 64 x 64 tile per CTA per iteration, edge tiles partial (fp8_tensor.cuh:104).
             Fp8Tensor::CastTransposed { .. } => wave.cover(s.rows.div_ceil(TILE) * s.cols.div_ceil(TILE), 1),
-            // One element per thread (fp8_tensor.cuh:174-175).
+            // One element per thread (fp8_tensor.cuh:146-147).
             Fp8Tensor::Dequantize { .. } => wave.cover(n, T),
         }
     }
