@@ -181,6 +181,12 @@ def main() -> None:
         ms = time_ms(saved_step)
         print(f"{shape:>20} {'fp8_tensor_linear (x codes saved)':>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_tensor_linear", "step_ms": ms, "speedup": base_step / ms})
+        # Its forward from codes made beforehand (the backend's layers sharing one input's quantization).
+        xr, xc, xs = ops.fp8_tensor_quantize_rowcol(x.detach(), "e4m3")
+        with torch.no_grad():
+            fwd = time_ms(lambda: ops.fp8_tensor_linear_from_codes(x, xr, xc, xs, w, None, "fp8_tensor"))
+        print(f"{shape:>20} {'fp8_tensor':>10} forward from shared codes: {fwd:.3f} ms")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_tensor", "fwd_from_codes_ms": fwd})
         _, codes, scale = ops.fp8_tensor_linear(x.detach(), w.detach(), None, "fp8_tensor")
         bwd = time_ms(lambda: ops.fp8_tensor_linear_backward(dy, codes, scale, w, "fp8_tensor", True, True))
         print(f"{shape:>20} {'fp8_tensor':>10} backward from the saved codes alone: {bwd:.3f} ms")

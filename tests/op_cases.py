@@ -89,6 +89,11 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_p(2, 40, 48), _p(32, 48, seed=1), _p(32, seed=2)), {}),
             ((_p(64, 64, dtype=torch.float32), _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90"), {}),
         ],
+        "fp8_tensor_linear_from_codes": [
+            ((_p(2, 40, 48), *torch.ops.deepwell.fp8_tensor_quantize_rowcol(_x(80, 48)), _p(32, 48, seed=1), _p(32, seed=2)), {}),
+            ((_p(64, 64, dtype=torch.float32), *torch.ops.deepwell.fp8_tensor_quantize_rowcol(_x(64, 64, dtype=torch.float32)),
+              _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90"), {}),
+        ],
         "fp8_tensor_linear_backward": [
             ((_x(2, 40, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(2, 40, 48), _x(32, 48, seed=1), None)[1:],
               _x(32, 48, seed=1), "fp8_tensor", True, True), {}),

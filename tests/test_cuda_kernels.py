@@ -65,6 +65,7 @@ GEMM_OPS = {
     "quantized_linear_backward": 5e-3,
     "fp8_tensor_linear": 5e-3,
     "fp8_tensor_linear_backward": 5e-3,
+    "fp8_tensor_linear_from_codes": 5e-3,
 }
 
 

@@ -7,6 +7,10 @@ element, as uint8: autograd treats every output as something it can sum, which f
 the scale; the backward never reads x again. Outputs and gradients are bit-identical
 to `scaled_linear(x, weight, bias, "fp8_tensor")`. The deepwell backend and `deepwell.Linear` use it
 for every fp8_tensor layer. Kernels: rust/ops/src/ops/linear/fp8_tensor_linear.rs.
+
+`fp8_tensor_linear_from_codes(x, x_codes, x_codes_t, x_scale_inv, weight, bias)` is the same layer
+on codes made beforehand by `fp8_tensor_quantize_rowcol(x)`: the backend gives the layers that read
+one tensor (q/k/v, gate/up) one quantization and one saved copy of its codes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from .linear import _bias_arg, _check_bias, _check_layer, _parse_recipe
 define(
     "fp8_tensor_linear(Tensor x, Tensor weight, Tensor? bias, str recipe=\"fp8_tensor\") "
     "-> (Tensor y, Tensor x_codes_t, Tensor x_scale_inv)"
+)
+define(
+    "fp8_tensor_linear_from_codes(Tensor x, Tensor x_codes, Tensor x_codes_t, Tensor x_scale_inv, Tensor weight, "
+    "Tensor? bias, str recipe=\"fp8_tensor\") -> Tensor"
 )
 define(
     "fp8_tensor_linear_backward(Tensor grad_out, Tensor x_codes_t, Tensor x_scale_inv, Tensor weight, "
@@ -50,7 +58,7 @@ def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input,
     _check_recipe(op, recipe)
     _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
-    _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.uint8,))
+    _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.uint8, torch.float8_e4m3fn))
     _checks.dtype_in(op, "x_scale_inv", x_scale_inv, (torch.float32,))
     _checks.same_device(op, ("grad_out", grad_out), ("x_codes_t", x_codes_t), ("x_scale_inv", x_scale_inv),
                         ("weight", weight))
@@ -72,29 +80,69 @@ def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input,
     return dx, dw
 
 
-def _setup(ctx, inputs, output):
-    _, weight, bias, recipe = inputs
-    _, codes, scale = output
-    ctx.save_for_backward(codes, scale, weight)
+@torch.library.register_fake("deepwell::fp8_tensor_linear_from_codes")
+def _from_codes_fake(x, x_codes, x_codes_t, x_scale_inv, weight, bias, recipe="fp8_tensor"):
+    op = "fp8_tensor_linear_from_codes"
+    _check_recipe(op, recipe)
+    others = (("x_codes", x_codes), ("x_codes_t", x_codes_t), ("x_scale_inv", x_scale_inv), *_bias_arg(bias))
+    out_shape = _check_layer(op, x, weight, recipe, others)
+    _check_bias(op, bias, x, out_shape[-1])
+    k = weight.shape[1]
+    m = x.numel() // k
+    _checks.dtype_in(op, "x_codes", x_codes, (torch.float8_e4m3fn,))
+    _checks.shape_eq(op, "x_codes", x_codes, [m, k])
+    _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.float8_e4m3fn, torch.uint8))
+    _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, m])
+    _checks.dtype_in(op, "x_scale_inv", x_scale_inv, (torch.float32,))
+    _checks.shape_eq(op, "x_scale_inv", x_scale_inv, [])
+    return x.new_empty(out_shape)
+
+
+def _save(ctx, codes_t, scale, weight, bias, recipe) -> None:
+    ctx.save_for_backward(codes_t, scale, weight)
     ctx.recipe = recipe
     ctx.bias_dtype = None if bias is None else bias.dtype
-    ctx.mark_non_differentiable(codes, scale)
 
 
-def _backward(ctx, grad, _grad_codes, _grad_scale):
-    codes, scale, weight = ctx.saved_tensors
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool):
+    """(dx, dW, db) from the saved codes: one backward call for dx and dW, db a reduction."""
+    codes_t, scale, weight = ctx.saved_tensors
     dx = dw = db = None
     if need_x or need_w:
-        gx, gw = torch.ops.deepwell.fp8_tensor_linear_backward(grad, codes, scale, weight, ctx.recipe, need_x, need_w)
+        gx, gw = torch.ops.deepwell.fp8_tensor_linear_backward(grad, codes_t, scale, weight, ctx.recipe, need_x, need_w)
         dx = gx if need_x else None
         dw = gw if need_w else None
     if need_b and ctx.bias_dtype is not None:
         db = grad.sum(dim=tuple(range(grad.dim() - 1)), dtype=torch.float32).to(ctx.bias_dtype)
-    return dx, dw, db, None
+    return dx, dw, db
+
+
+def _setup(ctx, inputs, output):
+    _, weight, bias, recipe = inputs
+    _, codes_t, scale = output
+    _save(ctx, codes_t, scale, weight, bias, recipe)
+    ctx.mark_non_differentiable(codes_t, scale)
+
+
+def _backward(ctx, grad, _grad_codes, _grad_scale):
+    return (*_grads(ctx, grad, *ctx.needs_input_grad[:3]), None)
+
+
+def _from_codes_setup(ctx, inputs, output):
+    _, _, codes_t, scale, weight, bias, recipe = inputs
+    _save(ctx, codes_t, scale, weight, bias, recipe)
+
+
+def _from_codes_backward(ctx, grad):
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(ctx, grad, need[0], need[4], need[5])
+    return dx, None, None, None, dw, db, None
 
 
 torch.library.register_autograd("deepwell::fp8_tensor_linear", _backward, setup_context=_setup)
+torch.library.register_autograd(
+    "deepwell::fp8_tensor_linear_from_codes", _from_codes_backward, setup_context=_from_codes_setup
+)
 _nondiff.register(
     "fp8_tensor_linear_backward",
     hint="second derivatives (double backward) through deepwell.fp8_tensor_linear are not supported",

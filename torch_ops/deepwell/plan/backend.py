@@ -182,8 +182,30 @@ def _saves_codes(g: Gemm) -> bool:
     return not isinstance(w, DTensor)
 
 
-def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias) -> torch.fx.Node:
-    """The node computing the site's y in its recipe."""
+def _shared_inputs(found: list[Gemm]) -> set[torch.fx.Node]:
+    """The inputs that two or more fp8_tensor sites read (q/k/v, gate/up): each is quantized once,
+    and its codes are shared by those sites' forwards and saved once for their backwards."""
+    readers: dict[torch.fx.Node, int] = {}
+    for g in found:
+        if _saves_codes(g) and isinstance(g.x, torch.fx.Node):
+            readers[g.x] = readers.get(g.x, 0) + 1
+    return {x for x, n in readers.items() if n > 1}
+
+
+def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int) -> tuple:
+    """Nodes of x's fp8_tensor codes, the codes transposed and the scale, from one
+    `fp8_tensor_quantize_rowcol` of x seen as (tokens, k)."""
+    # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
+    x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
+    q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3"))
+    return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
+
+
+def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
+    """The node computing the site's y in its recipe (`codes`: x's shared fp8_tensor codes)."""
+    if codes is not None:
+        args = (x, *codes, w, bias, g.site.recipe)
+        return graph.call_function(torch.ops.deepwell.fp8_tensor_linear_from_codes.default, args)
     if _saves_codes(g):
         out = graph.call_function(torch.ops.deepwell.fp8_tensor_linear.default, (x, w, bias, g.site.recipe))
         return graph.call_function(operator.getitem, (out, 0))
@@ -195,6 +217,9 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
     returns how many. A site's operands may be earlier sites (a stack of linears): they are read
     through `replaced`, never from the erased nodes the sites were captured with."""
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    found = sorted(found, key=lambda g: order[g.node])  # a shared input is quantized before its first reader
+    shared, codes_of = _shared_inputs(found), {}
 
     def current(a):
         return replaced.get(a, a) if isinstance(a, torch.fx.Node) else a
@@ -206,7 +231,12 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
         x, weight, bias = current(g.x), current(g.weight), current(g.bias)
         with gm.graph.inserting_before(g.node):
             w = gm.graph.call_method("t", (weight,)) if g.weight_is_k_by_n else weight
-            new = _linear_call(gm.graph, g, x, w, bias)
+            codes = None
+            if g.x in shared:
+                if g.x not in codes_of:
+                    codes_of[g.x] = _quantize_once(gm.graph, x, g.site.in_features)
+                codes = codes_of[g.x]
+            new = _linear_call(gm.graph, g, x, w, bias, codes)
         new.meta = dict(g.node.meta)
         g.node.replace_all_uses_with(new)
         replaced[g.node] = new

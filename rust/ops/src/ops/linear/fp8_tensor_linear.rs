@@ -12,6 +12,10 @@
 //! bytes): autograd and opcheck treat every output of a differentiable op as a tensor they can add
 //! and sum, which float8 tensors are not. Every output is bit-identical to
 //! `scaled_linear(x, w, b, "fp8_tensor")` and its backward (tests/test_fp8_tensor_linear.py).
+//!
+//! `fp8_tensor_linear_from_codes` is the forward on codes made beforehand by
+//! `fp8_tensor_quantize_rowcol(x)`: layers that read the same x (q/k/v, gate/up) share one
+//! quantization and one saved copy of the codes (plan/backend.py groups them).
 
 use deepwell_core::policy::{Pass, Recipe};
 
@@ -47,10 +51,25 @@ pub static BACKWARD: OpSpec = OpSpec {
     returns: 2,
 };
 
+pub static FROM_CODES: OpSpec = OpSpec {
+    name: "fp8_tensor_linear_from_codes",
+    args: &[
+        ("x", Kind::Tensor),
+        ("x_codes", Kind::Tensor),
+        ("x_codes_t", Kind::Tensor),
+        ("x_scale_inv", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("bias", Kind::OptTensor),
+        ("recipe", Kind::Str),
+    ],
+    returns: 1,
+};
+
 pub fn kernels() -> Vec<Kernel> {
     let mut v = Vec::new();
     for key in ["CPU", "CUDA"] {
         v.push(Kernel { spec: &FORWARD, dispatch_key: key, boxed: boxed_kernel!(FORWARD, forward) });
+        v.push(Kernel { spec: &FROM_CODES, dispatch_key: key, boxed: boxed_kernel!(FROM_CODES, from_codes) });
         v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
     }
     v
@@ -81,6 +100,34 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes, scale])
 }
 
+/// `fp8_tensor_linear`'s y from x's codes (m, k) and scale, as `fp8_tensor_quantize_rowcol(x)`
+/// made them (x itself is read for its shape and dtype only; `x_codes_t`, the transposed codes, is
+/// there for autograd to keep for the backward).
+fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (x, codes, codes_t, scale) =
+        (a.tensor("x")?, a.tensor("x_codes")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv")?);
+    let (weight, bias) = (a.tensor("weight")?, a.opt_tensor("bias")?);
+    let recipe_arg = a.str("recipe")?;
+    check_recipe(op, parse_recipe(op, &recipe_arg)?.0, &recipe_arg)?;
+    let mut others = vec![("x_codes", &codes), ("x_codes_t", &codes_t), ("x_scale_inv", &scale)];
+    others.extend(bias.iter().map(|b| ("bias", b)));
+    let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
+    let p = &layer.p;
+    check_bias(op, bias.as_ref(), p.n as i64)?;
+    let (m, k) = (p.m as i64, p.k as i64);
+    check::dtype_in(op, "x_codes", &codes, &[DType::E4M3])?;
+    check::shape_eq(op, "x_codes", &codes, &[m, k])?;
+    check::dtype_in(op, "x_codes_t", &codes_t, &[DType::E4M3, DType::U8])?;
+    check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
+    check::dtype_in(op, "x_scale_inv", &scale, &[DType::F32])?;
+    check::shape_eq(op, "x_scale_inv", &scale, &[])?;
+    let form = Form::of(p.choice(Pass::Fprop).backend).0;
+    let xa = quantize::fp8_tensor_from_codes(op, form, aten::contiguous(op, codes)?, scale)?;
+    let y = gemm::run::run(op, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
+}
+
 /// Checks the saved codes (k, m) (E4M3 bytes as uint8) and their 0-d fp32 scale against the weight (n, k) and
 /// grad_out (..., n); the layer's passes, with the codes standing for x.
 fn saved_layer(op: Op, dy: &Tensor, codes: Tensor, scale: &Tensor, weight: Tensor, recipe_arg: &str) -> Result<Layer> {
@@ -88,7 +135,7 @@ fn saved_layer(op: Op, dy: &Tensor, codes: Tensor, scale: &Tensor, weight: Tenso
     check_recipe(op, recipe, recipe_arg)?;
     check::dtype_in(op, "grad_out", dy, &check::FLOAT_INPUTS)?;
     check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
-    check::dtype_in(op, "x_codes_t", &codes, &[DType::U8])?;
+    check::dtype_in(op, "x_codes_t", &codes, &[DType::U8, DType::E4M3])?;
     check::dtype_in(op, "x_scale_inv", scale, &[DType::F32])?;
     let tensors = [("grad_out", dy), ("x_codes_t", &codes), ("x_scale_inv", scale), ("weight", &weight)];
     let device = check::same_device(op, check::Backend::of(op, dy.device())?, &tensors)?;
