@@ -19,7 +19,7 @@ import torch
 
 from . import _checks, _nondiff
 from ._library import define
-from .linear import _bias_arg, _check_bias, _check_layer, _parse_recipe
+from .linear import _bias_arg, _bias_grad, _check_bias, _check_layer, _parse_recipe
 
 define(
     "fp8_tensor_linear(Tensor x, Tensor weight, Tensor? bias, str recipe=\"fp8_tensor\") "
@@ -113,7 +113,7 @@ def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool):
         dx = gx if need_x else None
         dw = gw if need_w else None
     if need_b and ctx.bias_dtype is not None:
-        db = grad.sum(dim=tuple(range(grad.dim() - 1)), dtype=torch.float32).to(ctx.bias_dtype)
+        db = _bias_grad(grad, ctx.bias_dtype)
     return dx, dw, db
 
 

@@ -135,6 +135,11 @@ def _setup(ctx, x, weight, bias, recipe: str, seed) -> None:
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
+def _bias_grad(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """db: dy summed over every leading dim in fp32, in the bias's dtype."""
+    return grad.sum(dim=tuple(range(grad.dim() - 1)), dtype=torch.float32).to(dtype)
+
+
 def _grads(ctx, grad):
     x, weight = ctx.saved_tensors
     # needs_input_grad lists the arguments actually passed (mxfp8_linear(x, w) has no bias entry).
@@ -145,7 +150,7 @@ def _grads(ctx, grad):
         dx = gx if need_x else None
         dw = gw if need_w else None
     if need_b and ctx.bias_dtype is not None:
-        db = grad.sum(dim=tuple(range(grad.dim() - 1)), dtype=torch.float32).to(ctx.bias_dtype)
+        db = _bias_grad(grad, ctx.bias_dtype)
     return dx, dw, db
 
 
