@@ -6,6 +6,8 @@
 #   tests     the whole pytest suite (GPU tests included)
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
+#   gemm      benchmarks/bench_gemm.py            (the fp8_block GEMMs alone; gemm-quick: fewer shapes)
+#   gemm-tests the FP8 GEMM GPU tests (tests/test_fp8_gemm.py -m gpu)
 #   train     benchmarks/bench_train_step.py      (train-quick: 4 layers; train-8b: LLaMA-3-8B-shaped
 #             layers, torchao tensorwise only)
 #   mainjob   the README's main job (python -m deepwell) on the GPU
@@ -52,6 +54,14 @@ for step in $steps; do
             quick=; [ "$step" = linear-quick ] && quick=--quick
             python3 benchmarks/bench_linear.py $quick 2>&1 | tee "$OUT/bench_linear.log" || status=1
             cp benchmarks/results/bench_linear-*.json "$OUT/" 2>/dev/null
+            ;;
+        gemm | gemm-quick)
+            quick=; [ "$step" = gemm-quick ] && quick=--quick
+            python3 benchmarks/bench_gemm.py $quick 2>&1 | tee "$OUT/bench_gemm.log" || status=1
+            cp benchmarks/results/bench_gemm*.json "$OUT/" 2>/dev/null
+            ;;
+        gemm-tests)
+            python3 -m pytest tests/test_fp8_gemm.py -m gpu -p no:cacheprovider -x -rf 2>&1 | tee "$OUT/gemm_tests.log" | tail -40 || status=1
             ;;
         train | train-quick)
             quick=; [ "$step" = train-quick ] && quick=--quick

@@ -66,6 +66,9 @@ GEMM_OPS = {
     "fp8_tensor_linear": 5e-3,
     "fp8_tensor_linear_backward": 5e-3,
     "fp8_tensor_linear_from_codes": 5e-3,
+    "fp8_block_gemm": 5e-3,
+    "fp8_block_grouped_gemm": 5e-3,
+    "fp8_block_grouped_wgrad": 5e-3,
 }
 
 

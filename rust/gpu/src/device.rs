@@ -14,6 +14,7 @@ use crate::cache::{self, DiskCache};
 use crate::error::{driver, GpuError, Result};
 use crate::kernels::{Geometry, KernelId, Wave, THREADS};
 use crate::nvrtc;
+use crate::tma::TensorMap;
 
 /// Where NVRTC and the disk cache are; set once by the ops layer at registration.
 pub struct Config {
@@ -47,6 +48,8 @@ pub struct Device {
     capability: (u32, u32),
     sms: u32,
     max_threads_per_sm: u32,
+    /// Dynamic shared memory one block may opt into (227 KiB on sm_90).
+    max_smem_optin: u32,
     name: String,
     functions: RwLock<HashMap<KernelId, Function>>,
 }
@@ -68,32 +71,40 @@ pub fn device(ordinal: i32) -> Result<&'static Device> {
         .map_err(|e| GpuError::Unsupported(e.clone()))
 }
 
-/// Kernel arguments: each value is stored in 8 bytes (little-endian, so a 4-byte `int` parameter
-/// reads the low half) and cuLaunchKernel receives a pointer to each.
+/// Kernel arguments: each scalar is stored in 8 bytes (little-endian, so a 4-byte `int` parameter
+/// reads the low half), a tensor map in its 16 words; cuLaunchKernel receives a pointer to each
+/// parameter's first word and copies as many bytes as the kernel's parameter has.
 #[derive(Default)]
 pub struct Params {
-    values: Vec<u64>,
+    words: Vec<u64>,
+    /// Index in `words` of each parameter's first word.
+    starts: Vec<usize>,
 }
 
 impl Params {
     pub fn new() -> Params {
         Params::default()
     }
-    pub fn ptr(mut self, p: *const c_void) -> Params {
-        self.values.push(p as u64);
+    fn push(mut self, words: &[u64]) -> Params {
+        self.starts.push(self.words.len());
+        self.words.extend_from_slice(words);
         self
     }
-    pub fn i64(mut self, v: i64) -> Params {
-        self.values.push(v as u64);
-        self
+    pub fn ptr(self, p: *const c_void) -> Params {
+        self.push(&[p as u64])
     }
-    pub fn u64(mut self, v: u64) -> Params {
-        self.values.push(v);
-        self
+    pub fn i64(self, v: i64) -> Params {
+        self.push(&[v as u64])
     }
-    pub fn i32(mut self, v: i32) -> Params {
-        self.values.push(v as u32 as u64);
-        self
+    pub fn u64(self, v: u64) -> Params {
+        self.push(&[v])
+    }
+    pub fn i32(self, v: i32) -> Params {
+        self.push(&[v as u32 as u64])
+    }
+    /// A `__grid_constant__ TmaDesc` parameter (cuda/sm90.cuh).
+    pub fn tensor_map(self, map: &TensorMap) -> Params {
+        self.push(map)
     }
 }
 
@@ -110,11 +121,12 @@ impl Device {
             (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
         let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
         let max_threads_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32;
+        let max_smem_optin = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
         let arch = nvrtc_arch(major, minor).map_err(GpuError::Unsupported)?;
         let name = driver("cuDeviceGetName", result::device::get_name(dev))?;
         let capability = (major as u32, minor as u32);
         let functions = RwLock::new(HashMap::new());
-        Ok(Device { ordinal, ctx, arch, capability, sms, max_threads_per_sm, name, functions })
+        Ok(Device { ordinal, ctx, arch, capability, sms, max_threads_per_sm, max_smem_optin, name, functions })
     }
 
     pub fn ordinal(&self) -> i32 {
@@ -141,6 +153,10 @@ impl Device {
     }
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// The most dynamic shared memory one block may use (kernels with `dynamic_smem` opt in).
+    pub fn max_smem_optin(&self) -> u32 {
+        self.max_smem_optin
     }
 
     fn make_current(&self) -> Result<()> {
@@ -177,7 +193,15 @@ impl Device {
         unsafe {
             let module = driver("cuModuleLoadData", result::module::load_data(cubin.as_ptr().cast()))?;
             let name = CString::new(lowered).map_err(|e| GpuError::Nvrtc(e.to_string()))?;
-            Ok(Function(driver("cuModuleGetFunction", result::module::get_function(module, name))?))
+            let f = driver("cuModuleGetFunction", result::module::get_function(module, name))?;
+            if kernel.dynamic_smem() {
+                // Opt in once to the device's whole per-block shared memory; each launch asks for
+                // what it needs (above 48 KiB a launch fails without this).
+                let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                let bytes = self.max_smem_optin as i32;
+                driver("cuFuncSetAttribute", result::function::set_function_attribute(f, attr, bytes))?;
+            }
+            Ok(Function(f))
         }
     }
 
@@ -200,10 +224,21 @@ impl Device {
     /// device memory of the sizes the kernel accesses for the given sizes.
     pub unsafe fn launch(&self, kernel: KernelId, g: Geometry, stream: *mut c_void, params: Params) -> Result<()> {
         let f = self.function(kernel)?;
+        if g.smem > self.max_smem_optin {
+            return Err(GpuError::Unsupported(format!(
+                "{} needs {} bytes of shared memory; {} has {} per block",
+                kernel.name_expression(),
+                g.smem,
+                self.name,
+                self.max_smem_optin
+            )));
+        }
         self.make_current()?;
-        let mut values = params.values;
-        let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| v as *mut u64 as *mut c_void).collect();
-        // SAFETY: guaranteed by the caller; `values` outlives the call (cuLaunchKernel copies the
+        let Params { mut words, starts } = params;
+        let base = words.as_mut_ptr();
+        // SAFETY: every start indexes `words`.
+        let mut ptrs: Vec<*mut c_void> = starts.iter().map(|&i| unsafe { base.add(i) } as *mut c_void).collect();
+        // SAFETY: guaranteed by the caller; `words` outlives the call (cuLaunchKernel copies the
         // parameters before returning).
         driver("cuLaunchKernel", unsafe {
             result::launch_kernel(f.0, (g.grid, 1, 1), (g.block, 1, 1), g.smem, stream as sys::CUstream, &mut ptrs)

@@ -13,10 +13,12 @@ pub enum Header {
     Swizzle,
     Linear,
     Moe,
+    Sm90,
+    Fp8Gemm,
 }
 
 impl Header {
-    pub const ALL: [Header; 8] = [
+    pub const ALL: [Header; 10] = [
         Header::Common,
         Header::Mxfp8,
         Header::Fp8Block,
@@ -25,6 +27,8 @@ impl Header {
         Header::Swizzle,
         Header::Linear,
         Header::Moe,
+        Header::Sm90,
+        Header::Fp8Gemm,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -37,6 +41,8 @@ impl Header {
             Header::Swizzle => "swizzle.cuh",
             Header::Linear => "linear.cuh",
             Header::Moe => "moe.cuh",
+            Header::Sm90 => "sm90.cuh",
+            Header::Fp8Gemm => "fp8_gemm.cuh",
         }
     }
 
@@ -50,6 +56,8 @@ impl Header {
             Header::Swizzle => include_str!("../../../cuda/swizzle.cuh"),
             Header::Linear => include_str!("../../../cuda/linear.cuh"),
             Header::Moe => include_str!("../../../cuda/moe.cuh"),
+            Header::Sm90 => include_str!("../../../cuda/sm90.cuh"),
+            Header::Fp8Gemm => include_str!("../../../cuda/fp8_gemm.cuh"),
         }
     }
 }

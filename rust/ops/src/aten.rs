@@ -143,6 +143,22 @@ pub fn linear(op: Op, x: Tensor, w: Tensor, bias: Option<Tensor>) -> Result<Tens
     call(op, c"aten::linear", c"", vec![Arg::Tensor(x), Arg::Tensor(w), Arg::OptTensor(bias)])
 }
 
+/// `t.narrow(dim, start, length)`: a view of `length` indices of `dim` from `start`.
+pub fn narrow(op: Op, t: &Tensor, dim: i64, start: i64, length: i64) -> Result<Tensor> {
+    let args = vec![Arg::Tensor(t.share(op)?), Arg::Int(dim), Arg::Int(start), Arg::Int(length)];
+    call(op, c"aten::narrow", c"", args)
+}
+
+/// `torch.cat(tensors, dim)`.
+pub fn cat(op: Op, tensors: Vec<Tensor>, dim: i64) -> Result<Tensor> {
+    call(op, c"aten::cat", c"", vec![Arg::TensorList(tensors), Arg::Int(dim)])
+}
+
+/// `torch.stack(tensors, dim)`.
+pub fn stack(op: Op, tensors: Vec<Tensor>, dim: i64) -> Result<Tensor> {
+    call(op, c"aten::stack", c"", vec![Arg::TensorList(tensors), Arg::Int(dim)])
+}
+
 /// `ones_like(t)`: a tensor of ones with t's shape, dtype and device.
 pub fn ones_like(op: Op, t: &Tensor) -> Result<Tensor> {
     // aten::ones_like(Tensor self, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None,

@@ -8,6 +8,7 @@
 //! grid-stride iteration in the .cuh (constants cited there and pinned by the tests below).
 
 pub mod fp8_block;
+pub mod fp8_gemm;
 pub mod fp8_tensor;
 pub mod linear;
 pub mod moe;
@@ -19,6 +20,7 @@ use crate::arch::grid_blocks;
 use crate::sources::Header;
 
 pub use fp8_block::{Block, Fp8Block};
+pub use fp8_gemm::Fp8Gemm;
 pub use fp8_tensor::Fp8Tensor;
 pub use linear::LinearEpilogue;
 pub use moe::Moe;
@@ -26,7 +28,8 @@ pub use mxfp8::Mxfp8;
 pub use nvfp4::Nvfp4;
 pub use swizzle::Swizzle;
 
-/// Threads per CTA of every kernel (cuda/common.cuh:14 `THREADS`, each kernel's `__launch_bounds__`).
+/// Threads per CTA of every kernel but the FP8 GEMM's (cuda/common.cuh:14 `THREADS`, each kernel's
+/// `__launch_bounds__`; fp8_gemm.cuh has its own, `fp8_gemm::THREADS`).
 pub const THREADS: u32 = 256;
 const T: u64 = THREADS as u64;
 
@@ -68,6 +71,7 @@ pub enum KernelId {
     Swizzle(Swizzle),
     Linear(LinearEpilogue),
     Moe(Moe),
+    Fp8Gemm(Fp8Gemm),
 }
 
 impl KernelId {
@@ -80,6 +84,7 @@ impl KernelId {
             KernelId::Swizzle(_) => Header::Swizzle,
             KernelId::Linear(_) => Header::Linear,
             KernelId::Moe(_) => Header::Moe,
+            KernelId::Fp8Gemm(_) => Header::Fp8Gemm,
         }
     }
 
@@ -93,9 +98,15 @@ impl KernelId {
             KernelId::Swizzle(k) => k.template(),
             KernelId::Linear(k) => k.template(),
             KernelId::Moe(k) => k.template(),
+            KernelId::Fp8Gemm(k) => k.template(),
         };
         let args: Vec<String> = args.iter().map(Arg::to_string).collect();
         format!("deepwell::{template}<{}>", args.join(", "))
+    }
+
+    /// Whether the kernel takes more than 48 KiB of dynamic shared memory (it opts in at load).
+    pub fn dynamic_smem(self) -> bool {
+        matches!(self, KernelId::Fp8Gemm(_))
     }
 
     /// The whole translation unit NVRTC compiles: the header; NVRTC instantiates the template
@@ -122,7 +133,8 @@ family_ids!(
     Nvfp4(Nvfp4),
     Swizzle(Swizzle),
     Linear(LinearEpilogue),
-    Moe(Moe)
+    Moe(Moe),
+    Fp8Gemm(Fp8Gemm)
 );
 
 /// A template argument: a float tag or an `int` (cuda/INTERFACE.md: booleans and enums are ints).
@@ -150,6 +162,7 @@ pub fn all() -> Vec<KernelId> {
     v.extend(swizzle::all().into_iter().map(KernelId::Swizzle));
     v.extend(linear::all().into_iter().map(KernelId::Linear));
     v.extend(moe::all().into_iter().map(KernelId::Moe));
+    v.extend(fp8_gemm::all().into_iter().map(KernelId::Fp8Gemm));
     v
 }
 
@@ -225,7 +238,8 @@ pub(crate) mod tests {
     #[test]
     fn every_kernel_is_distinct_and_named_like_interface_md() {
         let all = all();
-        assert_eq!(all.len(), 131 + 7 + 9 + 24); // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24
+        // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24, fp8_gemm.cuh's 21
+        assert_eq!(all.len(), 131 + 7 + 9 + 24 + 21);
         let names: std::collections::HashSet<String> = all.iter().map(|k| k.name_expression()).collect();
         assert_eq!(names.len(), all.len());
         let rows =

@@ -8,10 +8,12 @@
 //! | `quantize.rs` | how each recipe quantizes each operand of each pass (`along_k`, `along_m`, the weight's and the gradient's pairs) |
 //! | `quantizers.rs` | the op families' typed quantizers with the options training uses |
 //! | `run.rs` | one GEMM `A @ B^T`: `_scaled_mm_v2`, cuBLAS bf16, or fp32 on the CPU |
+//! | `fp8_gemm.rs` | deepwell's sm_90a block-scaled FP8 GEMM (fp8_block), dense and grouped |
 //! | `epilogue.rs` | NVFP4's alpha, the bias and the output cast after an fp32 GEMM |
 //! | `scaled_mm_model.rs` | a CPU model of `_scaled_mm_v2`, to run native paths' arguments anywhere |
 
 pub mod epilogue;
+pub mod fp8_gemm;
 pub mod operand;
 pub mod quantize;
 pub mod quantizers;

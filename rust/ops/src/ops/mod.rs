@@ -9,6 +9,7 @@
 //! - the dispatcher's entry points (`*_boxed`): read the schema's arguments, call the typed API.
 
 pub mod fp8_block;
+pub mod fp8_gemm;
 pub mod fp8_tensor;
 pub mod linear;
 pub mod moe;
@@ -40,6 +41,7 @@ pub fn all_kernels() -> Vec<Kernel> {
     k.extend(mxfp8::kernels());
     k.extend(nvfp4::kernels());
     k.extend(fp8_block::kernels());
+    k.extend(fp8_gemm::kernels());
     k.extend(fp8_tensor::kernels());
     k.extend(swizzle::kernels());
     k.extend(linear::kernels());

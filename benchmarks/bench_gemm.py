@@ -1,0 +1,185 @@
+"""The fp8_block GEMMs alone, on pre-quantized operands: deepwell's sm_90a kernel
+(`fp8_block_gemm`, `fp8_block_grouped_gemm`, `fp8_block_grouped_wgrad`; cuda/fp8_gemm.cuh) against
+what a user would otherwise call, in one process:
+
+- dense (M, K, N): bf16 `F.linear` (cuBLAS); cuBLASLt's blockwise FP8 through `F.scaled_mm`
+  (1x128 x 128x128, the fprop / dgrad mode; 1x128 x 1x128, the wgrad mode); cuBLASLt tensor-wise
+  FP8 (`torch._scaled_mm`, one scale per operand: the speed class of torchao's float8);
+- grouped (MoE experts: E, tokens T, K, N): `torch._grouped_mm` bf16; torch's rowwise FP8
+  `torch._scaled_grouped_mm` where it exists; and the wgrad `dW_e = dy_e^T x_e` per expert.
+
+Each row: milliseconds (median, CUDA events), TFLOP/s, and the output's error against the float64
+product of the same dequantized operands (relative Frobenius). Ceilings on the H100 (ANCHORS):
+~700 TFLOP/s bf16, ~1250 FP8.
+
+    python benchmarks/bench_gemm.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import deepwell  # noqa: F401  (registers torch.ops.deepwell)
+
+from _common import environment, header, time_ms, write_json
+
+ops = torch.ops.deepwell
+DENSE = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 2048, 5632)]
+# (experts, tokens routed, K, N): Mixtral, and the fine-grained shapes of issue 12.
+GROUPED = [(8, 32768, 4096, 14336), (64, 65536, 2048, 1408), (128, 65536, 7168, 2048)]
+BF16 = torch.bfloat16
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / ms / 1e9
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).norm() / ref.norm()).item()
+
+
+def deq(codes, scale, block):
+    return ops.fp8_block_dequantize(codes, scale, *block, torch.float32).double()
+
+
+def m_major(s):
+    return s.t().contiguous().t()
+
+
+def dense_rows(m: int, k: int, n: int, check: bool) -> list[dict]:
+    x, w = torch.randn(m, k, device="cuda", dtype=BF16), torch.randn(n, k, device="cuda", dtype=BF16)
+    dy = torch.randn(m, n, device="cuda", dtype=BF16)
+    a, sa = ops.fp8_block_quantize(x, 1, 128)
+    b, sb = ops.fp8_block_quantize(w, 128, 128)
+    # wgrad operands: dy^T (n, m) and x^T (k, m), both in 1x128 blocks along the tokens m.
+    dt, dts = ops.fp8_block_quantize(dy.t().contiguous(), 1, 128)
+    xt, xts = ops.fp8_block_quantize(x.t().contiguous(), 1, 128)
+    sa_mm, dts_mm, xts_mm = m_major(sa), m_major(dts), m_major(xts)
+    ST = F.ScalingType
+    flops = 2.0 * m * n * k
+    rows = []
+
+    def row(what, fn, ref=None):
+        ms = time_ms(fn)
+        r = {"shape": f"{m}x{k}x{n}", "what": what, "ms": ms, "tflops": tflops(flops, ms)}
+        if check and ref is not None:
+            r["err"] = rel_err(fn(), ref())
+        rows.append(r)
+        err = f"  err {r['err']:.2e}" if "err" in r else ""
+        print(f"{r['shape']:>18} {what:<44} {ms:8.3f} ms {r['tflops']:7.0f} TFLOP/s{err}", flush=True)
+
+    fprop_ref = lambda: deq(a, sa, (1, 128)) @ deq(b, sb, (128, 128)).T  # noqa: E731
+    wgrad_ref = lambda: deq(dt, dts, (1, 128)) @ deq(xt, xts, (1, 128)).T  # noqa: E731
+    row("bf16 F.linear (cuBLAS)", lambda: F.linear(x, w))
+    row("fprop cuBLASLt blockwise 1x128 x 128x128", lambda: F.scaled_mm(
+        a, b.t(), sa_mm, ST.BlockWise1x128, sb.t(), ST.BlockWise128x128, output_dtype=BF16), fprop_ref)
+    row("fprop deepwell fp8_block_gemm", lambda: ops.fp8_block_gemm(a, sa, b, sb, None, BF16), fprop_ref)
+    row("wgrad cuBLASLt blockwise 1x128 x 1x128", lambda: F.scaled_mm(
+        dt, xt.t(), dts_mm, ST.BlockWise1x128, xts_mm, ST.BlockWise1x128, output_dtype=BF16), wgrad_ref)
+    row("wgrad deepwell fp8_block_gemm (1x128 B)", lambda: ops.fp8_block_gemm(dt, dts, xt, xts, None, BF16), wgrad_ref)
+    one = torch.ones((), device="cuda")
+    row("fprop cuBLASLt tensor-wise (torch._scaled_mm)",
+        lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=BF16))
+    return rows
+
+
+def group_sizes(experts: int, tokens: int, align: int, gen) -> list[int]:
+    """Uneven expert loads (a softmax router's spread), each padded to `align`, summing near `tokens`."""
+    weights = torch.rand(experts, generator=gen) + 0.5
+    sizes = (weights / weights.sum() * tokens).long()
+    return [int((s + align - 1) // align * align) for s in sizes]
+
+
+def grouped_rows(experts: int, tokens: int, k: int, n: int, check: bool) -> list[dict]:
+    gen = torch.Generator().manual_seed(0)
+    sizes = group_sizes(experts, tokens, 128, gen)
+    t = sum(sizes)
+    ends = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int32, device="cuda"), ends])
+    x = torch.randn(t, k, device="cuda", dtype=BF16)
+    w = torch.randn(experts, n, k, device="cuda", dtype=BF16)
+    dy = torch.randn(t, n, device="cuda", dtype=BF16)
+    a, sa = ops.fp8_block_quantize(x, 1, 128)
+    b, sb = ops.fp8_block_quantize(w, 128, 128)
+    dt, dts = ops.fp8_block_quantize(dy.t().contiguous(), 1, 128)
+    xt, xts = ops.fp8_block_quantize(x.t().contiguous(), 1, 128)
+    flops = 2.0 * t * n * k
+    shape = f"E{experts} T{t} K{k} N{n}"
+    rows = []
+
+    def row(what, fn, ref=None):
+        ms = time_ms(fn, iters=10)
+        r = {"shape": shape, "what": what, "ms": ms, "tflops": tflops(flops, ms)}
+        if check and ref is not None:
+            r["err"] = ref(fn())
+        rows.append(r)
+        err = f"  err {r['err']:.2e}" if "err" in r else ""
+        print(f"{shape:>26} {what:<40} {ms:8.3f} ms {r['tflops']:7.0f} TFLOP/s{err}", flush=True)
+
+    def fprop_err(y):  # a few experts against float64 (the whole product is large)
+        da, db = deq(a, sa, (1, 128)), None
+        errs = []
+        for e in (0, experts // 2, experts - 1):
+            lo, hi = offsets[e].item(), offsets[e + 1].item()
+            db = deq(b[e], sb[e], (128, 128))
+            errs.append(rel_err(y[lo:hi], da[lo:hi] @ db.T))
+        return max(errs)
+
+    def wgrad_err(y):
+        da, dx = deq(dt, dts, (1, 128)), deq(xt, xts, (1, 128))
+        errs = []
+        for e in (0, experts - 1):
+            lo, hi = offsets[e].item(), offsets[e + 1].item()
+            errs.append(rel_err(y[e], da[:, lo:hi] @ dx[:, lo:hi].T))
+        return max(errs)
+
+    wt = w.transpose(-2, -1)
+    row("bf16 torch._grouped_mm", lambda: torch._grouped_mm(x, wt, offs=ends))
+    if hasattr(torch, "_scaled_grouped_mm"):
+        # Rowwise scales of ones: the kernel's speed does not depend on their values.
+        x8 = x.to(torch.float8_e4m3fn)
+        w8 = w.to(torch.float8_e4m3fn).transpose(-2, -1)
+        ones_a = torch.ones(t, device="cuda")
+        ones_b = torch.ones(experts, n, device="cuda")
+        try:
+            torch._scaled_grouped_mm(x8, w8, ones_a, ones_b, offs=ends, out_dtype=BF16)
+            row("fp8 rowwise torch._scaled_grouped_mm",
+                lambda: torch._scaled_grouped_mm(x8, w8, ones_a, ones_b, offs=ends, out_dtype=BF16))
+        except RuntimeError as e:
+            print(f"{shape:>26} torch._scaled_grouped_mm unavailable: {str(e).splitlines()[0]}")
+    row("fprop deepwell fp8_block_grouped_gemm",
+        lambda: ops.fp8_block_grouped_gemm(a, sa, b, sb, offsets, BF16), fprop_err)
+    # wgrad: dW_e = dy_e^T x_e, the same FLOPs.
+    row("wgrad bf16 torch._grouped_mm", lambda: torch._grouped_mm(dy.t(), x, offs=ends))
+    row("wgrad deepwell fp8_block_grouped_wgrad",
+        lambda: ops.fp8_block_grouped_wgrad(dt, dts, xt, xts, offsets, BF16), wgrad_err)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="first dense and first grouped shape only")
+    parser.add_argument("--no-check", action="store_true", help="skip the float64 error column")
+    parser.add_argument("--only", choices=("dense", "grouped"), help="one family of shapes")
+    parser.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the DEEPWELL_FP8_GEMM_WAVES tried)")
+    args = parser.parse_args()
+    env = environment()
+    header("fp8_block GEMMs alone: deepwell's kernel vs cuBLAS / cuBLASLt / torch grouped", env)
+    dense = [] if args.only == "grouped" else (DENSE[:1] if args.quick else DENSE)
+    grouped = [] if args.only == "dense" else (GROUPED[:2] if args.quick else GROUPED)
+    rows = []
+    for m, k, n in dense:
+        rows += dense_rows(m, k, n, not args.no_check)
+        torch.cuda.empty_cache()
+    for e, t, k, n in grouped:
+        rows += grouped_rows(e, t, k, n, not args.no_check)
+        torch.cuda.empty_cache()
+    path = write_json("bench_gemm" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else ""), env, rows)
+    print(f"# wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

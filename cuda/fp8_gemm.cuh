@@ -1,0 +1,369 @@
+// Block-scaled FP8 GEMM for Hopper (sm_90a): deepwell's own kernel for the fp8_block recipe's
+// GEMMs (docs/NUMERICS.md "FP8 block"; rust/ops/src/gemm/fp8_gemm.rs launches it and holds the CPU
+// reference of what it computes).
+//
+//   out[r, c] = Out( sum over K-blocks kb of ( sa[kb, r] * sb(kb, c) * sum_{i in kb} A[r, i] * B[c, i] ) + bias[c] )
+//
+// A (rows, K) and B (cols, K) are E4M3 codes, both K-major (Hopper's FP8 MMA reads only that
+// layout); every 128 consecutive elements along K share one fp32 scale: sa is A's 1x128 scales
+// stored M-major, (K/128, rows); sb is either B's 128x128 tile scales (SB = 0: (cols/128, K/128)
+// row-major, the weight of fprop / dgrad) or B's 1x128 scales M-major like A's (SB = 1: (K/128,
+// cols), wgrad's x). Each 128-wide K-block is multiplied on the tensor cores into a fresh fp32
+// fragment, then scaled and added to the running fp32 sum in registers ("promotion", as DeepGEMM
+// does): the tensor cores never accumulate across two blocks' scales, so the result is the exact
+// dequantized product up to fp32 accumulation order. Not bit-identical to cuBLASLt (another order).
+//
+// Structure (one CTA per SM, persistent over output tiles; docs/DESIGN.md "deepwell's FP8 GEMM"):
+// - 3 warpgroups: warpgroups 0 and 1 multiply (64 rows each per wave), warpgroup 2's first warp
+//   loads: TMA copies of A, B and their scales into a ring of STAGES shared-memory stages, each
+//   guarded by a "full" mbarrier (copies landed) and an "empty" one (all 8 math warps done).
+// - Tile BLOCK_M x 128 x 128 (K), BLOCK_M = 128 * WAVES: WAVES = 2 halves B's traffic per FLOP for
+//   large GEMMs; WAVES = 1 for grouped GEMMs whose groups are shorter.
+// - GROUPING 0: one GEMM. GROUPING 1 (MoE forward / dgrad): A's rows are cut into groups by
+//   `offsets` (G + 1 row starts, any sizes), group g multiplies its own B, and a tile never spans
+//   two groups. Group g's B starts g * b_group_rows rows and g * b_group_k elements along K into
+//   the B tensor: (G * cols, K) stacked weights (forward) or (cols, G * K) side by side (dgrad:
+//   W^T of all experts from one transposing quantization of the (G * N, K) weights). GROUPING 2 (MoE wgrad): group g sums only the K-blocks of
+//   [offsets[g], offsets[g+1]) (multiples of 128, else that group's output is NaN: a misaligned
+//   call is loud, never silently wrong) into out[g] (G, rows, cols); an empty group writes zeros.
+//
+// Output rows beyond `rows` (or a group's end) and columns beyond `cols` are never written;
+// elements TMA reads outside A or B are zeros. Constraints (checked by Rust): K % 128 == 0,
+// rows % 4 == 0 and cols % 8 == 0 (16-byte scale rows for TMA, paired stores), SB = 0: cols % 128 == 0.
+#pragma once
+#include "common.cuh"
+#include "sm90.cuh"
+
+namespace deepwell {
+
+constexpr int GEMM_THREADS = 384;     // 2 math warpgroups + 1 load warpgroup
+constexpr int GEMM_BLOCK_N = 128;
+constexpr int GEMM_BLOCK_K = 128;     // = the recipe's block: one scale per operand row per K-block
+constexpr int GEMM_STAGES_W1 = 6;     // 6 x 32 KiB of A + B
+constexpr int GEMM_STAGES_W2 = 4;     // 4 x 48 KiB
+constexpr int GEMM_GROUP_M = 8;       // tiles raster 8 row-tiles at a time (B stays in L2)
+constexpr int GEMM_MATH_REGS = 232;   // registers per math thread after reallocation
+constexpr int GEMM_LOAD_REGS = 40;    // 128 * 40 + 256 * 232 <= 65536
+
+// Shared memory of one CTA, from a 1024-byte aligned base (Rust's `Fp8Gemm::smem_bytes` mirrors
+// it, plus 1024 bytes of alignment slack):
+//   [stages x (A tile BLOCK_M x 128 B | B tile 128 x 128 B)] [stages x waves x sa: 128 + SA_PAD fp32,
+//   padded to 128 B]
+//   [stages x sb: 128 fp32, SB = 1 only] [2 x stages mbarriers, padded to 128 B]
+// A copy's innermost start must be 16-byte aligned, so a row group starting at any row (GROUPING 1)
+// loads its scales from the multiple of 4 below it: SA_PAD = 4 more floats per wave.
+template <int WAVES, int SB, int GROUPING>
+struct GemmSmem {
+    static constexpr int BLOCK_M = 128 * WAVES;
+    static constexpr int STAGES = WAVES == 2 ? GEMM_STAGES_W2 : GEMM_STAGES_W1;
+    static constexpr int A_BYTES = BLOCK_M * GEMM_BLOCK_K;
+    static constexpr int STAGE_BYTES = A_BYTES + GEMM_BLOCK_N * GEMM_BLOCK_K;
+    static constexpr int SA_PAD = GROUPING == 1 ? 4 : 0;
+    static constexpr int SA_WAVE = 128 + SA_PAD;                      // floats one copy moves per wave
+    static constexpr int SA_WAVE_FLOATS = ((SA_WAVE * 4 + 127) / 128) * 32;  // each copy lands 128-aligned
+    static constexpr int SA_STAGE_BYTES = WAVES * SA_WAVE_FLOATS * 4;
+    static constexpr int SA_OFF = STAGES * STAGE_BYTES;
+    static constexpr int SB_OFF = SA_OFF + STAGES * SA_STAGE_BYTES;
+    static constexpr int BAR_OFF = SB_OFF + (SB == 1 ? STAGES * GEMM_BLOCK_N * 4 : 0);
+    static constexpr int END = BAR_OFF + ((2 * STAGES * 8 + 127) / 128) * 128;
+    // Bytes each stage's copies deliver (the full barrier's transaction count).
+    static constexpr uint32_t TX_BYTES = STAGE_BYTES + WAVES * SA_WAVE * 4 + (SB == 1 ? GEMM_BLOCK_N * 4 : 0);
+};
+
+namespace gemm_detail {
+
+// One output tile of the persistent loop: where its rows and B rows start, which K-blocks it sums.
+struct Job {
+    int64_t group;     // GROUPING 2: the output matrix; GROUPING 1: B's group
+    int64_t row0;      // first row of A (and of out) of the tile
+    int64_t row_end;   // rows >= row_end are not written (end of A or of the row group)
+    int64_t col0;      // first output column (= first row of B within its group)
+    int64_t b_row0;    // first row of B
+    int64_t b_k0;      // B's K coordinate of the group's first element
+    int kb0, kb1;      // K-blocks [kb0, kb1)
+    bool bad;          // GROUPING 2 with misaligned offsets: write NaN
+};
+
+// Tile `l` of a (m_tiles x n_tiles) grid in grouped raster order: GEMM_GROUP_M row-tiles at a time,
+// row-tiles fastest, so consecutive CTAs share B's column-tile in L2.
+__device__ __forceinline__ void raster(int64_t l, int64_t m_tiles, int64_t n_tiles, int64_t& mt, int64_t& nt) {
+    const int64_t per_group = GEMM_GROUP_M * n_tiles;
+    const int64_t first = (l / per_group) * GEMM_GROUP_M;
+    const int64_t height = m_tiles - first < GEMM_GROUP_M ? m_tiles - first : GEMM_GROUP_M;
+    const int64_t in_group = l % per_group;
+    mt = first + in_group % height;
+    nt = in_group / height;
+}
+
+__device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The job of tile `t`, or false when t is past the last tile. Warp-collective for GROUPING 1 (all
+// 32 lanes call it with the same t): the row groups' tile counts are prefix-summed 32 at a time.
+template <int BLOCK_M, int GROUPING>
+__device__ __forceinline__ bool job_of(int64_t t, const int* offsets, int64_t rows, int64_t cols, int64_t k,
+                                       int groups, int64_t b_group_rows, int64_t b_group_k, Job& j) {
+    const int64_t n_tiles = ceil_div(cols, GEMM_BLOCK_N);
+    const int kb_total = static_cast<int>(k / GEMM_BLOCK_K);
+    j.bad = false;
+    int64_t mt, nt;
+    if (GROUPING == 1) {
+        const int lane = threadIdx.x % 32;
+        int64_t before = 0;
+        for (int e0 = 0; e0 < groups; e0 += 32) {
+            const int e = e0 + lane;
+            int64_t start = 0, len = 0;
+            if (e < groups) {
+                // Clamped into A: offsets the CPU reference refuses stay in bounds here.
+                start = min(max(static_cast<int64_t>(offsets[e]), int64_t(0)), rows);
+                len = min(max(static_cast<int64_t>(offsets[e + 1]), start), rows) - start;
+            }
+            const int64_t tiles = ceil_div(len, BLOCK_M) * n_tiles;
+            int64_t incl = tiles;
+#pragma unroll
+            for (int d = 1; d < 32; d *= 2) {
+                const int64_t v = __shfl_up_sync(FULL_MASK, incl, d);
+                if (lane >= d) incl += v;
+            }
+            const int64_t chunk = __shfl_sync(FULL_MASK, incl, 31);
+            if (t < before + chunk) {
+                const int hit = __ffs(__ballot_sync(FULL_MASK, before + incl > t)) - 1;
+                const int64_t first_tile = before + __shfl_sync(FULL_MASK, incl - tiles, hit);
+                const int64_t g_start = __shfl_sync(FULL_MASK, start, hit);
+                const int64_t g_len = __shfl_sync(FULL_MASK, len, hit);
+                raster(t - first_tile, ceil_div(g_len, BLOCK_M), n_tiles, mt, nt);
+                j.group = e0 + hit;
+                j.row0 = g_start + mt * BLOCK_M;
+                j.row_end = g_start + g_len;
+                j.col0 = nt * GEMM_BLOCK_N;
+                j.b_row0 = j.group * b_group_rows + j.col0;
+                j.b_k0 = j.group * b_group_k;
+                j.kb0 = 0;
+                j.kb1 = kb_total;
+                return true;
+            }
+            before += chunk;
+        }
+        return false;
+    }
+    const int64_t m_tiles = ceil_div(rows, BLOCK_M);
+    const int64_t per_matrix = m_tiles * n_tiles;
+    const int64_t matrices = GROUPING == 2 ? groups : 1;
+    if (t >= per_matrix * matrices) return false;
+    j.group = t / per_matrix;
+    raster(t % per_matrix, m_tiles, n_tiles, mt, nt);
+    j.row0 = mt * BLOCK_M;
+    j.row_end = rows;
+    j.col0 = nt * GEMM_BLOCK_N;
+    j.b_row0 = j.col0;
+    j.b_k0 = 0;
+    j.kb0 = 0;
+    j.kb1 = kb_total;
+    if (GROUPING == 2) {
+        const int lo = offsets[j.group], hi = offsets[j.group + 1];
+        j.bad = lo % GEMM_BLOCK_K != 0 || hi % GEMM_BLOCK_K != 0 || hi < lo || lo < 0 || hi > k;
+        j.kb0 = j.bad ? 0 : lo / GEMM_BLOCK_K;
+        j.kb1 = j.bad ? 0 : hi / GEMM_BLOCK_K;
+    }
+    return true;
+}
+
+// Two adjacent outputs (columns c, c + 1) rounded to Out, one 4- or 8-byte store.
+struct alignas(8) Pair {
+    float lo, hi;
+};
+template <class Out>
+__device__ __forceinline__ void store_pair(void* out, int64_t i, float lo, float hi);
+template <>
+__device__ __forceinline__ void store_pair<F32>(void* out, int64_t i, float lo, float hi) {
+    *reinterpret_cast<Pair*>(static_cast<float*>(out) + i) = Pair{lo, hi};
+}
+template <>
+__device__ __forceinline__ void store_pair<BF16>(void* out, int64_t i, float lo, float hi) {
+    uint32_t w;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));  // RNE; hi in the upper half
+    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + i) = w;
+}
+template <>
+__device__ __forceinline__ void store_pair<F16>(void* out, int64_t i, float lo, float hi) {
+    uint32_t w;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + i) = w;
+}
+
+}  // namespace gemm_detail
+
+// tma_a: A (rows, K) uint8, box (128, BLOCK_M), 128-byte swizzle; tma_b: B (B rows,
+// B's K extent), box (128, 128), 128-byte swizzle; tma_sa: sa (K/128, rows) fp32, box (128 +
+// SA_PAD, 1) per wave; tma_sb (SB = 1): sb (K/128, cols) fp32, box (128, 1), else unused.
+// sb_tiles (SB = 0): B's tile scales, a group's K-blocks contiguous: tile (c, kb) of group g at
+// sb_tiles[c * sb_tile_row + g * sb_group + kb] ((groups, cols/128, K/128) for stacked weights,
+// (cols/128, groups * K/128) side by side). bias: (cols) fp32 or null. offsets: (groups + 1)
+// int32 (GROUPING 1, 2), else null. out: (rows, cols), or (groups, rows, cols) for GROUPING 2.
+// For GROUPING 2, K is the total length of A's and B's rows and `offsets` cut it. Grid: min(tiles,
+// SMs) CTAs (persistent); GEMM_THREADS threads; dynamic shared memory as GemmSmem says.
+template <class Out, int WAVES, int SB, int GROUPING>
+__global__ void __launch_bounds__(GEMM_THREADS, 1)
+    fp8_block_gemm(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
+                   const __grid_constant__ TmaDesc tma_sa, const __grid_constant__ TmaDesc tma_sb,
+                   const float* sb_tiles, const float* bias, const int* offsets, void* out, int64_t rows,
+                   int64_t cols, int64_t k, int groups, int64_t b_group_rows, int64_t b_group_k,
+                   int64_t sb_tile_row, int64_t sb_group) {
+#if defined(DEEPWELL_SM90A)
+    using S = GemmSmem<WAVES, SB, GROUPING>;
+    using namespace sm90;
+    extern __shared__ uint8_t gemm_smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(gemm_smem_raw) + 1023) & ~uint64_t(1023));
+    const uint32_t smem0 = smem_addr(smem);
+    const uint32_t bars = smem0 + S::BAR_OFF;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int MATH_WARPS = 8;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S::STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);                         // the loader's arrive + the copies' bytes
+            mbar_init(bars + 8 * (S::STAGES + s), MATH_WARPS);  // one arrive per math warp
+        }
+        mbar_fence_init();
+    }
+    __syncthreads();
+
+    if (warp >= MATH_WARPS) {
+        // The load warpgroup: its first warp walks the tiles; lane 0 issues the copies.
+        regs_release<GEMM_LOAD_REGS>();
+        if (warp == MATH_WARPS) {
+            int stage = 0;
+            uint32_t phase = 0;
+            for (int64_t t = blockIdx.x;; t += gridDim.x) {
+                gemm_detail::Job j;
+                if (!gemm_detail::job_of<S::BLOCK_M, GROUPING>(t, offsets, rows, cols, k, groups, b_group_rows,
+                                                               b_group_k, j))
+                    break;
+                if (lane == 0) {
+                    for (int kb = j.kb0; kb < j.kb1; ++kb) {
+                        const uint32_t full = bars + 8 * stage, empty = bars + 8 * (S::STAGES + stage);
+                        mbar_wait(empty, phase ^ 1);  // a fresh barrier passes parity 1 at once
+                        mbar_arrive_expect_tx(full, S::TX_BYTES);
+                        const uint32_t a = smem0 + stage * S::STAGE_BYTES;
+                        const int kc = kb * GEMM_BLOCK_K;
+                        tma_load_2d(a, &tma_a, kc, static_cast<int>(j.row0), full);
+                        tma_load_2d(a + S::A_BYTES, &tma_b, static_cast<int>(j.b_k0) + kc, static_cast<int>(j.b_row0), full);
+                        const int sa_row = static_cast<int>(j.row0) & ~(S::SA_PAD ? 3 : 0);
+                        for (int w = 0; w < WAVES; ++w)
+                            tma_load_2d(smem0 + S::SA_OFF + stage * S::SA_STAGE_BYTES + w * S::SA_WAVE_FLOATS * 4, &tma_sa,
+                                        sa_row + 128 * w, kb, full);
+                        if (SB == 1)
+                            tma_load_2d(smem0 + S::SB_OFF + stage * GEMM_BLOCK_N * 4, &tma_sb, static_cast<int>(j.col0),
+                                        kb, full);
+                        if (++stage == S::STAGES) {
+                            stage = 0;
+                            phase ^= 1;
+                        }
+                    }
+                }
+                __syncwarp();
+            }
+        }
+    } else {
+        // The math warpgroups: wg multiplies rows [64 wg, 64 wg + 64) of each 128-row wave.
+        regs_claim<GEMM_MATH_REGS>();
+        const int wg = warp / 4, wl = warp % 4;
+        const int frag_row = 64 * wg + 16 * wl + lane / 4;  // rows frag_row and frag_row + 8 of a wave
+        const int frag_col = 2 * (lane % 4);                // columns 8j + frag_col + {0, 1}
+        int stage = 0;
+        uint32_t phase = 0;
+        for (int64_t t = blockIdx.x;; t += gridDim.x) {
+            gemm_detail::Job j;
+            if (!gemm_detail::job_of<S::BLOCK_M, GROUPING>(t, offsets, rows, cols, k, groups, b_group_rows, b_group_k,
+                                                           j))
+                break;
+            // SB = 0: B's 128x128 tile scale of each K-block, read from global one K-block ahead
+            // (the load's latency hides behind a whole block's MMAs).
+            const float* sb_row = sb_tiles;
+            if (SB == 0) sb_row += (j.col0 / GEMM_BLOCK_N) * sb_tile_row + j.group * sb_group;
+            float sb_next = SB == 0 && j.kb0 < j.kb1 ? __ldg(sb_row + j.kb0) : 0.0f;
+            const int sa_shift = static_cast<int>(j.row0) & (S::SA_PAD ? 3 : 0);
+            float acc[WAVES][64];
+#pragma unroll
+            for (int w = 0; w < WAVES; ++w)
+#pragma unroll
+                for (int i = 0; i < 64; ++i) acc[w][i] = 0.0f;
+
+            for (int kb = j.kb0; kb < j.kb1; ++kb) {
+                const float sb_tile = sb_next;
+                if (SB == 0 && kb + 1 < j.kb1) sb_next = __ldg(sb_row + kb + 1);
+                mbar_wait(bars + 8 * stage, phase);
+                const uint32_t a = smem0 + stage * S::STAGE_BYTES;
+                const float* sa = reinterpret_cast<const float*>(smem + S::SA_OFF + stage * S::SA_STAGE_BYTES) + sa_shift;
+                const float* sbs = reinterpret_cast<const float*>(smem + S::SB_OFF) + stage * GEMM_BLOCK_N;
+#pragma unroll
+                for (int w = 0; w < WAVES; ++w) {
+                    float part[64];
+                    fence_registers(part);
+                    wgmma_fence();
+                    const uint64_t da = smem_desc_sw128(a + (128 * w + 64 * wg) * GEMM_BLOCK_K);
+                    const uint64_t db = smem_desc_sw128(a + S::A_BYTES);
+#pragma unroll
+                    for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) wgmma_m64n128k32_e4m3(part, da + 2 * kk, db + 2 * kk, kk);
+                    wgmma_commit();
+                    // The row scales load while the MMAs run.
+                    const float sa0 = sa[S::SA_WAVE_FLOATS * w + frag_row], sa1 = sa[S::SA_WAVE_FLOATS * w + frag_row + 8];
+                    wgmma_wait_all();
+                    fence_registers(part);
+                    // SB = 0: everything of the stage is in registers after the last wave's MMAs:
+                    // release it before promoting, so the next copy starts sooner.
+                    if (SB == 0 && w == WAVES - 1 && lane == 0) mbar_arrive(bars + 8 * (S::STAGES + stage));
+                    // Promotion: acc += part * (sa * sb), one fused multiply-add per element.
+                    if (SB == 0) {
+                        const float s0 = sa0 * sb_tile, s1 = sa1 * sb_tile;
+#pragma unroll
+                        for (int jn = 0; jn < 16; ++jn) {
+                            acc[w][4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], s0, acc[w][4 * jn + 0]);
+                            acc[w][4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], s0, acc[w][4 * jn + 1]);
+                            acc[w][4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], s1, acc[w][4 * jn + 2]);
+                            acc[w][4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], s1, acc[w][4 * jn + 3]);
+                        }
+                    } else {
+#pragma unroll
+                        for (int jn = 0; jn < 16; ++jn) {
+                            const gemm_detail::Pair sbc = *reinterpret_cast<const gemm_detail::Pair*>(sbs + 8 * jn + frag_col);
+                            acc[w][4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], sa0 * sbc.lo, acc[w][4 * jn + 0]);
+                            acc[w][4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], sa0 * sbc.hi, acc[w][4 * jn + 1]);
+                            acc[w][4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], sa1 * sbc.lo, acc[w][4 * jn + 2]);
+                            acc[w][4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], sa1 * sbc.hi, acc[w][4 * jn + 3]);
+                        }
+                    }
+                }
+                // SB = 1: the column scales were read by the promotion above; now the stage is free.
+                if (SB == 1 && lane == 0) mbar_arrive(bars + 8 * (S::STAGES + stage));
+                if (++stage == S::STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+
+            // Epilogue: + bias, round, store straight from the fragment.
+            const int64_t out0 = GROUPING == 2 ? j.group * rows * cols : 0;
+            const float nan = __int_as_float(0x7FC00000);
+#pragma unroll
+            for (int jn = 0; jn < 16; ++jn) {
+                const int64_t c = j.col0 + 8 * jn + frag_col;
+                if (c >= cols) continue;
+                const float b0 = bias ? bias[c] : 0.0f, b1 = bias ? bias[c + 1] : 0.0f;
+#pragma unroll
+                for (int w = 0; w < WAVES; ++w) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int64_t r = j.row0 + 128 * w + frag_row + 8 * h;
+                        if (r >= j.row_end) continue;
+                        float lo = acc[w][4 * jn + 2 * h] + b0, hi = acc[w][4 * jn + 2 * h + 1] + b1;
+                        if (j.bad) lo = hi = nan;
+                        gemm_detail::store_pair<Out>(out, out0 + r * cols + c, lo, hi);
+                    }
+                }
+            }
+        }
+    }
+#endif
+}
+
+}  // namespace deepwell

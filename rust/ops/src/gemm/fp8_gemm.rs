@@ -1,0 +1,158 @@
+//! deepwell's block-scaled FP8 GEMM on Hopper (cuda/fp8_gemm.cuh): the launch from torch tensors.
+//! Operands arrive as the fp8_block quantizers make them for cuBLASLt (docs/BASELINES.md): codes
+//! (rows, K) contiguous and 1x128 scales stored M-major, so the same operands feed either GEMM.
+//!
+//! | operand | codes | scales the kernel reads |
+//! |---|---|---|
+//! | A | (rows, K) E4M3 | (K/128, rows) fp32: sa[kb, r] |
+//! | B, `Tile128` (a weight) | (groups * cols, K) E4M3 | (groups, cols/128, K/128) fp32 |
+//! | B, `Tile128`, groups side by side (W^T of experts) | (cols, groups * K) E4M3 | (cols/128, groups * K/128) fp32 |
+//! | B, `Row1x128` (wgrad's x) | (cols, K) E4M3 | (K/128, cols) fp32 |
+//!
+//! What it computes is the exact product of the dequantized operands up to fp32 accumulation
+//! order; `cpu` in ops/fp8_gemm is that product, computed on dequantized copies.
+
+use deepwell_gpu::kernels::fp8_gemm::{BScales, Fp8Gemm, GemmSizes, Grouping};
+use deepwell_gpu::tma::{Elem, Map2d};
+use deepwell_gpu::Params;
+
+use crate::cuda::{self, float, ptr, Launch};
+use crate::dtype::DType;
+use crate::error::{Op, Result};
+use crate::tensor::Tensor;
+
+/// Where group g's B lies in the B tensor (`Grouping::Rows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BGroups {
+    /// (groups * cols, K): stacked weights, group g from row g * cols (the forward).
+    Stacked,
+    /// (cols, groups * K): group g from column g * K (the dgrad's W^T of every expert, one
+    /// transposing quantization of the stacked (groups * N, K) weights).
+    SideBySide,
+}
+
+/// One launch's operands, every tensor contiguous on one CUDA device (the callers check).
+pub struct Gemm<'a> {
+    pub a: &'a Tensor,
+    /// A's scales, (K/128, rows) contiguous.
+    pub sa: &'a Tensor,
+    pub b: &'a Tensor,
+    /// B's scales in `b_scales`' layout, contiguous.
+    pub sb: &'a Tensor,
+    pub b_scales: BScales,
+    pub grouping: Grouping,
+    pub b_groups: BGroups,
+    /// (cols,) fp32, or None.
+    pub bias: Option<&'a Tensor>,
+    /// (groups + 1,) int32 for grouped launches.
+    pub offsets: Option<&'a Tensor>,
+    /// A's rows (all groups' for `Grouping::Rows`), each output's columns, the shared K (the
+    /// whole length for `Grouping::K`), the number of groups (1 for a dense GEMM).
+    pub rows: i64,
+    pub cols: i64,
+    pub k: i64,
+    pub groups: i64,
+    pub out: DType,
+}
+
+/// Whether the kernel takes this GEMM (else the caller runs the reference): K whole 128-blocks,
+/// rows % 4 (A's M-major scale rows are 16-byte aligned for TMA), cols % 8 (paired stores and B's
+/// scale rows), B's tile scales whole 128-column tiles.
+pub fn fits(rows: i64, cols: i64, k: i64, b_scales: BScales) -> bool {
+    let cols_ok = match b_scales {
+        BScales::Tile128 => cols % 128 == 0,
+        BScales::Row1x128 => cols % 8 == 0,
+    };
+    rows > 0 && cols > 0 && k > 0 && k % 128 == 0 && rows % 4 == 0 && cols_ok
+}
+
+/// `DEEPWELL_FP8_GEMM_WAVES=1|2` forces the tile height (128 or 256 rows) of dense and row-grouped
+/// launches, for benchmarking the choice `Fp8Gemm::waves_for` makes.
+fn forced_waves() -> Option<u8> {
+    static FORCED: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| match std::env::var("DEEPWELL_FP8_GEMM_WAVES").as_deref() {
+        Ok("1") => Some(1),
+        Ok("2") => Some(2),
+        _ => None,
+    })
+}
+
+/// The output tensor: (rows, cols), or (groups, rows, cols) for a K-grouped launch.
+pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
+    let device = g.a.device();
+    let shape: Vec<i64> = match g.grouping {
+        Grouping::K => vec![g.groups, g.rows, g.cols],
+        _ => vec![g.rows, g.cols],
+    };
+    let out = Tensor::empty(op, &shape, g.out, device)?;
+    let (rows, cols, k) = (g.rows as u64, g.cols as u64, g.k as u64);
+    let sizes = GemmSizes { rows, cols, k, groups: g.groups as u64 };
+    let waves = forced_waves().unwrap_or_else(|| Fp8Gemm::waves_for(g.grouping, sizes, launch.dev.sms()));
+    let waves = if g.grouping == Grouping::K { 1 } else { waves };
+    let kernel = Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping };
+    let block_m = kernel.block_m() as u32;
+    let codes = |t: &Tensor, n: u64, box_rows: u32| Map2d {
+        ptr: ptr(t),
+        elem: Elem::U8,
+        rows: n,
+        cols: k,
+        row_stride: k,
+        box_rows,
+        box_cols: 128,
+        swizzle_128b: true,
+    };
+    let scales = |t: &Tensor, n: u64, box_cols: u32| Map2d {
+        ptr: ptr(t),
+        elem: Elem::F32,
+        rows: k / 128,
+        cols: n,
+        row_stride: n,
+        box_rows: 1,
+        box_cols,
+        swizzle_128b: false,
+    };
+    // B's whole extent, and where group g starts in it (rows, K elements; the tile scales' strides).
+    let (b_rows, b_k) = match g.b_groups {
+        BGroups::Stacked => (g.b.numel() as u64 / k, k),
+        BGroups::SideBySide => (cols, g.b.numel() as u64 / cols),
+    };
+    let kb = g.k / 128;
+    let (group_rows, group_k, sb_tile_row, sb_group) = match (g.grouping, g.b_groups) {
+        (Grouping::Rows, BGroups::Stacked) => (g.cols, 0, kb, g.cols / 128 * kb),
+        (Grouping::Rows, BGroups::SideBySide) => (0, g.k, g.groups * kb, kb),
+        _ => (0, 0, kb, 0),
+    };
+    let map_err = cuda::gpu_err(op);
+    let tma_a = codes(g.a, rows, block_m).encode().map_err(&map_err)?;
+    let tma_b =
+        Map2d { rows: b_rows, cols: b_k, row_stride: b_k, ..codes(g.b, b_rows, 128) }.encode().map_err(&map_err)?;
+    let tma_sa = scales(g.sa, rows, kernel.sa_box() as u32).encode().map_err(&map_err)?;
+    // Tile scales are read by the math threads; a map is still passed (the kernel ignores it).
+    let tma_sb = match g.b_scales {
+        BScales::Row1x128 => scales(g.sb, cols, 128).encode().map_err(&map_err)?,
+        BScales::Tile128 => tma_sa,
+    };
+    let null = std::ptr::null();
+    let p = Params::new()
+        .tensor_map(&tma_a)
+        .tensor_map(&tma_b)
+        .tensor_map(&tma_sa)
+        .tensor_map(&tma_sb)
+        .ptr(if g.b_scales == BScales::Tile128 { ptr(g.sb) } else { null })
+        .ptr(g.bias.map_or(null, ptr))
+        .ptr(g.offsets.map_or(null, ptr))
+        .ptr(ptr(&out))
+        .i64(g.rows)
+        .i64(g.cols)
+        .i64(g.k)
+        .i32(g.groups as i32)
+        .i64(group_rows)
+        .i64(group_k)
+        .i64(sb_tile_row)
+        .i64(sb_group);
+    // SAFETY: every tensor is contiguous on the launch's device with the shapes cuda/fp8_gemm.cuh
+    // documents for these sizes (the callers validated them), the maps describe exactly those
+    // tensors, and `out` has the output's shape.
+    unsafe { launch.run(op, kernel, sizes, p)? };
+    Ok(out)
+}
