@@ -19,6 +19,7 @@ Anchors (the team's H100 measurements of others' kernels): torch bf16 grouped 54
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 
 import torch
@@ -138,8 +139,9 @@ def gemm_rows(e, k_dim, n, rows_per_expert) -> list[dict]:
 
     row("torch._grouped_mm bf16", lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=off[1:]))
     row("deepwell grouped_linear bf16", lambda: deepwell.grouped_linear(x, w, off, "bf16"))
-    row("deepwell grouped_linear fp8_block", lambda: deepwell.grouped_linear(x, w, off, "fp8_block"),
-        "(per-expert loop, quantization included)")
+    backend = importlib.import_module("deepwell.ops.grouped_linear").backend_on("fp8_block", "cuda", True)
+    row("deepwell grouped_linear fp8_block", lambda: deepwell.grouped_linear(x, w, off, "fp8_block", groups_aligned=True),
+        f"({backend}, quantization included)")
     if hasattr(torch, "_scaled_grouped_mm"):
         xq = x.to(torch.float8_e4m3fn)
         wq = w.to(torch.float8_e4m3fn)

@@ -42,6 +42,9 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
     perm = torch.ops.deepwell.moe_permute_index(routed[0], routed[1], 8, 1)
     perm_drop = torch.ops.deepwell.moe_permute_index(routed_drop[0], routed_drop[1], 8, 4)
     w7, w9 = torch.rand(7, 2), torch.rand(9, 2, generator=torch.Generator().manual_seed(1))
+    ga = _fb(_x(200, 256, seed=7), 1, 128)
+    gb = _fb(_x(3, 128, 256, seed=8), 128, 128)
+    gt = _fb(_x(64, 256, seed=9), 1, 128)  # wgrad operands: (rows, tokens) along the tokens
     return {
         "mxfp8_quantize": [
             ((_x(4, 64),), {}),
@@ -66,6 +69,19 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         ],
         "fp8_block_quantize_rowcol": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float16),), {"pow2": False})],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
+        "fp8_block_quantize_transposed": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float32),), {"pow2": False})],
+        "fp8_block_gemm": [
+            ((*fb, *fb2), {}),
+            ((*fb, *_fb(_x(72, 256, seed=3), 1, 128)), {"bias": _x(72), "out_dtype": torch.float32}),
+        ],
+        "fp8_block_grouped_gemm": [
+            ((*ga, *gb, torch.tensor([0, 50, 50, 200], dtype=torch.int32)), {}),
+            ((*ga, *torch.ops.deepwell.fp8_block_quantize_transposed(_x(3 * 256, 128, seed=10)),
+              torch.tensor([0, 64, 64, 200], dtype=torch.int32)), {"out_dtype": torch.float32}),
+        ],
+        "fp8_block_grouped_wgrad": [
+            ((*gt, *fb, torch.tensor([0, 128, 128, 256], dtype=torch.int32)), {"out_dtype": torch.float32}),
+        ],
         "fp8_tensor_quantize": [
             ((_x(4, 33),), {}),
             ((_x(3, 5, 7, dtype=torch.float32),), {"elem": "e5m2"}),

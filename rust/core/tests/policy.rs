@@ -416,8 +416,6 @@ fn kernel_shape_rules_fall_back_to_emulation() {
         // sm_90 blockwise: M % 4 (M-major 1x128 scales), N % 16 (_scaled_mm_v2).
         (Recipe::Fp8Block, HOPPER, GemmShape { m: 8190, n: 4096, k: 4096 }, "M=8190 not a multiple of 4"),
         (Recipe::Fp8Block, HOPPER, GemmShape { m: 8192, n: 4100, k: 4096 }, "N=4100 not a multiple of 16"),
-        // ... and the 128x128 weight scales' leading dim K/128 16-byte aligned (measured on the H100).
-        (Recipe::Fp8Block, HOPPER, GemmShape { m: 8192, n: 4096, k: 384 }, "K=384 not a multiple of 512"),
         (Recipe::Mxfp8, B200, GemmShape { m: 8192, n: 1000, k: 4096 }, "N=1000 not a multiple of 16"),
         // NVFP4 packs two codes per byte: K % 32 for _scaled_mm_v2's 16-byte check.
         (Recipe::Nvfp4, B200, GemmShape { m: 8192, n: 4096, k: 4112 }, "K=4112 not a multiple of 32"),
@@ -435,6 +433,26 @@ fn kernel_shape_rules_fall_back_to_emulation() {
     assert!(!c.emulated);
     let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Dgrad, GemmShape { m: 4, n: 16, k: 512 });
     assert!(!c.emulated);
+}
+
+#[test]
+fn deepwell_gemm_takes_the_tile_shapes_cublaslt_refuses() {
+    // cuBLASLt wants the 128x128 weight scales' leading dim K/128 16-byte aligned (K % 512, measured
+    // on the H100); deepwell's sm_90a kernel takes any K % 128, fprop and dgrad alike.
+    let ours = GemmBackend::Fp8BlockGemm { b: ScalingType::BlockWise128x128 };
+    for pass in [Pass::Fprop, Pass::Dgrad] {
+        let c = gemm_backend(Recipe::Fp8Block, HOPPER, pass, GemmShape { m: 8192, n: 4096, k: 2816 });
+        assert_eq!((c.backend, c.emulated), (ours, false), "{pass}");
+        assert!(c.reason.contains("native on sm_90") && c.reason.contains("deepwell FP8 GEMM"), "{}", c.reason);
+    }
+    let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Fprop, GemmShape { m: 8192, n: 4096, k: 4096 });
+    assert!(matches!(c.backend, GemmBackend::ScaledMmBlockwise { .. }), "cuBLASLt where it takes the shape");
+    // Its M-major scales have the same M % 4 rule as cuBLASLt's.
+    let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Fprop, GemmShape { m: 8190, n: 4096, k: 384 });
+    assert!(c.emulated);
+    // sm_90a only.
+    let c = gemm_backend(Recipe::Fp8Block, B200, Pass::Fprop, GemmShape { m: 8192, n: 4096, k: 2816 });
+    assert!(c.emulated);
 }
 
 // ---------------------------------------------------------------- guardrails

@@ -15,6 +15,10 @@
 //!
 //! `recipes` — every recipe's block along K and element format (`recipes_entry`).
 //!
+//! `grouped_backend` — `{"recipe", "arch", "aligned": bool}` -> `{"backend": "grouped_mm" |
+//! "fp8_block_grouped" | "emulated_grouped" | "per_expert_loop", "emulated", "reason"}`: how MoE
+//! experts of that recipe run (deepwell_core::policy::grouped_backend), for `grouped_linear`.
+//!
 //! `roles` — the role of each `[name, module_type]` site (deepwell_core `Role::of_module`).
 //!
 //! `guardrail_check` — the run-time guardrail (deepwell_core::policy::guardrail): `{"stats":
@@ -28,8 +32,8 @@ use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
 use deepwell_core::policy::cost::{self, SiteCost};
 use deepwell_core::policy::parallel::{self, Cluster, ModelSize};
 use deepwell_core::policy::{
-    auto_recipe, check, decide, gemm_backend, native_recipes, Arch, GemmShape, GuardrailConfig, LayerInfo, LayerStats,
-    Pass, Policy, Recipe, Role,
+    auto_recipe, check, decide, gemm_backend, grouped_backend, native_recipes, Arch, GemmShape, GuardrailConfig,
+    LayerInfo, LayerStats, Pass, Policy, Recipe, Role,
 };
 use serde_json::{json, Value};
 
@@ -120,6 +124,14 @@ pub fn arch_info_entry(req: &Value) -> Answer {
         "arch": arch.to_string(), "family": arch.family().name(), "variant": variant,
         "native": native, "auto": auto.to_string(), "auto_reason": why,
     }))
+}
+
+/// `grouped_backend`: the experts' dispatch (see the module docs).
+pub fn grouped_backend_entry(req: &Value) -> Answer {
+    let recipe: Recipe = parse(&text(req, "recipe")?, "recipe")?;
+    let arch: Arch = parse(&text(req, "arch")?, "arch")?;
+    let c = grouped_backend(recipe, arch, flag(req, "aligned")?);
+    Ok(json!({"backend": c.backend.as_str(), "emulated": c.emulated, "reason": c.reason}))
 }
 
 /// `recipes`: each recipe's name, block along K, and its element format's largest finite value,

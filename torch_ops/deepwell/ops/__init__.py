@@ -9,7 +9,13 @@ from .fp8_tensor_linear import fp8_tensor_linear
 from .quantized_linear import quantized_linear, quantized_linear_backward
 from .grouped_linear import grouped_linear
 from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
-from .fp8_block import fp8_block_dequantize, fp8_block_quantize, fp8_block_quantize_rowcol
+from .fp8_block import (
+    fp8_block_dequantize,
+    fp8_block_quantize,
+    fp8_block_quantize_rowcol,
+    fp8_block_quantize_transposed,
+)
+from .fp8_gemm import fp8_block_gemm, fp8_block_grouped_gemm, fp8_block_grouped_wgrad
 from .fp8_tensor import fp8_tensor_dequantize, fp8_tensor_quantize, fp8_tensor_quantize_rowcol
 from .mxfp8 import mxfp8_dequantize, mxfp8_quantize, mxfp8_quantize_rowcol
 from .nvfp4 import nvfp4_dequantize, nvfp4_quantize
@@ -22,8 +28,12 @@ if torch.distributed.is_available():
 
 __all__ = [
     "fp8_block_dequantize",
+    "fp8_block_gemm",
+    "fp8_block_grouped_gemm",
+    "fp8_block_grouped_wgrad",
     "fp8_block_quantize",
     "fp8_block_quantize_rowcol",
+    "fp8_block_quantize_transposed",
     "fp8_tensor_dequantize",
     "fp8_tensor_linear",
     "fp8_tensor_quantize",

@@ -22,6 +22,7 @@ define(
     "fp8_block_quantize_rowcol(Tensor x, bool pow2=True) "
     "-> (Tensor row_data, Tensor row_scale_inv, Tensor col_data, Tensor col_scale_inv)"
 )
+define("fp8_block_quantize_transposed(Tensor x, bool pow2=True) -> (Tensor data, Tensor scale_inv)")
 define(
     "fp8_block_dequantize(Tensor data, Tensor scale_inv, int block_rows=1, int block_cols=128, "
     "ScalarType? out_dtype=None) -> Tensor"
@@ -46,16 +47,26 @@ def _quantize_fake(x, block_rows=1, block_cols=128, pow2=True):
     return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty(scale_shape, dtype=torch.float32)
 
 
-@torch.library.register_fake("deepwell::fp8_block_quantize_rowcol")
-def _quantize_rowcol_fake(x, pow2=True):
-    op = "fp8_block_quantize_rowcol"
+def _check_transposing(op: str, x: torch.Tensor) -> tuple[int, int]:
+    """The (m, k) input of a transposing quantizer (rowcol, transposed): the Rust ops check both alike."""
     _checks.dtype_in(op, "x", x, _checks.FLOAT_INPUTS)
     if x.dim() != 2:
         _checks.fail(op, "x", "be 2-d (rows, k)", f"a {x.dim()}-d tensor")
     _checks.non_empty(op, "x", x, 2)
     _checks.divisible(op, "x", x, 0, 128, "the transposed copy has 1x128 blocks along rows")
     _checks.divisible(op, "x", x, 1, 128, "the row-wise copy has 1x128 blocks along k")
-    m, k = x.shape
+    return x.shape
+
+
+@torch.library.register_fake("deepwell::fp8_block_quantize_transposed")
+def _quantize_transposed_fake(x, pow2=True):
+    m, k = _check_transposing("fp8_block_quantize_transposed", x)
+    return x.new_empty((k, m), dtype=torch.float8_e4m3fn), x.new_empty((k // 128, m // 128), dtype=torch.float32)
+
+
+@torch.library.register_fake("deepwell::fp8_block_quantize_rowcol")
+def _quantize_rowcol_fake(x, pow2=True):
+    m, k = _check_transposing("fp8_block_quantize_rowcol", x)
     e4, f32 = torch.float8_e4m3fn, torch.float32
     return (
         x.new_empty((m, k), dtype=e4),
@@ -77,7 +88,7 @@ def _dequantize_fake(data, scale_inv, block_rows=1, block_cols=128, out_dtype=No
 
 
 # Not differentiable: backprop through these raises a clear error (ops/_nondiff.py).
-_nondiff.register("fp8_block_quantize", "fp8_block_quantize_rowcol", "fp8_block_dequantize")
+_nondiff.register("fp8_block_quantize", "fp8_block_quantize_rowcol", "fp8_block_quantize_transposed", "fp8_block_dequantize")
 
 
 def fp8_block_quantize(
@@ -109,6 +120,17 @@ def fp8_block_quantize_rowcol(
         (row_data (m, k), row_scale_inv (m, k/128), col_data (k, m), col_scale_inv (k, m/128)).
     """
     return torch.ops.deepwell.fp8_block_quantize_rowcol(x, pow2)
+
+
+def fp8_block_quantize_transposed(x: torch.Tensor, pow2: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """x^T's 128x128-tile quantization from one read of the (m, k) tensor x: exactly
+    `fp8_block_quantize(x, 128, 128)` with data and scales transposed (a tile's scale does not depend
+    on its orientation, docs/NUMERICS.md "Transposes and layouts"), what a weight's dgrad GEMM reads.
+
+    Returns:
+        (data (k, m) float8_e4m3fn, scale_inv (k/128, m/128) float32).
+    """
+    return torch.ops.deepwell.fp8_block_quantize_transposed(x, pow2)
 
 
 def fp8_block_dequantize(

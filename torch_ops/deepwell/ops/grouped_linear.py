@@ -1,19 +1,19 @@
 """Grouped linear layers for the experts of a Mixture-of-Experts layer: `grouped_linear(x, weight,
 offsets, recipe)` computes, for every expert e, `y[offsets[e]:offsets[e+1]] = x[...] @ weight[e].T`
 over the expert-grouped buffer of `deepwell.moe_dispatch` (docs/DESIGN.md "MoE"). Forward, input
-gradient (dgrad) and weight gradient (wgrad) all run in `recipe`.
+gradient (dgrad) and weight gradient (wgrad) all run in `recipe`. How is Rust's decision
+(`deepwell_core::policy::grouped_backend`, the `grouped_backend` entry):
 
-| recipe | how |
-|---|---|
-| bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere (CPU, other GPUs, other dtypes) |
-| fp8_block, mxfp8 where Rust's dispatch marks them emulated (fp8_block off sm_90, mxfp8 off Blackwell, the CPU) | grouped exact emulation: the dense layer's quantizers on the whole buffer / all experts, dequantized, then `torch._grouped_mm` per pass (no host sync) |
-| fp8_block, mxfp8 native; nvfp4 | a per-expert loop over `deepwell.scaled_linear` / `scaled_linear_backward`: each expert's three GEMMs quantized and dispatched by Rust exactly like a dense layer's (fp8_block native on sm_90, mxfp8/nvfp4 native on Blackwell; nvfp4's per-tensor scale and stochastic rounding per expert) |
+| backend | when | how |
+|---|---|---|
+| `grouped_mm` | bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere |
+| `fp8_block_grouped` | fp8_block on sm_90, groups padded to 128 | deepwell's FP8 grouped GEMMs (cuda/fp8_gemm.cuh): x and W quantized once for the whole buffer / all experts, forward and dgrad as row-grouped GEMMs, wgrad as a K-grouped GEMM over each expert's tokens; x^T's and W's codes saved for the backward; no host sync |
+| `emulated_grouped` | fp8_block, mxfp8 where Rust's dispatch marks them emulated (fp8_block off sm_90, mxfp8 off Blackwell, the CPU), groups padded | grouped exact emulation: the dense layer's quantizers on the whole buffer / all experts, dequantized, then `torch._grouped_mm` per pass (no host sync) |
+| `per_expert_loop` | nvfp4, fp8_tensor, native mxfp8, or groups not padded | a loop over `deepwell.scaled_linear` / `scaled_linear_backward` per expert, each dispatched by Rust exactly like a dense layer (a host read of the offsets: a sync on CUDA) |
 
-The native path is a loop (one launch sequence per expert and a host read of the offsets, so a
-sync on CUDA) — correct and compiled as one opaque op, but not a grouped kernel yet (see
-docs/DESIGN.md "MoE" for what is missing). Groups should be padded to the recipe's block
-(`moe_permute_index(..., align=block)`): wgrad's K is the expert's rows, and a group whose rows are
-not a multiple of the block runs its wgrad unquantized (the dense layer's rule).
+Groups should be padded to the recipe's block (`moe_permute_index(..., align=block)`, and
+`groups_aligned=True`): wgrad's K is the expert's rows, and a group whose rows are not a multiple
+of the block runs its wgrad unquantized in the per-expert loop (the dense layer's rule).
 """
 
 from __future__ import annotations
@@ -130,9 +130,6 @@ _grouped_scaled_linear.register_autograd(_backward, setup_context=_setup)
 # on CUDA, fp32 on the CPU), then multiplied by torch._grouped_mm: the per-expert loop's operands
 # bit for bit, one grouped GEMM per pass, no host sync.
 
-EMULATED_GROUPED = ("fp8_block", "mxfp8")
-
-
 def _dense_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32 if t.device.type == "cpu" else torch.bfloat16
 
@@ -172,19 +169,52 @@ class _GroupedEmulated(torch.autograd.Function):
         return dx, dw, None, None
 
 
+# ---------------------------------------------------------------------------------------------
+# deepwell's FP8 grouped GEMMs (fp8_block on sm_90): the same quantization as the per-expert loop
+# (x and dy in 1x128 blocks along K per row; each expert's W in 128x128 tiles, and W^T's tiles for
+# the dgrad from one transposing pass over all experts' stacked weights, the experts then side by
+# side along K; dy^T and x^T in 1x128 blocks along the tokens, which never span two experts when the
+# groups are padded to 128), every pass one launch.
+
+
+class _GroupedFp8Block(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, offsets):
+        ops = torch.ops.deepwell
+        x_rows, x_rows_s, x_cols, x_cols_s = ops.fp8_block_quantize_rowcol(x.contiguous())
+        w, w_s = ops.fp8_block_quantize(weight.contiguous(), 128, 128)
+        ctx.save_for_backward(x_cols, x_cols_s, weight, offsets)
+        ctx.x_dtype = x.dtype
+        return ops.fp8_block_grouped_gemm(x_rows, x_rows_s, w, w_s, offsets, x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ops = torch.ops.deepwell
+        x_cols, x_cols_s, weight, offsets = ctx.saved_tensors
+        dy_rows, dy_rows_s, dy_cols, dy_cols_s = ops.fp8_block_quantize_rowcol(grad.contiguous())
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            e, n, k = weight.shape
+            # (k, e * n): W_e^T is columns [e * n, (e + 1) * n), its tiles those of W_e transposed.
+            wt, wt_s = ops.fp8_block_quantize_transposed(weight.reshape(e * n, k))
+            dx = ops.fp8_block_grouped_gemm(dy_rows, dy_rows_s, wt, wt_s, offsets, ctx.x_dtype)
+        if ctx.needs_input_grad[1]:
+            dw = ops.fp8_block_grouped_wgrad(dy_cols, dy_cols_s, x_cols, x_cols_s, offsets, weight.dtype)
+        return dx, dw, None
+
+
 @torch._dynamo.assume_constant_result
-def emulated_on(recipe: str, device: str) -> bool:
-    """Whether Rust's dispatch table runs `recipe` emulated on `device` (deepwell_core policy)."""
-    return _emulated_on(recipe, device)
+def backend_on(recipe: str, device: str, aligned: bool) -> str:
+    """How Rust's grouped dispatch runs `recipe`'s experts on `device` (deepwell_core policy)."""
+    return _backend_on(recipe, device, aligned)
 
 
 @functools.cache
-def _emulated_on(recipe: str, device: str) -> bool:
-    from ..plan.policy import LayerInfo, PrecisionPolicy
+def _backend_on(recipe: str, device: str, aligned: bool) -> str:
+    from .. import _native
 
-    policy = PrecisionPolicy(precision=recipe, first_last_bf16=False, min_features=0)
-    site = LayerInfo("experts", "DeepwellMoE", "experts", 1, 3, 4096, 4096)
-    return policy.decide([site], recipes.device_arch(device))[0].emulated
+    answer = _native.call("grouped_backend", {"recipe": recipe, "arch": recipes.device_arch(device), "aligned": aligned})
+    return answer["backend"]
 
 
 def grouped_linear(
@@ -199,8 +229,9 @@ def grouped_linear(
         recipe: "bf16" (unquantized: computes in x's dtype), "fp8_block", "mxfp8" or "nvfp4"; the
             quantized recipes need in_features and out_features multiples of their block.
         groups_aligned: the caller promises every group's rows are a multiple of the recipe's block
-            (`moe_permute_index(..., align=block)`); then an emulated fp8_block / mxfp8 runs as the
-            grouped exact emulation (no host sync) instead of the per-expert loop.
+            (`moe_permute_index(..., align=block)`); then fp8_block runs deepwell's FP8 grouped GEMMs
+            on sm_90 and an emulated fp8_block / mxfp8 the grouped exact emulation (no host sync
+            either way) instead of the per-expert loop.
 
     Returns:
         (R, out_features) in x's dtype.
@@ -212,6 +243,9 @@ def grouped_linear(
     block = block_of(recipe)
     for d, what in ((2, "in_features"), (1, "out_features")):
         _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")
-    if groups_aligned and recipe in EMULATED_GROUPED and emulated_on(recipe, str(x.device)):
+    backend = backend_on(recipe, str(x.device), bool(groups_aligned))
+    if backend == "fp8_block_grouped":
+        return _GroupedFp8Block.apply(x, weight, offsets)
+    if backend == "emulated_grouped":
         return _GroupedEmulated.apply(x, weight, offsets, recipe)
     return _grouped_scaled_linear(x, weight, offsets, recipe)

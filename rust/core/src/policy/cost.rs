@@ -22,6 +22,8 @@ pub struct Rates {
     pub fp8_block_weight: f64,
     /// cuBLASLt FP8, 1x128 x 1x128 (wgrad: both operands along the tokens).
     pub fp8_block_both: f64,
+    /// deepwell's sm_90a block-scaled FP8 GEMM (the shapes cuBLASLt refuses).
+    pub fp8_block_deepwell: f64,
     /// cuBLASLt FP8 with per-tensor scales.
     pub fp8_tensor: f64,
     /// Block-scaled MXFP8 (1x32).
@@ -37,6 +39,7 @@ const HOPPER: Rates = Rates {
     bf16: 690.0,
     fp8_block_weight: 1150.0,
     fp8_block_both: 900.0,
+    fp8_block_deepwell: 900.0, // bench_gemm on the H100, 2026-11-26: 704-1067 dense
     fp8_tensor: 1250.0,
     mxfp8: 1150.0, // never used: MX GEMMs do not run on sm_90
     nvfp4: 1150.0,
@@ -48,6 +51,7 @@ const B200_DATASHEET: Rates = Rates {
     bf16: 2250.0,
     fp8_block_weight: 4500.0,
     fp8_block_both: 4500.0,
+    fp8_block_deepwell: 4500.0, // never used: the kernel is sm_90a only
     fp8_tensor: 4500.0,
     mxfp8: 4500.0,
     nvfp4: 9000.0,
@@ -84,6 +88,7 @@ fn rate(r: &Rates, backend: GemmBackend) -> f64 {
         GemmBackend::CublasBf16 | GemmBackend::CpuMatmul | GemmBackend::Emulated { .. } => r.bf16,
         GemmBackend::ScaledMmBlockwise { b: ScalingType::BlockWise128x128, .. } => r.fp8_block_weight,
         GemmBackend::ScaledMmBlockwise { .. } => r.fp8_block_both,
+        GemmBackend::Fp8BlockGemm { .. } => r.fp8_block_deepwell,
         GemmBackend::ScaledMmTensorwise => r.fp8_tensor,
         GemmBackend::ScaledMmMx { block: ScalingType::BlockWise1x16 } => r.nvfp4,
         GemmBackend::ScaledMmMx { .. } => r.mxfp8,

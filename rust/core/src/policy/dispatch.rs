@@ -19,6 +19,13 @@ pub enum GemmBackend {
         /// Scaling of operand B: 128x128 for the weight (fprop, dgrad), 1x128 for x (wgrad).
         b: ScalingType,
     },
+    /// deepwell's own block-scaled FP8 GEMM for sm_90a (cuda/fp8_gemm.cuh: TMA, wgmma, per-block
+    /// fp32 promotion), on the same operands as `ScaledMmBlockwise`: the fp8_block passes whose
+    /// shape cuBLASLt refuses (fprop / dgrad with K % 512 != 0), and MoE's grouped GEMMs.
+    Fp8BlockGemm {
+        /// Scaling of operand B: 128x128 (a weight) or 1x128.
+        b: ScalingType,
+    },
     /// cuBLASLt FP8 with one fp32 scale per operand via `aten::_scaled_mm_v2` (sm_89+):
     /// E4M3 x E4M3 (fprop), E5M2 x E4M3 (dgrad, wgrad: the gradient is operand A).
     ScaledMmTensorwise,
@@ -43,6 +50,9 @@ impl GemmBackend {
             GemmBackend::CpuMatmul => "torch.matmul on CPU".to_string(),
             GemmBackend::ScaledMmBlockwise { a, b } => {
                 format!("cuBLASLt FP8 blockwise {} x {} (aten::_scaled_mm_v2, fp32 scales)", a.block(), b.block())
+            }
+            GemmBackend::Fp8BlockGemm { b } => {
+                format!("deepwell FP8 GEMM 1x128 x {} (sm_90a wgmma kernel, fp32 scales)", b.block())
             }
             GemmBackend::ScaledMmTensorwise => {
                 "cuBLASLt FP8 per-tensor scales (aten::_scaled_mm_v2, fp32 scales)".to_string()
@@ -90,7 +100,7 @@ fn plain_matmul(arch: Arch) -> GemmBackend {
 }
 
 /// The first shape rule of the native kernel that `s` breaks, if any.
-fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
+fn kernel_misfit(recipe: Recipe, s: GemmShape) -> Option<String> {
     // aten::_scaled_mm_v2 checks mat_a.size(1) % 16 and both mat_b dims % 16 on its storage
     // dtype, i.e. K and N multiples of 16 elements (fp4 packs two per byte: K % 32).
     let k_align = if recipe == Recipe::Nvfp4 { 32 } else { 16 };
@@ -105,13 +115,14 @@ fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
     if recipe == Recipe::Fp8Block && s.m % 4 != 0 {
         return Some(format!("M={} not a multiple of 4 (cuBLASLt VEC128 scales)", s.m));
     }
-    // The weight's 128x128 scales (fprop, dgrad) have leading dimension K/128, which
-    // _scaled_mm_v2 also wants 16-byte aligned: K a multiple of 512 (measured on the H100 with
-    // torch 2.11: K=256 is refused with "scale_b must have shape 4 x 2").
-    if recipe == Recipe::Fp8Block && pass != Pass::Wgrad && s.k % 512 != 0 {
-        return Some(format!("K={} not a multiple of 512 (cuBLASLt BLK128x128 scales)", s.k));
-    }
     None
+}
+
+/// Whether cuBLASLt's 128x128 weight scales (fprop, dgrad) are refused: their leading dimension
+/// K/128 must be 16-byte aligned, K a multiple of 512 (measured on the H100 with torch 2.11: K=256
+/// is refused with "scale_b must have shape 4 x 2"). deepwell's kernel has no such rule.
+fn cublaslt_refuses_tiles(pass: Pass, s: GemmShape) -> bool {
+    pass != Pass::Wgrad && s.k % 512 != 0
 }
 
 /// Chooses the kernel for one pass of a GEMM site.
@@ -119,8 +130,8 @@ fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
 /// | recipe | pass | sm_90 (Hopper) | sm_100/103, sm_120/121 (Blackwell) | sm_89, older, unvalidated | CPU |
 /// |---|---|---|---|---|---|
 /// | bf16 | all | `CublasBf16` | `CublasBf16` | `CublasBf16` | `CpuMatmul` |
-/// | fp8_block | fprop | `ScaledMmBlockwise { a: 1x128, b: 128x128 }` | `Emulated` | `Emulated` | `Emulated` |
-/// | fp8_block | dgrad | `ScaledMmBlockwise { a: 1x128, b: 128x128 }` | `Emulated` | `Emulated` | `Emulated` |
+/// | fp8_block | fprop | `ScaledMmBlockwise { a: 1x128, b: 128x128 }`; K % 512 != 0: `Fp8BlockGemm { b: 128x128 }` | `Emulated` | `Emulated` | `Emulated` |
+/// | fp8_block | dgrad | as fprop | `Emulated` | `Emulated` | `Emulated` |
 /// | fp8_block | wgrad | `ScaledMmBlockwise { a: 1x128, b: 1x128 }` | `Emulated` | `Emulated` | `Emulated` |
 /// | mxfp8 | all | `Emulated` | `ScaledMmMx { block: 1x32 }` | `Emulated` | `Emulated` |
 /// | nvfp4 | all | `Emulated` | `ScaledMmMx { block: 1x16 }` | `Emulated` | `Emulated` |
@@ -133,8 +144,12 @@ fn kernel_misfit(recipe: Recipe, pass: Pass, s: GemmShape) -> Option<String> {
 /// 2. A native cell whose kernel rejects the shape becomes `Emulated` (exact, same numerics):
 ///    `_scaled_mm_v2` needs K and N multiples of 16 (nvfp4: K % 32, two codes per byte), and the
 ///    sm_90 blockwise mode needs M % 4 (its 1x128 scales are M-major, 16-byte aligned;
-///    docs/DESIGN.md "GEMM backends") and, for fprop and dgrad, K % 512 (the 128x128
-///    weight scales' leading dimension K/128, also 16-byte aligned).
+///    docs/DESIGN.md "GEMM backends"; deepwell's kernel reads the same scales with TMA, same rule).
+/// 3. sm_90 fprop / dgrad with K % 512 != 0, which cuBLASLt refuses (the 128x128 weight scales'
+///    leading dimension K/128 must be 16-byte aligned), run on deepwell's kernel (`Fp8BlockGemm`).
+///    Where cuBLASLt takes the shape it stays: measured faster than deepwell's kernel on dense
+///    GEMMs (benchmarks/bench_gemm.py: 1.10-1.48x on the H100); deepwell's kernel serves the
+///    shapes cuBLASLt refuses and MoE's grouped GEMMs, which cuBLASLt has no block-scaled form of.
 ///
 /// Why these cells: cuBLASLt allows VEC128 x BLK128x128 and VEC128 x VEC128 but never
 /// BLK128x128 x BLK128x128, and wgrad's operands (dy, x) are both 1x128 (cuBLAS docs, "Narrow precision");
@@ -163,12 +178,15 @@ pub fn gemm_backend(recipe: Recipe, arch: Arch, pass: Pass, shape: GemmShape) ->
     if !is_native(recipe, arch) {
         return emulated(why_not_native(recipe, arch));
     }
-    if let Some(why) = kernel_misfit(recipe, pass, shape) {
+    if let Some(why) = kernel_misfit(recipe, shape) {
         return emulated(why);
     }
     let backend = match (recipe, arch.family(), pass) {
         (Recipe::Fp8Block, ArchFamily::Hopper, Pass::Wgrad) => {
             GemmBackend::ScaledMmBlockwise { a: ScalingType::BlockWise1x128, b: ScalingType::BlockWise1x128 }
+        }
+        (Recipe::Fp8Block, ArchFamily::Hopper, _) if cublaslt_refuses_tiles(pass, shape) => {
+            GemmBackend::Fp8BlockGemm { b: ScalingType::BlockWise128x128 }
         }
         (Recipe::Fp8Block, ArchFamily::Hopper, _) => {
             GemmBackend::ScaledMmBlockwise { a: ScalingType::BlockWise1x128, b: ScalingType::BlockWise128x128 }

@@ -7,6 +7,7 @@
 //! | [`arch`] | [`Arch`] (compute capability or CPU), [`native_recipes`], [`auto_recipe`] |
 //! | [`gemm`] | the three passes ([`Pass`]), their [`GemmShape`], torch's [`ScalingType`] |
 //! | [`dispatch`] | the table recipe x arch x pass -> [`GemmBackend`]: [`gemm_backend`] |
+//! | [`grouped`] | MoE experts' grouped GEMMs, recipe x arch -> [`GroupedBackend`]: [`grouped_backend`] |
 //! | [`glob`] | `*` / `?` globs for name overrides: [`glob_match`] |
 //! | [`layer`] | what the planner says about a site: [`Role`], [`LayerInfo`] |
 //! | [`decide`](mod@decide) | per-site rules: [`Policy`] + [`LayerInfo`] -> [`LayerDecision`] |
@@ -25,6 +26,7 @@ pub mod decide;
 pub mod dispatch;
 pub mod gemm;
 pub mod glob;
+pub mod grouped;
 pub mod guardrail;
 pub mod layer;
 pub mod parallel;
@@ -35,6 +37,7 @@ pub use decide::{decide, LayerDecision, Policy, Rule};
 pub use dispatch::{gemm_backend, GemmBackend, GemmChoice};
 pub use gemm::{GemmShape, Pass, ScalingType};
 pub use glob::glob_match;
+pub use grouped::{grouped_backend, GroupedBackend, GroupedChoice};
 pub use guardrail::{check, Fallback, GuardrailConfig, LayerStats};
 pub use layer::{LayerInfo, Role};
 pub use recipe::{Precision, Recipe};

@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `Dense` | cuBLAS bf16 / CPU matmul | plain values: bf16 on CUDA, fp32 on the CPU |
 //! | `Emulated` | the same GEMMs | the recipe's quantized values, dequantized exactly |
-//! | `Blockwise` | `_scaled_mm_v2` on sm_90 (per-tensor: sm_89+) | FP8 data + fp32 scales in cuBLASLt's layout |
+//! | `Blockwise` | `_scaled_mm_v2` on sm_90 (per-tensor: sm_89+), deepwell's FP8 GEMM (sm_90a) | FP8 data + fp32 scales in cuBLASLt's layout |
 //! | `Mx` | `_scaled_mm_v2` on Blackwell | MX/NV data + swizzled scales (+ NVFP4 global scale) |
 //!
 //! Every operand is `(rows, K)`: the GEMM computes `A @ B^T` over the shared last dim K.
@@ -31,6 +31,8 @@ impl Form {
             GemmBackend::CublasBf16 | GemmBackend::CpuMatmul => (Form::Dense, Form::Dense),
             GemmBackend::Emulated { .. } => (Form::Emulated, Form::Emulated),
             GemmBackend::ScaledMmBlockwise { a, b } => (Form::Blockwise(a), Form::Blockwise(b)),
+            // deepwell's kernel reads the same operands as cuBLASLt's blockwise mode.
+            GemmBackend::Fp8BlockGemm { b } => (Form::Blockwise(ScalingType::BlockWise1x128), Form::Blockwise(b)),
             GemmBackend::ScaledMmTensorwise => {
                 (Form::Blockwise(ScalingType::TensorWise), Form::Blockwise(ScalingType::TensorWise))
             }

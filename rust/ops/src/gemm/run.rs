@@ -1,11 +1,12 @@
 //! One GEMM of a linear layer, `out = A @ B^T (+ bias)`, on the backend its operands were prepared
 //! for (`operand.rs`; the choice is deepwell_core::policy::gemm_backend).
 
-use deepwell_core::policy::ScalingType;
+use deepwell_core::policy::{GemmBackend, ScalingType};
 
 use super::operand::Operand;
 use super::{epilogue, scaled_mm_model};
 use crate::aten::{self, Scales};
+use crate::check::Backend;
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::tensor::Tensor;
@@ -16,9 +17,21 @@ const SWIZZLE_32_4_4: i64 = 1;
 /// torch's `ScalingType.TensorWise` (NVFP4's per-tensor scale).
 const TENSOR_WISE: i64 = 0;
 
-/// `A @ B^T (+ bias)` rounded to `out`; both operands of one form.
-pub fn run(op: Op, a: Operand, b: Operand, bias: Option<Tensor>, out: DType) -> Result<Tensor> {
+/// `A @ B^T (+ bias)` rounded to `out` on `backend`; both operands of the form it reads.
+pub fn run(op: Op, backend: GemmBackend, a: Operand, b: Operand, bias: Option<Tensor>, out: DType) -> Result<Tensor> {
     match (a, b) {
+        (
+            Operand::Blockwise { data: a, scale: sa, scaling: _ },
+            Operand::Blockwise { data: b, scale: sb, scaling: tb },
+        ) if matches!(backend, GemmBackend::Fp8BlockGemm { .. }) => {
+            // deepwell's kernel (ops/fp8_gemm) reads cuBLASLt's operands: A's scales are the
+            // (rows, K/128) view it takes, B's 128x128 tile scales are viewed transposed for
+            // cuBLASLt, (K/128, N/128), so seen back as (N/128, K/128). On CPU tensors (a modelled
+            // sm_90) its reference computes the same dequantized product.
+            let sb = if tb == ScalingType::BlockWise128x128 { sb.t(op)? } else { sb };
+            let on = Backend::of(op, a.device())?;
+            crate::ops::fp8_gemm::gemm(op, on, (a, sa), (b, sb), bias, Some(out))
+        }
         (Operand::Dense(a), Operand::Dense(b)) => dense(op, a, b, None, bias, out),
         (Operand::DenseScaled { values: a, global: ga }, Operand::DenseScaled { values: b, global: gb }) => {
             dense(op, a, b, Some((ga, gb)), bias, out)

@@ -28,6 +28,9 @@ pub static QUANTIZE: OpSpec = OpSpec {
 pub static QUANTIZE_ROWCOL: OpSpec =
     OpSpec { name: "fp8_block_quantize_rowcol", args: &[("x", Kind::Tensor), ("pow2", Kind::Bool)], returns: 4 };
 
+pub static QUANTIZE_TRANSPOSED: OpSpec =
+    OpSpec { name: "fp8_block_quantize_transposed", args: &[("x", Kind::Tensor), ("pow2", Kind::Bool)], returns: 2 };
+
 pub static DEQUANTIZE: OpSpec = OpSpec {
     name: "fp8_block_dequantize",
     args: &[
@@ -44,6 +47,7 @@ pub fn kernels() -> Vec<Kernel> {
     [
         cpu_and_cuda!(QUANTIZE, quantize_boxed),
         cpu_and_cuda!(QUANTIZE_ROWCOL, quantize_rowcol_boxed),
+        cpu_and_cuda!(QUANTIZE_TRANSPOSED, quantize_transposed_boxed),
         cpu_and_cuda!(DEQUANTIZE, dequantize_boxed),
     ]
     .concat()
@@ -92,8 +96,8 @@ pub enum ScaleLayout {
     MMajor,
 }
 
-/// x (m, k) transposed and quantized in one read, without the row copy (no torch op of its own: the
-/// linear layers' operands): `Cols` gives [data (k, m), scale_inv stored M-major as (m/128, k)],
+/// x (m, k) transposed and quantized in one read, without the row copy (the linear layers'
+/// operands; the torch op `fp8_block_quantize_transposed` is `TileT`): `Cols` gives [data (k, m), scale_inv stored M-major as (m/128, k)],
 /// rowcol's last two outputs with `ScaleLayout::MMajor`; `TileT` gives [data (k, m), scale_inv (k/128, m/128)], `quantize(x, (128, 128))`
 /// transposed (docs/NUMERICS.md "Transposes": a 128x128 block's scale does not depend on the
 /// orientation).
@@ -126,6 +130,11 @@ fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (x, pow2) = (a.tensor("x")?, a.bool("pow2")?);
     Ok(quantize_rowcol(a.op(), on, x, pow2, ScaleLayout::RowMajor)?.into())
+}
+
+fn quantize_transposed_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
+    let (x, pow2) = (a.tensor("x")?, a.bool("pow2")?);
+    Ok(quantize_transposed(a.op(), on, x, Transposed::TileT, pow2)?.into())
 }
 
 fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {

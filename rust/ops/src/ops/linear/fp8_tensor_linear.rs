@@ -93,9 +93,9 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let p = &layer.p;
     check_bias(op, bias.as_ref(), p.n as i64)?;
     let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, p.x_2d(op)?, Fp8Elem::E4M3, Copies::Both)?;
-    let form = Form::of(p.choice(Pass::Fprop).backend).0;
-    let xa = quantize::fp8_tensor_from_codes(op, form, rows, scale.share(op)?)?;
-    let y = gemm::run::run(op, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
+    let backend = p.choice(Pass::Fprop).backend;
+    let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, rows, scale.share(op)?)?;
+    let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
     let codes = aten::view_dtype(op, cols, DType::U8)?;
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes, scale])
 }
@@ -122,9 +122,9 @@ fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
     check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
     check::dtype_in(op, "x_scale_inv", &scale, &[DType::F32])?;
     check::shape_eq(op, "x_scale_inv", &scale, &[])?;
-    let form = Form::of(p.choice(Pass::Fprop).backend).0;
-    let xa = quantize::fp8_tensor_from_codes(op, form, aten::contiguous(op, codes)?, scale)?;
-    let y = gemm::run::run(op, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
+    let backend = p.choice(Pass::Fprop).backend;
+    let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, aten::contiguous(op, codes)?, scale)?;
+    let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
 }
 

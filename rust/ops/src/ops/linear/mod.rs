@@ -279,10 +279,10 @@ fn run_forward(op: Op, x: Tensor, weight: Tensor, bias: Option<Tensor>, recipe: 
     let layer = Layer::new(op, x, weight, &others, recipe)?;
     let p = &layer.p;
     check_bias(op, bias.as_ref(), p.n as i64)?;
-    let form = Form::of(p.choice(Pass::Fprop).backend).0;
-    let xa = quantize::along_k(op, p.recipe, form, Role::Activation, p.x_2d(op)?, 0)?;
+    let backend = p.choice(Pass::Fprop).backend;
+    let xa = quantize::along_k(op, p.recipe, Form::of(backend).0, Role::Activation, p.x_2d(op)?, 0)?;
     let wb = layer.weight_operand(op, Want::Fprop)?;
-    let y = gemm::run::run(op, xa, wb, bias, p.x.dtype())?;
+    let y = gemm::run::run(op, backend, xa, wb, bias, p.x.dtype())?;
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
 }
 
@@ -334,20 +334,21 @@ pub(super) fn run_backward(
     check::shape_eq(op, "grad_out", &dy, &p.out_shape)?;
     let dy2 = aten::contiguous(op, dy)?.reshape_contiguous(op, &[p.m as i64, p.n as i64])?;
 
-    let dgrad = need_x.then(|| Form::of(p.choice(Pass::Dgrad).backend).0);
-    let wgrad = need_w.then(|| Form::of(p.choice(Pass::Wgrad).backend));
+    let (dgrad_backend, wgrad_backend) = (p.choice(Pass::Dgrad).backend, p.choice(Pass::Wgrad).backend);
+    let dgrad = need_x.then(|| Form::of(dgrad_backend).0);
+    let wgrad = need_w.then(|| Form::of(wgrad_backend));
     let (dy_rows, dy_cols) = quantize::gradient_pair(op, p.recipe, dgrad, wgrad.map(|f| f.0), dy2, seed)?;
 
     let dx = match dy_rows {
         Some(da) => {
-            let dx = gemm::run::run(op, da, dgrad_weight()?, None, x_dtype)?;
+            let dx = gemm::run::run(op, dgrad_backend, da, dgrad_weight()?, None, x_dtype)?;
             aten::contiguous(op, dx)?.reshape_contiguous(op, &p.x_shape())?
         }
         None => unused(op, x_dtype, p.device)?,
     };
     let dw = match (dy_cols, wgrad) {
         (Some(da), Some((_, x_form))) => {
-            aten::contiguous(op, gemm::run::run(op, da, x_wgrad(x_form)?, None, w_dtype)?)?
+            aten::contiguous(op, gemm::run::run(op, wgrad_backend, da, x_wgrad(x_form)?, None, w_dtype)?)?
         }
         _ => unused(op, w_dtype, p.device)?,
     };

@@ -179,10 +179,11 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let Codes { p, data, scale, global } = codes(op, x, (data, scale, global), &others, &recipe_arg)?;
     check_bias(op, bias.as_ref(), p.n as i64)?;
 
-    let (x_form, w_form) = Form::of(p.choice(Pass::Fprop).backend);
+    let backend = p.choice(Pass::Fprop).backend;
+    let (x_form, w_form) = Form::of(backend);
     let xa = quantize::along_k(op, p.recipe, x_form, Role::Activation, p.x_2d(op)?, 0)?;
     let wb = quantize::weight_from_codes(op, p.recipe, w_form, data, scale, global)?;
-    let y = gemm::run::run(op, xa, wb, bias, p.x.dtype())?;
+    let y = gemm::run::run(op, backend, xa, wb, bias, p.x.dtype())?;
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
 }
 
