@@ -17,15 +17,16 @@
 // - 3 warpgroups: warpgroups 0 and 1 multiply (64 rows each per wave), warpgroup 2's first warp
 //   loads: TMA copies of A, B and their scales into a ring of STAGES shared-memory stages, each
 //   guarded by a "full" mbarrier (copies landed) and an "empty" one (all 8 math warps done).
-// - Tile BLOCK_M x 128 x 128 (K), BLOCK_M = 128 * WAVES: WAVES = 2 halves B's traffic per FLOP for
-//   large GEMMs; WAVES = 1 for grouped GEMMs whose groups are shorter.
+// - Tile BLOCK_M x 128 x 128 (K), BLOCK_M = 128 * WAVES: WAVES = 2 halves B's traffic per FLOP
+//   where there are enough tiles for every SM (Rust's `Fp8Gemm::waves_for` decides).
 // - GROUPING 0: one GEMM. GROUPING 1 (MoE forward / dgrad): A's rows are cut into groups by
 //   `offsets` (G + 1 row starts, any sizes), group g multiplies its own B, and a tile never spans
 //   two groups. Group g's B starts g * b_group_rows rows and g * b_group_k elements along K into
 //   the B tensor: (G * cols, K) stacked weights (forward) or (cols, G * K) side by side (dgrad:
-//   W^T of all experts from one transposing quantization of the (G * N, K) weights). GROUPING 2 (MoE wgrad): group g sums only the K-blocks of
-//   [offsets[g], offsets[g+1]) (multiples of 128, else that group's output is NaN: a misaligned
-//   call is loud, never silently wrong) into out[g] (G, rows, cols); an empty group writes zeros.
+//   W^T of all experts from one transposing quantization of the (G * N, K) weights).
+// - GROUPING 2 (MoE wgrad): group g sums only the K-blocks of [offsets[g], offsets[g+1])
+//   (multiples of 128, else that group's output is NaN: a misaligned call is loud, never silently
+//   wrong) into out[g] (G, rows, cols); an empty group writes zeros.
 //
 // Output rows beyond `rows` (or a group's end) and columns beyond `cols` are never written;
 // elements TMA reads outside A or B are zeros. Constraints (checked by Rust): K % 128 == 0,
@@ -65,7 +66,6 @@ struct GemmSmem {
     static constexpr int SA_OFF = STAGES * STAGE_BYTES;
     static constexpr int SB_OFF = SA_OFF + STAGES * SA_STAGE_BYTES;
     static constexpr int BAR_OFF = SB_OFF + (SB == 1 ? STAGES * GEMM_BLOCK_N * 4 : 0);
-    static constexpr int END = BAR_OFF + ((2 * STAGES * 8 + 127) / 128) * 128;
     // Bytes each stage's copies deliver (the full barrier's transaction count).
     static constexpr uint32_t TX_BYTES = STAGE_BYTES + WAVES * SA_WAVE * 4 + (SB == 1 ? GEMM_BLOCK_N * 4 : 0);
 };

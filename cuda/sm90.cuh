@@ -64,6 +64,9 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // ---------------------------------------------------------------------------------------------
 // Bulk tensor copy global -> shared of one box at coordinates (c0 innermost, c1), completing
 // `box bytes` on barrier `bar` (elements outside the tensor arrive as zeros and still count).
+// `dst` must be 128-byte aligned (1024 with the 128-byte swizzle) and c0 * element size a multiple
+// of 16 bytes: on the H100 a misaligned destination faulted "misaligned address" and an unaligned
+// innermost start "illegal instruction".
 
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaDesc* map, int c0, int c1, uint32_t bar) {
     asm volatile(

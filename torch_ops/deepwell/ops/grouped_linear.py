@@ -1,13 +1,13 @@
 """Grouped linear layers for the experts of a Mixture-of-Experts layer: `grouped_linear(x, weight,
 offsets, recipe)` computes, for every expert e, `y[offsets[e]:offsets[e+1]] = x[...] @ weight[e].T`
 over the expert-grouped buffer of `deepwell.moe_dispatch` (docs/DESIGN.md "MoE"). Forward, input
-gradient (dgrad) and weight gradient (wgrad) all run in `recipe`. How is Rust's decision
+gradient (dgrad) and weight gradient (wgrad) all run in `recipe`. Which way runs is Rust's decision
 (`deepwell_core::policy::grouped_backend`, the `grouped_backend` entry):
 
 | backend | when | how |
 |---|---|---|
 | `grouped_mm` | bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere |
-| `fp8_block_grouped` | fp8_block on sm_90, groups padded to 128 | deepwell's FP8 grouped GEMMs (cuda/fp8_gemm.cuh): x and W quantized once for the whole buffer / all experts, forward and dgrad as row-grouped GEMMs, wgrad as a K-grouped GEMM over each expert's tokens; x^T's and W's codes saved for the backward; no host sync |
+| `fp8_block_grouped` | fp8_block on sm_90, groups padded to 128 | deepwell's FP8 grouped GEMMs (cuda/fp8_gemm.cuh): x and W quantized once for the whole buffer / all experts, forward and dgrad as row-grouped GEMMs (W^T's tiles from one transposing pass over the stacked weights), wgrad as a K-grouped GEMM over each expert's tokens; x^T's codes and the weight saved for the backward; no host sync |
 | `emulated_grouped` | fp8_block, mxfp8 where Rust's dispatch marks them emulated (fp8_block off sm_90, mxfp8 off Blackwell, the CPU), groups padded | grouped exact emulation: the dense layer's quantizers on the whole buffer / all experts, dequantized, then `torch._grouped_mm` per pass (no host sync) |
 | `per_expert_loop` | nvfp4, fp8_tensor, native mxfp8, or groups not padded | a loop over `deepwell.scaled_linear` / `scaled_linear_backward` per expert, each dispatched by Rust exactly like a dense layer (a host read of the offsets: a sync on CUDA) |
 

@@ -13,7 +13,9 @@
 //! Scales may have any strides (the kernel reads them M-major; other layouts are copied once).
 //! Offsets are (G + 1) int32, non-decreasing, from 0 to R (what `moe_permute_index` returns);
 //! the wgrad's are multiples of 128. The CPU checks them and raises; CUDA cannot without a host
-//! sync: there a misaligned wgrad group comes out NaN (never silently wrong).
+//! sync: there a misaligned wgrad group comes out NaN, and row-group offsets that do not run from
+//! 0 to R leave the rows outside every group unwritten (the kernel clamps them into A, so nothing
+//! outside the tensors is touched).
 
 mod cuda;
 mod reference;
