@@ -120,7 +120,7 @@ def grouped_rows(experts: int, tokens: int, k: int, n: int, check: bool) -> list
         print(f"{shape:>26} {what:<40} {ms:8.3f} ms {r['tflops']:7.0f} TFLOP/s{err}", flush=True)
 
     def fprop_err(y):  # a few experts against float64 (the whole product is large)
-        da, db = deq(a, sa, (1, 128)), None
+        da = deq(a, sa, (1, 128))
         errs = []
         for e in (0, experts // 2, experts - 1):
             lo, hi = offsets[e].item(), offsets[e + 1].item()

@@ -20,7 +20,9 @@ define(f"fp8_block_grouped_gemm({_SCALED}, Tensor offsets, ScalarType? out_dtype
 define(f"fp8_block_grouped_wgrad({_SCALED}, Tensor offsets, ScalarType? out_dtype=None) -> Tensor")
 
 
-def _check_common(op, a, a_scale, b, b_scale, out_dtype, b_dim):
+def _check_common(op, a, a_scale, b, b_scale, out_dtype, b_dim, groups_along_k=None):
+    """The checks every FP8 GEMM op shares (as the Rust op makes them); `groups_along_k`: b holds
+    that many groups side by side along K."""
     out = _checks.out_dtype(op, out_dtype)
     for name, t, dt in (("a", a, torch.float8_e4m3fn), ("b", b, torch.float8_e4m3fn),
                         ("a_scale", a_scale, torch.float32), ("b_scale", b_scale, torch.float32)):
@@ -34,10 +36,11 @@ def _check_common(op, a, a_scale, b, b_scale, out_dtype, b_dim):
     if b.dim() != b_dim:
         _checks.fail(op, "b", "be 3-d (groups, N, K)" if b_dim == 3 else "be 2-d (N, K)", f"a {b.dim()}-d tensor")
     _checks.non_empty(op, "b", b, b_dim)
-    if b.shape[-1] != k:
+    if b.shape[-1] != k * (groups_along_k or 1):
+        side = f", expected {groups_along_k} groups x K" if groups_along_k else ""
         raise RuntimeError(
             f"deepwell.{op}: a has K = {k} (shape {_checks.shape_str(a.shape)}) but b has {b.shape[-1]} "
-            f"(shape {_checks.shape_str(b.shape)})"
+            f"(shape {_checks.shape_str(b.shape)}){side}"
         )
     return out, rows, k, b.shape[-2]
 
@@ -76,17 +79,11 @@ def _grouped_fake(a, a_scale, b, b_scale, offsets, out_dtype=None):
     tensors = [("a", a), ("a_scale", a_scale), ("b", b), ("b_scale", b_scale)]
     if b.dim() == 2:  # the groups side by side along K: (N, G * K)
         groups = offsets.shape[0] - 1
-        out = _checks.out_dtype(op, out_dtype)
-        _check_common(op, a, a_scale, b[:, : a.shape[1]], b_scale, out_dtype, 2)
-        if b.shape[1] != groups * a.shape[1]:
-            raise RuntimeError(
-                f"deepwell.{op}: a has K = {a.shape[1]} (shape {_checks.shape_str(a.shape)}) but b has {b.shape[1]} "
-                f"(shape {_checks.shape_str(b.shape)}), expected {groups} groups x K"
-            )
+        out, rows, k, cols = _check_common(op, a, a_scale, b, b_scale, out_dtype, 2, groups_along_k=groups)
         _checks.divisible(op, "b", b, 0, 128, "B's scales are 128x128 tiles")
-        _checks.shape_eq(op, "b_scale", b_scale, (b.shape[0] // 128, groups * (a.shape[1] // 128)))
+        _checks.shape_eq(op, "b_scale", b_scale, (cols // 128, groups * (k // 128)))
         _check_offsets(op, offsets, None, tensors)
-        return a.new_empty((a.shape[0], b.shape[0]), dtype=out)
+        return a.new_empty((rows, cols), dtype=out)
     out, rows, k, cols = _check_common(op, a, a_scale, b, b_scale, out_dtype, 3)
     _checks.divisible(op, "b", b, 1, 128, "B's scales are 128x128 tiles")
     _checks.shape_eq(op, "b_scale", b_scale, (b.shape[0], cols // 128, k // 128))

@@ -10,7 +10,7 @@
 //! | B, `Row1x128` (wgrad's x) | (cols, K) E4M3 | (K/128, cols) fp32 |
 //!
 //! What it computes is the exact product of the dequantized operands up to fp32 accumulation
-//! order; `cpu` in ops/fp8_gemm is that product, computed on dequantized copies.
+//! order; `reference.rs` in ops/fp8_gemm is that product, computed on dequantized copies.
 
 use deepwell_gpu::kernels::fp8_gemm::{BScales, Fp8Gemm, GemmSizes, Grouping};
 use deepwell_gpu::tma::{Elem, Map2d};

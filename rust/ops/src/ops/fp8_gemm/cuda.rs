@@ -1,7 +1,7 @@
 //! The FP8 GEMMs on CUDA: deepwell's kernel (cuda/fp8_gemm.cuh) on sm_90 for the shapes it takes
 //! (`gemm::fp8_gemm::fits`), else the reference (`reference.rs`).
 
-use deepwell_gpu::kernels::fp8_gemm::{BScales, Grouping};
+use deepwell_gpu::kernels::fp8_gemm::BScales;
 
 use super::{reference, Call};
 use crate::aten;
@@ -13,7 +13,7 @@ use crate::tensor::Tensor;
 
 /// A's 1x128 scales (rows, K/128), any strides, as the (K/128, rows) M-major tensor the kernel
 /// reads: a view when they are stored so already (what the quantizers' M-major layout gives).
-pub(crate) fn m_major(op: Op, scale: &Tensor) -> Result<Tensor> {
+fn m_major(op: Op, scale: &Tensor) -> Result<Tensor> {
     let (s, st) = (scale.sizes(), scale.strides());
     let t = scale.t(op)?;
     if st[0] == 1 && st[1] == s[0] {
@@ -50,7 +50,7 @@ pub(super) fn run(op: Op, c: Call) -> Result<Vec<Tensor>> {
         rows: c.rows,
         cols: c.cols,
         k: c.k,
-        groups: if c.grouping == Grouping::Dense { 1 } else { c.groups },
+        groups: c.groups,
         out: c.out,
     };
     Ok(vec![fp8_gemm::run(op, &launch, &g)?])

@@ -233,8 +233,7 @@ impl Call {
             }
             Grouping::K => {
                 check::shape_eq(op, "b_scale", &b_scale, &[cols, kb])?;
-                let g = offsets.as_ref().map_or(1, |t| t.numel() as i64 - 1);
-                (BScales::Row1x128, g)
+                (BScales::Row1x128, offset_groups)
             }
         };
         if let Some(t) = &bias {

@@ -25,16 +25,22 @@ fn mm(op: Op, a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 pub(super) fn run(op: Op, c: Call) -> Result<Vec<Tensor>> {
+    // A grouped call's offsets first: refused on a GPU (and checked) before any work.
+    let bounds = match (c.grouping, &c.offsets) {
+        (Grouping::Dense, _) => Vec::new(),
+        (_, None) => return Err(Error::Internal { op, msg: "grouped GEMM without offsets".into() }),
+        (_, Some(offsets)) => {
+            let bounds = host_offsets(op, offsets, c.device)?;
+            check_offsets(op, &bounds, if c.grouping == Grouping::K { c.k } else { c.rows }, c.grouping)?;
+            bounds
+        }
+    };
     let a = dequant(op, c.a, c.a_scale, (1, 128))?;
     let b_block = if c.b_scales == BScales::Tile128 { (128, 128) } else { (1, 128) };
     let b = dequant(op, c.b, c.b_scale, b_block)?;
     let y = match c.grouping {
         Grouping::Dense => mm(op, &a, &b)?,
         Grouping::Rows | Grouping::K => {
-            let offsets =
-                c.offsets.as_ref().ok_or(Error::Internal { op, msg: "grouped GEMM without offsets".into() })?;
-            let bounds = host_offsets(op, offsets, c.device)?;
-            check_offsets(op, &bounds, if c.grouping == Grouping::K { c.k } else { c.rows }, c.grouping)?;
             let mut parts = Vec::with_capacity(c.groups as usize);
             for g in 0..c.groups as usize {
                 let (lo, len) = (bounds[g] as i64, (bounds[g + 1] - bounds[g]) as i64);
