@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import deepwell
-from _util import same_bits, spawn
+from _util import same_bits, spawn, trains_alike
 from deepwell.models import Llama
 from deepwell.plan import fp8_all_gather
 from deepwell.plan.fp8_weights import Fp8BlockGathered
@@ -190,9 +190,8 @@ def test_checkpoints_save_and_resume_with_the_fp8_all_gather(tmp_path):
     assert two["fp8_pre_all_gathers"] > 0 and len(two["fp8_gathered"]) == 14
     assert two["resumed"] == two["losses"] and full["resumed"] == full["losses"] == two["losses"]
     assert len(two["errors"]) == 2 and all("__1_0.distcp is corrupted" in e for e in two["errors"])
-    close = lambda a, b: all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b))  # noqa: E731
-    assert close(one["losses"], two["losses"]) and len(one["crossed"]) == 2
-    assert all(close(one["losses"], c) for c in one["crossed"])
+    assert trains_alike(one["losses"], two["losses"]) and len(one["crossed"]) == 2
+    assert all(trains_alike(one["losses"], c) for c in one["crossed"])
 
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata

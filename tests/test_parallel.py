@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import deepwell
+from _util import trains_alike
 from deepwell import _native
 from deepwell.models import Llama
 from deepwell.plan.backend import _from_fixed_plan
@@ -140,13 +141,8 @@ def test_fsdp2_on_two_processes_matches_one(tmp_path):
     one, two = _run(tmp_path, 1), _run(tmp_path, 2)
     assert two["parallelism"]["data"] == 2 and two["sharding"]["fsdp"] and two["sharded"].startswith("FSDP")
     assert set(two["ran"]) == {"fp8_block"} and one["ran"].count("fp8_block") == 2 * len(two["ran"])
-    for a, b in zip(one["losses"], two["losses"]):
-        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], two["losses"])
+    assert trains_alike(one["losses"], two["losses"]), (one["losses"], two["losses"])
     assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]
-
-
-def _same(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b))
 
 
 def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp_path):
@@ -164,9 +160,9 @@ def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp
     one = _run(tmp_path, 1, "trainer", CROSS_RESUME=os.pathsep.join(map(str, crosses)))
     assert two["checkpoint_format"] == "sharded" and full["checkpoint_format"] == "full" and one["checkpoint_format"] == "full"
     assert len(one["losses"]) == len(two["losses"]) == 3
-    assert _same(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]), (one, two)
+    assert trains_alike(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]), (one, two)
     assert two["resumed"] == two["losses"] and full["resumed"] == full["losses"] == two["losses"] and one["resumed"] == one["losses"]
-    assert len(one["crossed"]) == 2 and all(_same(one["losses"], c) for c in one["crossed"]), (one["losses"], one["crossed"])
+    assert len(one["crossed"]) == 2 and all(trains_alike(one["losses"], c) for c in one["crossed"]), (one["losses"], one["crossed"])
 
     files = json.loads((crosses[0] / "manifest.json").read_text())["files"]
     want = {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "rng-rank0.safetensors", "rng-rank1.safetensors"}
@@ -179,7 +175,7 @@ def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp
     # One process's (full-format) checkpoint under 2 processes, which then write sharded ones.
     back = _run(tmp_path, 2, "trainer", "-from1", CROSS_RESUME=str(tmp_path / "ckpt-world1" / "step_00000001"))
     assert back["checkpoint_format"] == "sharded" and back["resumed"] == back["losses"] == two["losses"]
-    assert _same(one["losses"], back["crossed"][0]), (one["losses"], back["crossed"])
+    assert trains_alike(one["losses"], back["crossed"][0]), (one["losses"], back["crossed"])
 
 
 def _main_job_under_torchrun(tmp_path, *options: str) -> str:
