@@ -17,7 +17,8 @@
 #             the train and linear steps measure torchao float8 in the same process
 #   moe       benchmarks/bench_moe.py             (moe-quick: the E64 layer only, no model step)
 #   profile-moe benchmarks/profile_moe.py       (one MoE layer's kernel time by stage, HF grouped_mm vs
-#             deepwell bf16, E64; profile-moe-all: the three bench_moe shapes)
+#             deepwell bf16, E64; profile-moe-all: the three bench_moe shapes; profile-moe-fp8: Mixtral and
+#             E64 with deepwell fp8_block beside them)
 #   parallel  benchmarks/bench_parallel.py        (1 vs 2 GPUs through torchrun: FSDP2 and tensor parallel;
 #             needs a 2-GPU kind, nvidia-h200-x2; NVLink multicast stays off)
 #   moe-tests the MoE GPU tests (-m gpu; the CPU ones, HF parity included, run in CI against transformers 5.23)
@@ -96,10 +97,11 @@ for step in $steps; do
             python3 benchmarks/bench_moe.py $quick 2>&1 | tee "$OUT/bench_moe.log" || status=1
             find benchmarks/results -name "bench_moe-*.json" -exec cp {} "$OUT/" \;
             ;;
-        profile-moe | profile-moe-all)
+        profile-moe | profile-moe-all | profile-moe-fp8)
             shapes=fine-e64; [ "$step" = profile-moe-all ] && shapes="fine-e64 fine-e128 mixtral"
+            recipe=; [ "$step" = profile-moe-fp8 ] && shapes="mixtral fine-e64" && recipe="--recipe fp8_block"
             for shape in $shapes; do
-                python3 benchmarks/profile_moe.py --shape "$shape" 2>&1 | tee "$OUT/profile_moe-$shape.log" || status=1
+                python3 benchmarks/profile_moe.py --shape "$shape" $recipe 2>&1 | tee "$OUT/profile_moe-$shape${recipe:+-fp8_block}.log" || status=1
             done
             find benchmarks/results -name "profile_moe-*.json" -exec cp {} "$OUT/" \;
             ;;

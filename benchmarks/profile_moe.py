@@ -4,7 +4,7 @@ torch.profiler, next to a bytes/FLOPs prediction. Prints per stage the kernel ti
 host syncs and device-to-host copies, then the top kernels of each side by side; writes JSON to
 benchmarks/results/.
 
-    python benchmarks/profile_moe.py [--shape fine-e64|fine-e128|mixtral] [--tokens 8192] [--steps 1]
+    python benchmarks/profile_moe.py [--shape fine-e64|fine-e128|mixtral] [--tokens 8192] [--steps 1] [--recipe fp8_block]
     python benchmarks/profile_moe.py --quick --device cpu    # tiny shape: checks the script runs
 
 Prediction (count first, predict, then measure). Default shape E=64, D=2048, F=1408, K=8, T=8192,
@@ -90,7 +90,7 @@ KERNEL_PATTERNS = [
     ("permutation", r"sort|radix|index|gather|scatter|histc|histogram|cumsum|scan|moe_permute"),
 ]
 PERMUTE_ANCHORS = ("aten::sort", "aten::argsort", "deepwell::moe_permute_index")
-GEMM_ANCHORS = ("aten::_grouped_mm", "deepwell_moe::grouped_scaled_linear", "_GroupedEmulated")
+GEMM_ANCHORS = ("aten::_grouped_mm", "deepwell_moe::grouped_scaled_linear", "_GroupedEmulated", "_GroupedFp8Block")
 # record_function ranges set here (profile_step, build); kineto may also list them as GPU events.
 OWN_RANGES = "profile_moe::"
 AUX_RANGE, STEP_RANGE, FORWARD_RANGE = (OWN_RANGES + n for n in ("aux_losses", "step", "forward"))
@@ -304,6 +304,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1, help="profiled forward + backward calls (averaged)")
     p.add_argument("--quick", action="store_true", help="D and F / 8, 512 tokens (a CPU check)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--recipe", default=None, choices=["fp8_block", "mxfp8", "nvfp4"],
+                   help="also profile DeepwellMoE with its experts in this recipe (same weights)")
     p.add_argument("--aux-loss", default=None, choices=["switch", "seq"],
                    help="DeepwellMoE's aux loss (bench_moe: none; HF has none)")
     args = p.parse_args()
@@ -316,11 +318,16 @@ def main() -> None:
     header(f"profile_moe: one MoE layer forward + backward by stage, {name} E{e} D{d} F{f} top-{k}, "
            f"{tokens} tokens, bf16", env)
     x, dy, moe, params = build(e, d, f, k, tokens, args.device, args.aux_loss)
-    impls = {"hf grouped_mm": lambda x: hf_grouped_mm(x, *params, k), "deepwell bf16": moe}
+    impls = {"hf grouped_mm": (lambda x: hf_grouped_mm(x, *params, k), params), "deepwell bf16": (moe, params)}
+    if args.recipe:  # the same layer with its experts in `recipe` (the stages' prediction stays bf16's)
+        other = deepwell.DeepwellMoE(d, f, e, k, aux_loss=args.aux_loss, recipe=args.recipe, device=args.device,
+                                     dtype=torch.bfloat16)
+        other.load_state_dict(moe.state_dict())
+        impls[f"deepwell {args.recipe}"] = (other, (other.gate.weight, other.experts.gate_up_proj, other.experts.down_proj))
     pred = predict(e, d, f, k, tokens)
     results = {}
     with cpu_histc(args.device):
-        for label, fn in impls.items():
+        for label, (fn, params) in impls.items():
             records, syncs = profile_step(fn, x, params, dy, args.steps, args.device)
             results[label] = {"stages": summarize(records, syncs, args.steps),
                               "top": top_kernels(records, args.steps),
@@ -337,7 +344,8 @@ def main() -> None:
     extra = {"top_kernels": {label: r["top"] for label, r in results.items()},
              "wall_ms": {label: r["wall_ms"] for label, r in results.items()}}
     # One file per shape: the device_run step profiles several the same day.
-    print("wrote", write_json(f"profile_moe-{name}{'-quick' if args.quick else ''}", env, rows, extra))
+    tag = (f"-{args.recipe}" if args.recipe else "") + ("-quick" if args.quick else "")
+    print("wrote", write_json(f"profile_moe-{name}{tag}", env, rows, extra))
 
 
 def print_tables(results, pred, device: str) -> None:

@@ -202,9 +202,15 @@ def _check_row_groups(y, da, offsets, b_of):
 
 
 @pytest.mark.gpu
-def test_gpu_grouped_wgrad_matches_the_float64_product(gen):
-    tokens = [256, 0, 384, 128]
-    m, n, r = 384, 512, sum(tokens)
+@pytest.mark.parametrize(
+    "m,n,tokens",
+    [
+        (384, 512, [256, 0, 384, 128]),  # 32 tiles of 256 rows: 128-row tiles
+        (1160, 1024, [512, 0, 384, 256, 128, 640, 128, 256]),  # 320 tiles: 256-row tiles, a partial last one
+    ],
+)
+def test_gpu_grouped_wgrad_matches_the_float64_product(gen, m, n, tokens):
+    r = sum(tokens)
     dy, x = torch.randn(r, m, generator=gen).cuda(), torch.randn(r, n, generator=gen).cuda()
     a, sa = _quant(dy.t().contiguous(), (1, 128))
     b, sb = _quant(x.t().contiguous(), (1, 128))

@@ -72,15 +72,16 @@ impl Fp8Gemm {
     /// Rows per tile for a launch of `sizes` on `sms` multiprocessors: 256 (B read once per 256
     /// rows: a third less shared-memory traffic per FLOP) when that still gives every SM a tile
     /// and, for row groups, the average group is long enough that the partial last tile of each
-    /// group wastes little; else 128.
+    /// group wastes little; else 128. A K-grouped wgrad's rows are a weight's output features,
+    /// whole in every group, so only the tile count decides.
     pub fn waves_for(grouping: Grouping, s: GemmSizes, sms: u32) -> u8 {
-        let tiles_256 = s.rows.div_ceil(256) * s.cols.div_ceil(BLOCK_N);
+        let matrices = if grouping == Grouping::K { s.groups.max(1) } else { 1 };
+        let tiles_256 = matrices * s.rows.div_ceil(256) * s.cols.div_ceil(BLOCK_N);
         // Measured on the H100 (bench_gemm, 2026-11-26): 256-row tiles win for groups of 577
         // rows on average (E128: 883 vs 816 TFLOP/s) and more; below 256 most of a tile is padding.
         let long_groups = match grouping {
-            Grouping::Dense => true,
+            Grouping::Dense | Grouping::K => true,
             Grouping::Rows => s.rows >= 256 * s.groups.max(1),
-            Grouping::K => false,
         };
         if long_groups && tiles_256 >= u64::from(sms) {
             2
@@ -134,7 +135,7 @@ impl Family for Fp8Gemm {
 }
 
 /// Every specialization the GEMM ops launch: dense and grouped-rows GEMMs in both tile heights
-/// (dense with either B layout, row groups against weights), K-grouped wgrads; each for every
+/// (dense with either B layout, row groups against weights, K-grouped wgrads); each for every
 /// output type.
 pub fn all() -> Vec<Fp8Gemm> {
     let mut v = Vec::new();
@@ -147,7 +148,9 @@ pub fn all() -> Vec<Fp8Gemm> {
         for waves in [1, 2] {
             v.push(Fp8Gemm { out, waves, b_scales: BScales::Tile128, grouping: Grouping::Rows });
         }
-        v.push(Fp8Gemm { out, waves: 1, b_scales: BScales::Row1x128, grouping: Grouping::K });
+        for waves in [1, 2] {
+            v.push(Fp8Gemm { out, waves, b_scales: BScales::Row1x128, grouping: Grouping::K });
+        }
     }
     v
 }
@@ -202,5 +205,9 @@ mod tests {
         let experts = |rows, groups| GemmSizes { rows, cols: 1408, k: 2048, groups };
         assert_eq!(Fp8Gemm::waves_for(Grouping::Rows, experts(65536, 128), 132), 2);
         assert_eq!(Fp8Gemm::waves_for(Grouping::Rows, experts(65536, 512), 132), 1);
+        // Wgrads: every expert's (rows, cols) output counts; few tiles keep 128 rows.
+        let wgrad = |rows, cols, groups| GemmSizes { rows, cols, k: 65536, groups };
+        assert_eq!(Fp8Gemm::waves_for(Grouping::K, wgrad(2816, 2048, 64), 132), 2);
+        assert_eq!(Fp8Gemm::waves_for(Grouping::K, wgrad(512, 256, 8), 132), 1);
     }
 }

@@ -66,8 +66,7 @@ pub fn fits(rows: i64, cols: i64, k: i64, b_scales: BScales) -> bool {
     rows > 0 && cols > 0 && k > 0 && k % 128 == 0 && rows % 4 == 0 && cols_ok
 }
 
-/// `DEEPWELL_FP8_GEMM_WAVES=1|2` forces the tile height (128 or 256 rows) of dense and row-grouped
-/// launches, for benchmarking the choice `Fp8Gemm::waves_for` makes.
+/// `DEEPWELL_FP8_GEMM_WAVES=1|2` forces the tile height (128 or 256 rows) of every launch, for benchmarking the choice `Fp8Gemm::waves_for` makes.
 fn forced_waves() -> Option<u8> {
     static FORCED: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
     *FORCED.get_or_init(|| match std::env::var("DEEPWELL_FP8_GEMM_WAVES").as_deref() {
@@ -88,7 +87,6 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     let (rows, cols, k) = (g.rows as u64, g.cols as u64, g.k as u64);
     let sizes = GemmSizes { rows, cols, k, groups: g.groups as u64 };
     let waves = forced_waves().unwrap_or_else(|| Fp8Gemm::waves_for(g.grouping, sizes, launch.dev.sms()));
-    let waves = if g.grouping == Grouping::K { 1 } else { waves };
     let kernel = Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping };
     let block_m = kernel.block_m() as u32;
     let codes = |t: &Tensor, n: u64, box_rows: u32| Map2d {
