@@ -151,6 +151,31 @@ def test_auto_recipe_is_planned_by_rust():
     assert moe._planned == ("bf16", "bf16")
 
 
+def test_auto_keeps_bf16_experts_where_the_cost_model_predicts_fp8_slower():
+    """On sm_90, "auto" gives Mixtral-sized experts fp8_block (measured 1.12x the bf16 layer) and
+    fine-grained ones bf16 (fp8_block measured 0.85x at E64, 0.69x at E128: benchmarks/results/
+    bench_moe-NVIDIA_H200-2026-11-26.log). A recipe the user asks for is kept whatever its cost."""
+    from deepwell.nn.moe import plan_experts
+
+    auto = deepwell.PrecisionPolicy()
+    mixtral = plan_experts(auto, "sm_90", "moe", "DeepwellMoE", 4096, 14336, 8, 8192 * 2)
+    assert mixtral[:2] == ["fp8_block", "fp8_block"], mixtral
+    for dim, ffn, experts in [(2048, 1408, 64), (2048, 768, 128)]:
+        fine = plan_experts(auto, "sm_90", "moe", "DeepwellMoE", dim, ffn, experts, 8192 * 8)
+        assert fine[:2] == ["bf16", "bf16"], fine
+        assert all("auto: fp8_block predicted" in r and "too few to gain" in r for r in fine[2:]), fine
+        forced = plan_experts(deepwell.PrecisionPolicy(precision="fp8_block"), "sm_90", "moe", "DeepwellMoE", dim,
+                              ffn, experts, 8192 * 8)
+        assert forced[:2] == ["fp8_block", "fp8_block"], forced
+    # Unknown tokens (symbolic shapes while tracing): the policy's decision stands.
+    unknown = plan_experts(auto, "sm_90", "moe", "DeepwellMoE", 2048, 1408, 64, None)
+    assert unknown[:2] == ["fp8_block", "fp8_block"], unknown
+    # The cost entry refuses an incomplete request by name.
+    with pytest.raises(ValueError, match="assignments"):
+        deepwell._native.call("grouped_cost", {"arch": "sm_90", "recipe": "fp8_block", "experts": 8,
+                                               "in_features": 128, "out_features": 128})
+
+
 @pytest.mark.parametrize("opts", [dict(top_k=2), dict(top_k=3, score_func="sigmoid", n_group=4, topk_group=2,
                                                          expert_bias=True, capacity_factor=1.0, aux_loss_coef=0.01,
                                                          z_loss_coef=1e-3, num_shared_experts=1),

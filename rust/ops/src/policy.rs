@@ -19,6 +19,9 @@
 //! "fp8_block_grouped" | "emulated_grouped" | "per_expert_loop", "emulated", "reason"}`: how MoE
 //! experts of that recipe run (deepwell_core::policy::grouped_backend), for `grouped_linear`.
 //!
+//! `grouped_cost` — one MoE expert projection's predicted forward + backward ms in a recipe and in
+//! bf16 (`grouped_cost_entry`), for DeepwellMoE's `auto` plan.
+//!
 //! `roles` — the role of each `[name, module_type]` site (deepwell_core `Role::of_module`).
 //!
 //! `guardrail_check` — the run-time guardrail (deepwell_core::policy::guardrail): `{"stats":
@@ -29,7 +32,7 @@
 //! A present field of the wrong type is refused, never replaced by its default.
 
 use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
-use deepwell_core::policy::cost::{self, SiteCost};
+use deepwell_core::policy::cost::{self, GroupedSiteCost, SiteCost};
 use deepwell_core::policy::parallel::{self, Cluster, ModelSize};
 use deepwell_core::policy::{
     auto_recipe, check, decide, gemm_backend, grouped_backend, native_recipes, Arch, GemmShape, GuardrailConfig,
@@ -190,12 +193,32 @@ pub fn step_cost_entry(req: &Value) -> Answer {
         })
         .collect::<Result<Vec<_>, String>>()?;
     let other_bytes = optional(req, "other_bytes", Value::as_f64, "a number of bytes")?.unwrap_or(0.0);
-    let (rates, own) = cost::rates(arch);
+    let (rates, _) = cost::rates(arch);
     let other_ms = other_bytes / (rates.copy_tbps * 1e12) * 1e3;
     let (ms, bf16) = cost::step_ms(&sites, arch);
-    let source =
-        if own { rates.source.to_owned() } else { format!("{} (no rates for {arch}: borrowed)", rates.source) };
-    Ok(json!({"step_ms": ms + other_ms, "bf16_step_ms": bf16 + other_ms, "rates_from": source}))
+    Ok(json!({"step_ms": ms + other_ms, "bf16_step_ms": bf16 + other_ms, "rates_from": rates_from(arch)}))
+}
+
+/// `grouped_cost`: the cost model's predicted forward + backward of one MoE expert projection
+/// (deepwell_core `cost::grouped_site_ms`): `{"arch", "recipe", "experts", "assignments" (tokens x
+/// top-k), "in_features", "out_features"}` -> `{"ms", "bf16_ms", "rates_from"}`.
+pub fn grouped_cost_entry(req: &Value) -> Answer {
+    let arch: Arch = parse(&text(req, "arch")?, "arch")?;
+    let site = GroupedSiteCost {
+        experts: count(req, "experts")?,
+        assignments: count(req, "assignments")?,
+        in_features: count(req, "in_features")?,
+        out_features: count(req, "out_features")?,
+        recipe: parse(&text(req, "recipe")?, "recipe")?,
+    };
+    let (ms, bf16) = cost::grouped_site_ms(&site, arch);
+    Ok(json!({"ms": ms, "bf16_ms": bf16, "rates_from": rates_from(arch)}))
+}
+
+/// Where `arch`'s rates come from, saying so when they are borrowed from another device.
+fn rates_from(arch: Arch) -> String {
+    let (rates, own) = cost::rates(arch);
+    if own { rates.source.to_owned() } else { format!("{} (no rates for {arch}: borrowed)", rates.source) }
 }
 
 /// A float field, also accepting the strings JSON cannot carry as numbers ("nan", "inf", "-inf").

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import _env
+from .. import _env, _native
 from ..ops.grouped_linear import block_of, grouped_linear
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..plan import recipes
@@ -109,22 +109,46 @@ class _AddLossToGrad(torch.autograd.Function):
 
 @torch._dynamo.assume_constant_result
 def _plan_experts(
-    policy_json: str, device: str, name: str, kind: str, dim: int, ffn_dim: int, verbose: bool
+    policy_json: str, device: str, name: str, kind: str, dim: int, ffn_dim: int, experts: int,
+    assignments: int | None, verbose: bool
 ) -> tuple[str, ...]:
     """The Rust planner's recipes for the two expert projections (role "experts") on `device`, and
     its reasons: (gate_up recipe, down recipe, gate_up reason, down reason). Printed when `verbose`
     or DEEPWELL_PRINT_PLAN=1 (this runs eagerly, also while torch.compile traces)."""
+    arch = recipes.device_arch(device)
+    reasons = tuple(plan_experts(PrecisionPolicy(**json.loads(policy_json)), arch, name, kind, dim, ffn_dim, experts,
+                                 assignments))
+    if verbose or _env.print_plan():
+        for r in reasons[2:]:
+            print(f"deepwell MoE plan ({device}): {r}")
+    return reasons
+
+
+def plan_experts(policy: PrecisionPolicy, arch: str, name: str, kind: str, dim: int, ffn_dim: int, experts: int,
+                 assignments: int | None) -> list[str]:
+    """[gate_up recipe, down recipe, gate_up reason, down reason] on `arch`: the policy's decisions;
+    under precision "auto", a low-precision projection the cost model (Rust's `grouped_cost`)
+    predicts slower than bf16 at `assignments` rows (tokens x top-k; None: unknown) stays bf16, as
+    the dense policy's min_features rule keeps layers too small to gain."""
     infos = [
         LayerInfo(f"{name}.experts.gate_up_proj", kind, "experts", 1, 3, dim, 2 * ffn_dim),
         LayerInfo(f"{name}.experts.down_proj", kind, "experts", 1, 3, ffn_dim, dim),
     ]
     # Sites 1 of 3: the policy's first/last rule is about the model's ends, not this block's.
-    decisions = PrecisionPolicy(**json.loads(policy_json)).decide(infos, recipes.device_arch(device))
-    reasons = tuple(f"{i.name}: {d.recipe} ({d.reason})" for i, d in zip(infos, decisions))
-    if verbose or _env.print_plan():
-        for r in reasons:
-            print(f"deepwell MoE plan ({device}): {r}")
-    return (decisions[0].recipe, decisions[1].recipe, *reasons)
+    decisions = policy.decide(infos, arch)
+    out = [[d.recipe, f"{i.name}: {d.recipe} ({d.reason})"] for i, d in zip(infos, decisions)]
+    if policy.precision == "auto" and assignments:
+        for row, info, d in zip(out, infos, decisions):
+            if d.recipe == "bf16" or d.rule != "Precision":
+                continue
+            cost = _native.call("grouped_cost", {"arch": arch, "recipe": d.recipe, "experts": experts,
+                                                 "assignments": assignments, "in_features": info.in_features,
+                                                 "out_features": info.out_features})
+            if cost["ms"] >= cost["bf16_ms"]:
+                row[:] = ["bf16", f"{info.name}: bf16 (auto: {d.recipe} predicted {cost['ms']:.3f} ms forward + "
+                          f"backward against bf16's {cost['bf16_ms']:.3f} at {assignments / experts:.0f} rows per "
+                          f"expert: too few to gain)"]
+    return [out[0][0], out[1][0], out[0][1], out[1][1]]
 
 
 class DeepwellMoE(nn.Module):
@@ -145,8 +169,10 @@ class DeepwellMoE(nn.Module):
         recipe: the experts' GEMMs: "bf16", "fp8_block", "mxfp8", "nvfp4" or "auto" (the Rust planner
             decides per projection on the device of the first forward, role "experts", under
             `policy`: default `PrecisionPolicy()`, whose precision "auto" is the device's fastest
-            native recipe; `name` is the module's qualified name the policy's globs see; `verbose`
-            prints the decisions, as DEEPWELL_PRINT_PLAN=1 does).
+            native recipe, kept bf16 for a projection where Rust's cost model predicts it slower
+            than bf16 at the first forward's tokens per expert (fine-grained experts on Hopper);
+            `name` is the module's qualified name the policy's globs see; `verbose` prints the
+            decisions, as DEEPWELL_PRINT_PLAN=1 does).
     """
 
     def __init__(
@@ -261,8 +287,11 @@ class DeepwellMoE(nn.Module):
         constant to torch.compile, which cannot trace the planner's JSON call)."""
         if self._planned is not None:
             return self._planned
+        rows = x2.shape[0]  # the plan's token count: this first forward's (unknown while tracing symbolic shapes)
+        assignments = rows * self.top_k if isinstance(rows, int) else None
         up, down, *reasons = _plan_experts(
-            self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim, self.verbose
+            self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim,
+            self.num_experts, assignments, self.verbose
         )
         if not torch.compiler.is_compiling():
             self._planned, self.plan_reasons = (up, down), list(reasons)

@@ -8,10 +8,15 @@
 //! cuBLAS bf16 ~690 TFLOP/s, cuBLASLt FP8 1x128 x 128x128 ~1150, 1x128 x 1x128 ~900, per-tensor ~1250, copy ~3.0
 //! TB/s); the B200 datasheet's dense peaks for sm_100/103, labelled as such (no Blackwell GPU has
 //! run deepwell). Other devices get Hopper's numbers, and the answer says so.
+//!
+//! [`grouped_site_ms`] prices one MoE expert projection the same way (its grouped GEMMs at the
+//! rate of the backend [`grouped_backend`] picks, its quantizers at copy bandwidth); DeepwellMoE's
+//! `auto` plan keeps bf16 experts where FP8 would be slower.
 
 use super::arch::{Arch, ArchFamily};
 use super::dispatch::{gemm_backend, GemmBackend};
 use super::gemm::{GemmShape, Pass, ScalingType};
+use super::grouped::{grouped_backend, GroupedBackend};
 use super::recipe::Recipe;
 
 /// Throughputs of one device: TFLOP/s per GEMM kind, TB/s for memory-bound kernels.
@@ -30,6 +35,13 @@ pub struct Rates {
     pub mxfp8: f64,
     /// Block-scaled NVFP4 (1x16).
     pub nvfp4: f64,
+    /// `torch._grouped_mm` in bf16 (MoE experts).
+    pub bf16_grouped: f64,
+    /// deepwell's FP8 grouped GEMM over row groups (experts' forward and dgrad).
+    pub fp8_block_grouped: f64,
+    /// deepwell's K-grouped FP8 wgrad with long per-expert K; [`wgrad_rate`] scales it down for
+    /// the few K-blocks of fine-grained experts.
+    pub fp8_block_grouped_wgrad: f64,
     pub copy_tbps: f64,
     /// Where the numbers come from, for the estimate's printout.
     pub source: &'static str,
@@ -43,6 +55,12 @@ const HOPPER: Rates = Rates {
     fp8_tensor: 1250.0,
     mxfp8: 1150.0, // never used: MX GEMMs do not run on sm_90
     nvfp4: 1150.0,
+    // bench_gemm's grouped shapes (E8 / E64 / E128), 2026-11-26: torch._grouped_mm 562-690 on the
+    // H100; deepwell's row-grouped FP8 844-1010 (H100); its wgrad 770 / 491 / 440 (H200) with 32 /
+    // 8 / 4.5 K-blocks per expert, which 950 * kb / (kb + 7.5) fits (wgrad_rate).
+    bf16_grouped: 600.0,
+    fp8_block_grouped: 880.0,
+    fp8_block_grouped_wgrad: 950.0,
     copy_tbps: 3.0,
     source: "H100 rates measured by deepwell's benchmarks",
 };
@@ -55,6 +73,9 @@ const B200_DATASHEET: Rates = Rates {
     fp8_tensor: 4500.0,
     mxfp8: 4500.0,
     nvfp4: 9000.0,
+    bf16_grouped: 2250.0,
+    fp8_block_grouped: 4500.0, // never used: the kernel is sm_90a only
+    fp8_block_grouped_wgrad: 4500.0,
     copy_tbps: 8.0,
     source: "B200 datasheet dense peaks (not measured: no Blackwell GPU has run deepwell)",
 };
@@ -132,6 +153,62 @@ pub fn step_ms(sites: &[SiteCost], arch: Arch) -> (f64, f64) {
     (ms, bf16)
 }
 
+/// One MoE expert projection: `experts` weights `in_features -> out_features` (gate_up: D -> 2F;
+/// down: F -> D), the layer's `assignments` rows (tokens x top-k) split among them, in `recipe`.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupedSiteCost {
+    pub experts: usize,
+    pub assignments: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+    pub recipe: Recipe,
+}
+
+/// K-blocks per expert at which the K-grouped wgrad runs at half its peak: a tile of few K-blocks
+/// spends proportionally more on its setup and its epilogue (fitted in HOPPER's comment).
+const WGRAD_HALF_KBLOCKS: f64 = 7.5;
+
+/// The K-grouped FP8 wgrad's rate when each expert has `rows_per_expert` rows (its K).
+fn wgrad_rate(r: &Rates, rows_per_expert: f64) -> f64 {
+    let kb = rows_per_expert / 128.0;
+    r.fp8_block_grouped_wgrad * kb / (kb + WGRAD_HALF_KBLOCKS)
+}
+
+/// Predicted milliseconds of one expert projection's forward + backward (its three grouped GEMMs
+/// and its quantizers) on `arch`, and the same projection in bf16. Groups are taken as padded to
+/// the recipe's block (DeepwellMoE pads them) and as even (the average expert's rows).
+pub fn grouped_site_ms(s: &GroupedSiteCost, arch: Arch) -> (f64, f64) {
+    let (r, _) = rates(arch);
+    let (a, k, n, e) = (s.assignments as f64, s.in_features as f64, s.out_features as f64, s.experts.max(1) as f64);
+    let flops = 2.0 * a * k * n; // per pass
+    let ms = |flops: f64, tflops: f64| flops / (tflops * 1e12) * 1e3;
+    let bf16 = 3.0 * ms(flops, r.bf16_grouped);
+    let copy = |bytes: f64| bytes / (r.copy_tbps * 1e12) * 1e3;
+    let predicted = match grouped_backend(s.recipe, arch, true).backend {
+        GroupedBackend::GroupedMm => bf16,
+        // x and dy each quantized once into rows and columns (2 bytes in, 2 out per element); the
+        // weights twice, as W (forward) and W^T (backward): 2 in, 1 out each.
+        GroupedBackend::Fp8BlockGrouped => {
+            2.0 * ms(flops, r.fp8_block_grouped)
+                + ms(flops, wgrad_rate(&r, a / e))
+                + copy(4.0 * a * (k + n) + 6.0 * e * k * n)
+        }
+        // bf16 grouped GEMMs plus the dense emulation's quantize and dequantize traffic.
+        GroupedBackend::EmulatedGrouped => bf16 + copy((2.0 * a * (k + n) + 2.0 * e * k * n) * 6.0),
+        // Each expert a dense layer of its own rows.
+        GroupedBackend::PerExpertLoop => {
+            let one = SiteCost {
+                tokens: (s.assignments / s.experts.max(1)).max(1),
+                in_features: s.in_features,
+                out_features: s.out_features,
+                recipe: s.recipe,
+            };
+            e * step_ms(&[one], arch).0
+        }
+    };
+    (predicted, bf16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +243,44 @@ mod tests {
     fn devices_without_rates_borrow_hoppers_and_say_so() {
         assert!(rates(Arch::sm(9, 0)).1 && rates(Arch::sm(10, 0)).1);
         assert!(!rates(Arch::sm(12, 0)).1 && !rates(Arch::CPU).1);
+    }
+
+    fn experts(experts: usize, tokens: usize, top_k: usize, in_features: usize, out_features: usize) -> GroupedSiteCost {
+        GroupedSiteCost { experts, assignments: tokens * top_k, in_features, out_features, recipe: Recipe::Fp8Block }
+    }
+
+    #[test]
+    fn fp8_experts_pay_where_measured_faster_and_not_where_slower() {
+        // bench_moe's layers (8192 tokens, fwd + bwd) on sm_90, 2026-11-26, fp8_block vs bf16:
+        // Mixtral 1.12x, E64 0.85x, E128 0.69x. The model ranks every projection the same way.
+        let hopper = Arch::sm(9, 0);
+        let ratio = |e, k, d, f| {
+            let (up, up_bf16) = grouped_site_ms(&experts(e, 8192, k, d, 2 * f), hopper);
+            let (down, down_bf16) = grouped_site_ms(&experts(e, 8192, k, f, d), hopper);
+            assert_eq!(up < up_bf16, down < down_bf16, "E{e}: the projections disagree");
+            (up_bf16 + down_bf16) / (up + down)
+        };
+        let (mixtral, e64, e128) = (ratio(8, 2, 4096, 14336), ratio(64, 8, 2048, 1408), ratio(128, 8, 2048, 768));
+        assert!(mixtral > 1.05 && mixtral < 1.2, "{mixtral}");
+        assert!(e64 > 0.75 && e64 < 0.95, "{e64}");
+        assert!(e128 > 0.55 && e128 < 0.8, "{e128}");
+    }
+
+    #[test]
+    fn grouped_costs_follow_the_grouped_dispatch() {
+        let site = experts(8, 4096, 2, 1024, 4096);
+        // bf16 experts cost what bf16 costs; emulation (sm_100 fp8_block) costs more than bf16.
+        let (bf16, same) = grouped_site_ms(&GroupedSiteCost { recipe: Recipe::Bf16, ..site }, Arch::sm(9, 0));
+        assert_eq!(bf16, same);
+        assert!((bf16 - 3.0 * 2.0 * 8192.0 * 1024.0 * 4096.0 / 600e12 * 1e3).abs() < 1e-9);
+        let (emulated, bf16) = grouped_site_ms(&site, Arch::sm(10, 0));
+        assert!(emulated > bf16);
+        // nvfp4 experts are a loop of dense layers: each expert priced as one.
+        let nv = GroupedSiteCost { recipe: Recipe::Nvfp4, ..site };
+        let one = SiteCost { tokens: 1024, in_features: 1024, out_features: 4096, recipe: Recipe::Nvfp4 };
+        assert!((grouped_site_ms(&nv, Arch::sm(10, 0)).0 - 8.0 * step_ms(&[one], Arch::sm(10, 0)).0).abs() < 1e-9);
+        // A handful of tokens per expert: the weights' quantization dominates, FP8 never pays.
+        let (few, few_bf16) = grouped_site_ms(&experts(64, 256, 8, 2048, 2816), Arch::sm(9, 0));
+        assert!(few > few_bf16);
     }
 }
