@@ -6,7 +6,7 @@ the same per-GPU batch (weak scaling).
 
 A config is "<processes>x<global batch rows>[tp]": "1x4" one GPU with 4 rows of SEQ tokens, "2x8" two
 processes with 4 rows each (FSDP2), "2x4tp" two processes splitting every layer (tensor parallel 2)
-over the same 4 rows. Each config runs in its own `torchrun --standalone` (the launcher here), from
+over the same 4 rows, "2x4sp" the same with sequence parallelism. Each config runs in its own `torchrun --standalone` (the launcher here), from
 the same initial weights (seed 0) on the same batch every step.
 
 - scaling = tokens/s of "2xB" / tokens/s of "1x(B/2)": each GPU keeps its batch (weak scaling, the
@@ -40,11 +40,12 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 SEQ, QUICK_SEQ = 2048, 128
 
 
-def parse_config(text: str) -> tuple[int, int, int]:
-    """'2x8' -> (2 processes, 8 rows, tensor degree 1); '2x4tp' -> (2, 4, 2)."""
-    tp = text.endswith("tp")
-    procs, rows = (int(v) for v in text.removesuffix("tp").split("x"))
-    return procs, rows, procs if tp else 1
+def parse_config(text: str) -> tuple[int, int, int, bool]:
+    """'2x8' -> (2 processes, 8 rows, tensor degree 1, no sequence parallelism); '2x4tp' -> (2, 4,
+    2, False); '2x4sp' -> (2, 4, 2, True): tensor parallel with sequence parallelism."""
+    split = text[-2:] in ("tp", "sp")
+    procs, rows = (int(v) for v in (text[:-2] if split else text).split("x"))
+    return procs, rows, procs if split else 1, text.endswith("sp")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def _worker(args) -> None:
     if args.sm_carveout is not None:
         torch._C._set_sm_carveout_experimental(args.sm_carveout)
 
-    procs, rows, tensor = parse_config(args.config)
+    procs, rows, tensor, sequence = parse_config(args.config)
     dim, heads, hidden, layers = MODELS[args.model]
     seq = SEQ
     if args.quick:
@@ -88,7 +89,8 @@ def _worker(args) -> None:
 
     ir = deepwell.capture(model, (mine,))
     plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=args.precision,
-                             tensor_parallel=tensor if tensor > 1 else None, fp8_all_gather=args.fp8_all_gather)
+                             tensor_parallel=tensor if tensor > 1 else None, fp8_all_gather=args.fp8_all_gather,
+                             sequence_parallel=sequence)
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     # Fused AdamW takes one kind of tensor per call: tensor parallelism leaves the embeddings, norms
@@ -253,7 +255,7 @@ def main() -> None:
             print(f"{'':<8} kernel ms per step on rank 0: " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_ms"].items())))
     summary = []
     for c, r in runs.items():
-        procs, rows, tensor = parse_config(c)
+        procs, rows, tensor, _ = parse_config(c)
         if procs == 1:
             continue
         one_gpu_same_batch = runs.get(f"1x{rows}")

@@ -3,7 +3,8 @@ LLaMA with deepwell.compile on its share of the same global batches and writes t
 to OUT. With WORLD=1 it is the single-process reference. DEEPWELL_TEST_MODE=trainer runs the
 steps through deepwell.Trainer (which shards the global batches itself) instead of a plain loop.
 DEEPWELL_TEST_TENSOR=T forces tensor parallelism of degree T (autoplan's tensor_parallel=): the T
-adjacent ranks of each data rank take the same rows.
+adjacent ranks of each data rank take the same rows; DEEPWELL_TEST_SP=1 adds sequence parallelism
+(autoplan's sequence_parallel=True).
 
 FP8 all-gather (tests/test_fp8_all_gather.py): DEEPWELL_TEST_FP8_ALL_GATHER=1 plans with
 autoplan's fp8_all_gather=True; DEEPWELL_TEST_MODE=eager runs the loop without torch.compile, the
@@ -41,6 +42,7 @@ FP8_ALL_GATHER = os.environ.get("DEEPWELL_TEST_FP8_ALL_GATHER") == "1"
 DIM = int(os.environ.get("DEEPWELL_TEST_DIM", "256"))
 DTYPE = getattr(torch, os.environ.get("DEEPWELL_TEST_DTYPE", "float32"))
 PRE_ALL_GATHERS = [0]  # calls of Fp8BlockShard.fsdp_pre_all_gather: the FP8 path ran
+PLACEMENTS: set[str] = set()  # the placements of the saved gradients (DEEPWELL_TEST_GRADS)
 
 
 def _count_fp8_gathers() -> None:
@@ -84,7 +86,8 @@ def main() -> None:
     # Every block planned alike: FSDP2 compiles one graph per block (plan/backend.py _shared_decision).
     policy = deepwell.PrecisionPolicy(precision=RECIPE, min_features=128, first_last_bf16=False)
     tp = tensor if tensor > 1 else None
-    plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER)
+    plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER,
+                             sequence_parallel=os.environ.get("DEEPWELL_TEST_SP") == "1")
     engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine) if MODE != "eager" else None
     saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)
@@ -126,8 +129,7 @@ def main() -> None:
         loss = torch.nn.functional.cross_entropy(engine(tokens).flatten(0, 1), targets.flatten())
         loss.backward()
         if os.environ.get("DEEPWELL_TEST_GRADS") == "1":
-            local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
-            saved.append({"loss": loss.detach().clone(), **{n: local(p.grad).clone() for n, p in model.named_parameters()}})
+            saved.append({"loss": loss.detach().clone(), **{n: _local(p.grad).clone() for n, p in model.named_parameters()}})
         opt.step()
         opt.zero_grad(set_to_none=True)
         mean = loss.detach().clone()
@@ -158,6 +160,9 @@ def main() -> None:
         "sharded": type(model).__name__,
         "heads": [layer.attention.heads for layer in model.layers],
         "wq_placements": [repr(p) for p in getattr(model.layers[0].attention.wq.weight, "placements", ())],
+        "embedding_placements": [repr(p) for p in getattr(model.tok_embeddings.weight, "placements", ())],
+        "sequence_parallel": plan.sharding.get("sequence_parallel"),
+        "grad_placements": sorted(PLACEMENTS),
     }
     if saved:
         torch.save(saved, f"{out}.rank{rank}.pt")
@@ -167,6 +172,19 @@ def main() -> None:
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a gradient: a DTensor's local shard, its pending sums (Partial: a
+    replicated parameter's gradient under sequence parallelism, reduced when the optimizer reads it)
+    reduced first."""
+    if not hasattr(grad, "to_local"):
+        return grad
+    from torch.distributed.tensor import Replicate
+
+    PLACEMENTS.update(repr(p) for p in grad.placements)
+    whole = [Replicate() if p.is_partial() else p for p in grad.placements]
+    return grad.redistribute(grad.device_mesh, whole).to_local()
 
 
 def _refuse_gathers() -> None:

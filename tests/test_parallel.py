@@ -207,6 +207,14 @@ def test_main_job_under_torchrun_with_tensor_parallelism(tmp_path):
     assert out.count("main job:") == 1
 
 
+def test_main_job_under_torchrun_with_sequence_parallelism(tmp_path):
+    """`... --tensor-parallel 2 --sequence-parallel`: the residual stream split along the sequence,
+    the vocabulary-parallel embedding and LM head, training, and the bit-for-bit resume."""
+    out = _main_job_under_torchrun(tmp_path, "--tensor-parallel", "2", "--sequence-parallel")
+    assert "sequence parallel over the tensor ranks" in out
+    assert "steps 3..4 bit-identical to the first run" in out
+
+
 def test_main_job_under_torchrun_with_fp8_all_gather(tmp_path):
     """`torchrun --nproc-per-node 2 -m deepwell --precision fp8_block --fp8-all-gather`: FSDP2 gathers
     the fp8_block weights as FP8 codes (the plan says which and why not the others; bit-identity to

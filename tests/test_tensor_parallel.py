@@ -17,16 +17,16 @@ from deepwell.models import Llama
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
 
-def _llama(tmp_path, world: int, tensor: int = 1, mode: str = "loop", **env) -> dict:
-    return spawn(tmp_path, "_fsdp_worker.py", world, f"{mode}-w{world}-t{tensor}", DEEPWELL_TEST_RECIPE="fp8_block",
+def _llama(tmp_path, world: int, tensor: int = 1, mode: str = "loop", tag: str = "", **env) -> dict:
+    return spawn(tmp_path, "_fsdp_worker.py", world, f"{mode}{tag}-w{world}-t{tensor}", DEEPWELL_TEST_RECIPE="fp8_block",
                   DEEPWELL_TEST_MODE=mode, DEEPWELL_TEST_TENSOR=str(tensor), **env)
 
 
-def _first_step_grads(tmp_path, world: int, tensor: int, like: dict | None = None) -> dict[str, torch.Tensor]:
+def _first_step_grads(tmp_path, world: int, tensor: int, like: dict | None = None, tag: str = "") -> dict[str, torch.Tensor]:
     """Each parameter's gradient of the first step (the worker's DEEPWELL_TEST_GRADS=1 files). A
     parameter split over the ranks (smaller than its shape in `like`) is concatenated along the
     dimension it was split on; a replicated one is rank 0's."""
-    ranks = [torch.load(tmp_path / f"loop-w{world}-t{tensor}.json.rank{r}.pt")[0] for r in range(world)]
+    ranks = [torch.load(tmp_path / f"loop{tag}-w{world}-t{tensor}.json.rank{r}.pt")[0] for r in range(world)]
     whole = {}
     for name, first in ranks[0].items():
         if like is None or first.shape == like[name].shape:
@@ -88,11 +88,42 @@ def test_llama_with_tensor_parallel_trains_like_one_process(tmp_path):
     assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]
     # The first step's gradients, whole: equal up to the FP8 codes that the Partial sums' rounding
     # flips (_util.FP8_TRAINING_REL says why), far from a missing or doubled reduction's O(1) error.
+    _first_step_grads_agree(tmp_path)
+
+
+def _first_step_grads_agree(tmp_path, tag: str = "") -> None:
+    """The first step's gradients, whole: equal up to the FP8 codes that the Partial sums' rounding
+    flips (_util.FP8_TRAINING_REL says why), far from a missing or doubled reduction's O(1) error."""
     whole = _first_step_grads(tmp_path, 1, 1)
-    split = _first_step_grads(tmp_path, 2, 2, like=whole)
+    split = _first_step_grads(tmp_path, 2, 2, like=whole, tag=tag)
     for name, g in whole.items():
         err = ((split[name] - g).norm() / g.norm()).item()
         assert err < 1e-2, (name, err)  # measured up to 9.3e-4 (layer 0's wv, 2026-11-26)
+
+
+def test_llama_with_sequence_parallel_trains_like_one_process(tmp_path):
+    """autoplan(tensor_parallel=2, sequence_parallel=True): the residual stream and the norms split
+    along the sequence, a vocabulary-parallel embedding and LM head (their rows split), fp8_block on
+    every block GEMM, one process's losses and first-step gradients."""
+    one = _llama(tmp_path, 1, DEEPWELL_TEST_GRADS="1")
+    two = _llama(tmp_path, 2, tensor=2, tag="-sp", DEEPWELL_TEST_SP="1", DEEPWELL_TEST_GRADS="1")
+    assert two["sequence_parallel"] and "sequence parallel over the tensor ranks" in two["sharding"]["reason"]
+    assert two["embedding_placements"] == ["Shard(dim=0)"] and two["wq_placements"] == ["Shard(dim=0)"]
+    assert two["ran"] == one["ran"] and two["ran"].count("fp8_block") == 14
+    assert trains_alike(one["losses"], two["losses"]), (one["losses"], two["losses"])
+    assert "Partial(sum)" in two["grad_placements"]  # the norms' gradients, reduced by the optimizer
+    _first_step_grads_agree(tmp_path, tag="-sp")
+
+
+def test_trainer_with_sequence_parallel_resumes_one_process(tmp_path):
+    """The sequence-parallel model's sharded checkpoint (the embedding and LM head split too)
+    resumes itself bit for bit and one process with one process's losses."""
+    two = _llama(tmp_path, 2, tensor=2, mode="trainer", DEEPWELL_TEST_SP="1", DEEPWELL_TEST_NO_GATHER="1")
+    one = _llama(tmp_path, 1, mode="trainer", CROSS_RESUME=str(tmp_path / "ckpt-world2" / "step_00000001"))
+    assert two["sequence_parallel"] and two["checkpoint_format"] == "sharded"
+    assert trains_alike(one["losses"] + one["grad_norms"], two["losses"] + two["grad_norms"]), (one, two)
+    assert two["resumed"] == two["losses"]
+    assert trains_alike(one["losses"], one["crossed"][0]), (one["losses"], one["crossed"])
 
 
 def test_trainer_with_tensor_parallel_matches_one_process_and_resumes(tmp_path):
@@ -157,6 +188,51 @@ def test_one_ranks_activations_under_tensor_parallelism():
     plan = deepwell.autoplan(ir, world_size=2, tensor_parallel=2)  # the CPU's auto plan: bf16 sites
     assert plan.sharding["saved"] == half
     assert deepwell.autoplan(ir, world_size=2).sharding["saved"] == whole  # data parallel: the whole micro-batch's
+
+
+def test_one_ranks_activations_under_sequence_parallelism():
+    """autoplan's trace of a sequence-parallel rank: the residual stream at half the sequence, the
+    inputs of the column-parallel layers gathered whole. With nothing recomputed (bf16: the
+    partitioner's default) a rank saves less than under tensor parallelism alone (the norms'
+    activations halve). Where the backend lets the partitioner recompute the inputs of deepwell
+    GEMMs from the residual stream, tensor parallelism alone already saves no norm output, and the
+    gathered inputs (an all-gather's output is not recomputed) make sequence parallelism save more:
+    the trace says so rather than assume the textbook saving. The logits stay whole (gathered for
+    the loss), and the trace leaves the model as it was."""
+    from deepwell.plan.memory import saved_activation_bytes
+
+    ir = _ir()
+    with torch.no_grad():
+        before = ir.model(*ir.example_inputs)
+    saved = {}
+    for quantized in (True, False):
+        tp = saved_activation_bytes(ir.model, ir.example_inputs, quantized, tensor=2)
+        saved[quantized] = sp = saved_activation_bytes(ir.model, ir.example_inputs, quantized, tensor=2, sequence=True)
+        assert sp[2:] == tp[2:], (quantized, tp, sp)
+        assert (sp[0] > tp[0]) if quantized else (sp[0] < tp[0]), (quantized, tp, sp)
+    with torch.no_grad():
+        assert torch.equal(ir.model(*ir.example_inputs), before)
+    plan = deepwell.autoplan(ir, world_size=2, tensor_parallel=2, sequence_parallel=True)  # the CPU's plan: bf16
+    assert plan.sharding["sequence_parallel"] and plan.sharding["saved"] == saved[False]
+    plan = deepwell.autoplan(ir, world_size=2, sequence_parallel=True)  # data parallel: nothing to split
+    assert not plan.sharding["sequence_parallel"] and "sequence_parallel=True ignored" in plan.sharding["reason"]
+
+
+def test_sequence_parallelism_needs_llamas_top_level_untied_and_even_splits():
+    from deepwell.plan import tensor_parallel
+
+    with pytest.raises(RuntimeError, match=r"sequence parallelism does not split tied embeddings"):
+        deepwell.autoplan(_ir(Llama(256, 256, 1, 2, 512, max_seq=64, tied=True)), world_size=2, tensor_parallel=2,
+                          sequence_parallel=True)
+    with pytest.raises(RuntimeError, match=r"cannot split the vocabulary of 255 evenly"):
+        deepwell.autoplan(_ir(Llama(255, 256, 1, 2, 512, max_seq=64), torch.randint(0, 255, (2, 64))), world_size=2,
+                          tensor_parallel=2, sequence_parallel=True)
+    ir = _ir()
+    ir.model.output = nn.Sequential(ir.model.output)  # an LM head ColwiseParallel cannot split
+    with pytest.raises(RuntimeError, match=r"needs the model's 'output' \(Linear, LLaMA's names: tok_embeddings, norm, output\)"):
+        deepwell.autoplan(ir, world_size=2, tensor_parallel=2, sequence_parallel=True)
+    with pytest.raises(RuntimeError, match=r"sequence parallelism of degree 2 cannot split a sequence of 63 tokens evenly"):
+        tensor_parallel.check_sequence(63, 2)
 
 
 def test_a_shard_that_splits_quantization_blocks_raises():

@@ -35,10 +35,11 @@ def _mean(values) -> float:
 
 def train_demo(device: torch.device, steps: int = 120, precision: str | None = None, out: str = "deepwell_run",
                parity_steps: int = 40, eval_batches: int = 8, tensor_parallel: int | None = None,
-               fp8_all_gather: bool = False) -> dict:
+               fp8_all_gather: bool = False, sequence_parallel: bool = False) -> dict:
     """Runs the training part of the main job; returns {"losses", "heldout", "resumed_equal", ...}.
     `tensor_parallel`: the tensor degree under torchrun (None: the planner's); `fp8_all_gather`:
-    autoplan's option of that name (FSDP2 gathers fp8_block weights as FP8 codes)."""
+    autoplan's option of that name (FSDP2 gathers fp8_block weights as FP8 codes); `sequence_parallel`
+    too (the residual stream split along the sequence over the tensor ranks)."""
     backend.ensure_registered()
     precision = precision or ("auto" if device.type == "cuda" else "mxfp8")
     out_dir = Path(out)
@@ -51,7 +52,7 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
         f"{config.batch}x{config.seq_len} tokens/step, {config.dtype}; AdamW, warmup + cosine, clip 1.0; precision={precision!r}"
     )
     engine = parity.build_engine(config, precision, device, seed=0, verbose=True, tensor_parallel=tensor_parallel,
-                                 fp8_all_gather=fp8_all_gather)
+                                 fp8_all_gather=fp8_all_gather, sequence_parallel=sequence_parallel)
     params = sum(p.numel() for p in engine.model.parameters())
     print(f"{params / 1e6:.2f}M parameters; outputs in {out_dir}/")
     heldout = heldout_batches(corpus.heldout, config.batch, config.seq_len, eval_batches)

@@ -135,6 +135,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="under torchrun, FSDP2 gathers the fp8_block weights as FP8 codes and tile scales instead of their "
         "high-precision values (about half the bytes of bf16, the same training bits; autoplan's fp8_all_gather)",
     )
+    p.add_argument(
+        "--sequence-parallel", action="store_true",
+        help="with a tensor degree above 1, also split the residual stream and norms along the sequence, with a "
+        "vocabulary-parallel embedding and LM head (autoplan's sequence_parallel)",
+    )
     p.add_argument("--out", default="deepwell_run", help="directory for the logs, plots, checkpoints and export (default: deepwell_run/ in the working directory)")
     p.add_argument("--quick", action="store_true", help="skip the quantization report; 20 training steps, 10 per parity recipe")
     args = p.parse_args(argv)
@@ -164,5 +169,6 @@ def main(argv: list[str] | None = None) -> None:
         if not args.quick:
             quantization_report(device)
         train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps,
-                   tensor_parallel=args.tensor_parallel, fp8_all_gather=args.fp8_all_gather)
+                   tensor_parallel=args.tensor_parallel, fp8_all_gather=args.fp8_all_gather,
+                   sequence_parallel=args.sequence_parallel)
         print(f"main job: {time.perf_counter() - start:.0f} s")

@@ -108,16 +108,18 @@ def dryrun(engine: Engine) -> Estimate:
     ranks = data * tensor
     share = weights // ranks
     if tensor > 1:
-        # Tensor parallelism splits only the blocks' linears (embeddings, norms and the LM head stay
-        # whole): the rank's share is what it holds, read from the shards once compile has split them.
+        # Tensor parallelism splits the blocks' linears (and, with sequence parallelism, the embedding
+        # and the LM head): the rank's share is what it holds, read from the shards once compile has
+        # split them.
         share = sum(local.numel() * local.element_size() for local in map(_local, model.parameters()))
     if ranks > 1:
         units = [gathered_bytes(b.parameters()) for b in blocks(model)]
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
         # Measured by autoplan before sharding, for one rank: under tensor parallelism with the
-        # split layers at their local shapes (the residual stream and the norms' activations stay
-        # replicated, the heads' and hidden units' are split).
+        # split layers at their local shapes (the heads' and hidden units' activations split; the
+        # residual stream and the norms' replicated, or split along the sequence with sequence
+        # parallelism).
         activations, largest, *output = plan.sharding["saved"]  # 2 fields in plans saved before outputs were counted
     else:
         gathered = 0

@@ -91,6 +91,7 @@ def autoplan(
     world_size: int | None = None,
     tensor_parallel: int | None = None,
     fp8_all_gather: bool = False,
+    sequence_parallel: bool = False,
 ) -> Plan:
     """A decision per GEMM site from the Rust planner for `arch` (default: `hw`'s first GPU, else
     this machine). With `seq_len` and `global_batch`, GEMM shapes use seq_len * global_batch tokens
@@ -105,7 +106,10 @@ def autoplan(
     scales instead of their high-precision values (fp8_all_gather.py says which qualify; the
     training step is bit-identical, the gather about half the bytes of bf16):
     `plan.sharding["fp8_all_gather"]`, the weights in `plan.sharding["fp8_gathered"]`, the rest
-    explained in its reason. `moe` is recorded for the MoE planner."""
+    explained in its reason. `sequence_parallel=True` (with a tensor degree above 1) also splits
+    the residual stream, the norms and their activations along the sequence over the tensor ranks,
+    with a vocabulary-parallel embedding and LM head (tensor_parallel.py):
+    `plan.sharding["sequence_parallel"]`. `moe` is recorded for the MoE planner."""
     tokens = seq_len * global_batch if seq_len and global_batch else None
     sites = [dataclasses.replace(s, tokens=tokens or s.tokens, decision=None) for s in ir.sites]
     arch = arch or (hw.arch if hw is not None else None)
@@ -114,10 +118,20 @@ def autoplan(
     par = plan_parallelism(ir.model, ir.example_inputs, hw, world_size or current_world_size(), quantized)
     if tensor_parallel is not None:
         par = force_tensor_degree(par, tensor_parallel)
-    par = with_tensor_share(ir.model, ir.example_inputs, par, quantized)
+    sequence = bool(sequence_parallel) and par["tensor"] > 1
+    if sequence:
+        from . import tensor_parallel
+
+        tensor_parallel.check(ir.model, par["tensor"], {}, sequence=True)
+    par = with_tensor_share(ir.model, ir.example_inputs, par, quantized, sequence)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "sm_carveout", "per_rank_bytes", "reason", "saved")}
     plan.sharding["fp8_all_gather"], plan.sharding["fp8_gathered"] = bool(fp8_all_gather), []
+    plan.sharding["sequence_parallel"] = sequence
+    if sequence:
+        plan.sharding["reason"] += "; sequence parallel over the tensor ranks (vocabulary-parallel embedding and LM head)"
+    elif sequence_parallel:
+        plan.sharding["reason"] += "; sequence_parallel=True ignored: it needs a tensor degree above 1"
     if fp8_all_gather and plan.sharding["fsdp"]:
         recipe_of = {s.name: s.recipe for s in plan.sites}
         names, why = fp8_all_gather_choose(ir.model, recipe_of, par["data"], par["tensor"])

@@ -22,17 +22,19 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 
 def saved_activation_bytes(
-    model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1
+    model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1,
+    sequence: bool = False
 ) -> tuple[int, int, int, int]:
     """(total, largest, output, output elements): bytes of the activations one training forward
     saves, of the largest of them and of the forward's outputs, and the outputs' element count.
     `quantized`: whether the plan runs deepwell GEMMs (the backend then lets the partitioner
     recompute their inputs); None counts what eager autograd saves. `tensor` > 1: one rank's share
     under tensor parallelism of that degree (plan/tensor_parallel.py: the split layers traced at
-    their local shapes, the attention at its local heads; the compiled count only)."""
+    their local shapes, the attention at its local heads; the compiled count only), with
+    `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`)."""
     if quantized is not None:
         try:
-            return compiled_saved_bytes(model, example_inputs, quantized, tensor)
+            return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence)
         except Exception:  # noqa: BLE001 - any tracing failure: the eager count is an upper bound
             pass
     return eager_saved_bytes(model, example_inputs)
@@ -60,7 +62,7 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
 
 
 def compiled_saved_bytes(
-    model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1
+    model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1, sequence: bool = False
 ) -> tuple[int, int, int, int]:
     """`saved_activation_bytes`'s four figures under torch.compile. Saved: the storages behind the
     backward graph's inputs other than the output gradients (`tangents_*`) and the parameters, each
@@ -108,8 +110,9 @@ def compiled_saved_bytes(
 
     local = tensor_parallel.local_shapes(model, tensor) if tensor > 1 else {}
     heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
+    split = tensor_parallel.local_sequence(model, tensor) if tensor > 1 and sequence else contextlib.nullcontext()
     options = _partitioner_options(1 if quantized else 0)
-    with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads:
+    with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads, split:
         params = [
             (mode.from_tensor(p).new_empty(local[n]) if n in local else mode.from_tensor(p)).requires_grad_(p.requires_grad)
             for n, p in model.named_parameters()

@@ -57,20 +57,22 @@ def plan_parallelism(
     return {**_native.call("parallel_plan", {"cluster": cluster, "model": sizes}, "deepwell.autoplan"), "saved": saved}
 
 
-def with_tensor_share(model: torch.nn.Module, example_inputs: tuple, par: dict, quantized: bool | None) -> dict:
+def with_tensor_share(model: torch.nn.Module, example_inputs: tuple, par: dict, quantized: bool | None,
+                      sequence: bool = False) -> dict:
     """`par` with `saved` measured for one rank of its tensor degree (memory.py traces the split
-    layers at their local shapes) when that degree is above 1; the whole model's count (an upper
-    bound) stays where the model cannot be split (compile then raises the reason)."""
+    layers at their local shapes, and with `sequence` the split residual stream) when that degree is
+    above 1; the whole model's count (an upper bound) stays where the model cannot be split (compile
+    then raises the reason)."""
     from . import tensor_parallel
 
     tensor = par["tensor"]
     if tensor == 1 or par["saved"] == (0, 0, 0, 0):
         return par
     try:
-        tensor_parallel.check(model, tensor, {})
+        tensor_parallel.check(model, tensor, {}, sequence)
     except RuntimeError:
         return par
-    return {**par, "saved": saved_activation_bytes(model, example_inputs, quantized, tensor)}
+    return {**par, "saved": saved_activation_bytes(model, example_inputs, quantized, tensor, sequence)}
 
 
 def force_tensor_degree(par: dict, tensor: int) -> dict:

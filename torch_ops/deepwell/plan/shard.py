@@ -5,7 +5,8 @@ ops/sharding.py). Then FSDP2's `fully_shard` on every block and the root over th
 (weights, gradients and AdamW states sharded; the deepwell ops see each block's gathered weights,
 and the weight cache keys them like any other tensor). Both: a 2-D mesh ("data", "tensor"), the
 tensor ranks of a data rank adjacent (rank = data_rank * tensor + tensor_rank), as torchtitan lays
-them out so that the per-layer all-reduces stay within a node. With `autoplan(...,
+them out so that the per-layer all-reduces stay within a node; `autoplan(..., sequence_parallel=True)`
+splits the residual stream along the sequence too. With `autoplan(...,
 fp8_all_gather=True)` the plan's fp8_block weights that split into whole 128x128 tiles are gathered
 as FP8 codes and tile scales instead (fp8_all_gather.py; the others as before)."""
 
@@ -25,9 +26,10 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     data, tensor = parallelism["data"], parallelism["tensor"]
     if data * tensor == 1:
         return model
+    sequence = bool(sharding.get("sequence_parallel"))
     if tensor > 1:
         # Before the world size: a layout that cannot be split is wrong on any number of processes.
-        tensor_parallel.check(model, tensor, recipe_of or {})
+        tensor_parallel.check(model, tensor, recipe_of or {}, sequence)
     if world_size() != data * tensor:
         raise RuntimeError(
             f"deepwell.compile: the plan is for {data * tensor} processes (data {data} x tensor {tensor}) but "
@@ -42,7 +44,7 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     names = tuple(n for n, d in (("data", data), ("tensor", tensor)) if d > 1)
     mesh = init_device_mesh(device.type, tuple(d for d in (data, tensor) if d > 1), mesh_dim_names=names)
     if tensor > 1:
-        tensor_parallel.apply(model, mesh["tensor"], tensor)
+        tensor_parallel.apply(model, mesh["tensor"], tensor, sequence)
     if data == 1:
         return model
     reshard = sharding["reshard_after_forward"]

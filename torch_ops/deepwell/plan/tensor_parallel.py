@@ -7,12 +7,22 @@ replicated, each rank's output a slice of the features: its own heads, its own h
 attention.wo and feed_forward.w2 row-parallel (weight columns split, the partial outputs summed by
 an all-reduce). Two all-reduces per block forward and two in the backward. The attention module
 then computes `heads / tensor` local heads (its `heads` attribute is set as torchtitan sets
-`n_heads`). Everything outside the blocks (embeddings, final norm, LM head) and the blocks' norms
-stay whole on every rank: they see the same replicated activations, so their gradients agree.
+`n_heads`). Without sequence parallelism everything outside the blocks (embeddings, final norm,
+LM head) and the blocks' norms stay whole on every rank: they see the same replicated
+activations, so their gradients agree.
 
-Not done: sequence parallelism (the norms' activations are replicated, not split over the
-sequence), a vocabulary-parallel embedding / LM head, loss parallelism, FP8 all-gathers, and any
-block layout other than LLaMA's names (MoE blocks included): those raise `RuntimeError`.
+Sequence parallelism (`sequence=True`: autoplan's `sequence_parallel=True`, Megatron's
+`--sequence-parallel`, torchtitan's layout): the residual stream, the norms and their
+activations are split along the sequence (dim 1) over the tensor ranks, so each rank keeps
+1/tensor of them. The embedding is vocabulary-parallel (its rows split, each rank's partial
+embedding reduce-scattered along the sequence), each block's attention and feed-forward inputs
+are all-gathered along the sequence before their column-parallel layers, the row-parallel
+outputs reduce-scattered back (the all-reduce split in its two halves), and the LM head is
+column-parallel over the vocabulary (its logits gathered whole: no loss parallelism). The model's
+top level must have LLaMA's names too (`TOP`); tied embeddings are refused.
+
+Not done: loss parallelism, FP8 all-gathers under tensor parallelism, and any block layout other
+than LLaMA's names (MoE blocks included): those raise `RuntimeError`.
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ LAYOUT = {
     "feed_forward.w2": "rowwise",
 }
 
+#: Sequence parallelism's top-level modules (deepwell.models.llama, Meta's names) and the blocks' norms.
+TOP = {"tok_embeddings": torch.nn.Embedding, "norm": torch.nn.Module, "output": torch.nn.Linear}
+NORMS = ("attention_norm", "ffn_norm")
+
 _WHAT = "LLaMA-style blocks (attention.wq/wk/wv/wo and feed_forward.w1/w2/w3 as nn.Linear, attention.heads)"
 
 
@@ -52,11 +66,15 @@ def _fail(msg: str):
     raise RuntimeError(f"deepwell.compile: tensor parallelism {msg}")
 
 
-def check(model: torch.nn.Module, tensor: int, recipe_of: dict[str, str]) -> None:
+def check(model: torch.nn.Module, tensor: int, recipe_of: dict[str, str], sequence: bool = False) -> None:
     """Raises unless every block can be split `tensor` ways exactly: LLaMA-shaped, heads and
     features divisible by `tensor`, and each shard boundary on a block of its site's recipe
     (`recipe_of`: site name -> recipe; a site not there runs bf16). Why the blocks: a shard holding
-    whole quantization blocks quantizes them exactly as one process does (ops/sharding.py)."""
+    whole quantization blocks quantizes them exactly as one process does (ops/sharding.py). With
+    `sequence`, also the top level (`TOP`, untied, vocabulary divisible by `tensor`) and the
+    blocks' norms (`NORMS`); the sequence length is checked per call (`check_sequence`)."""
+    if sequence:
+        _check_top(model, tensor)
     found = named_blocks(model)
     if not found:
         _fail(f"of degree {tensor} applies to {_WHAT}; {type(model).__name__} has no nn.ModuleList of blocks")
@@ -87,11 +105,34 @@ def check(model: torch.nn.Module, tensor: int, recipe_of: dict[str, str]) -> Non
                     f"as the whole layer does; use a tensor degree whose shards hold whole blocks, or plan this "
                     f"layer bf16"
                 )
+        for norm in NORMS if sequence else ():
+            if not isinstance(getattr(block, norm, None), torch.nn.Module):
+                _fail(f"with sequence parallelism applies to {_WHAT} with norms {NORMS}; {where} has no {norm!r}")
         heads = getattr(block.attention, "heads", None)
         if not isinstance(heads, int):
             _fail(f"of degree {tensor} applies to {_WHAT}; {where}'s attention has no integer 'heads' attribute")
         if heads % tensor:
             _fail(f"of degree {tensor} cannot split {name}.attention's {heads} heads evenly")
+
+
+def _check_top(model: torch.nn.Module, tensor: int) -> None:
+    for name, kind in TOP.items():
+        if not isinstance(getattr(model, name, None), kind):
+            _fail(f"with sequence parallelism needs the model's {name!r} ({kind.__name__}, LLaMA's names: "
+                  f"{', '.join(TOP)}); {type(model).__name__} has none: use sequence_parallel=False")
+    if model.output.weight is model.tok_embeddings.weight:
+        _fail("with sequence parallelism does not split tied embeddings (the vocabulary-parallel embedding and "
+              "LM head would split one weight two ways): untie them or use sequence_parallel=False")
+    vocab = model.tok_embeddings.num_embeddings
+    if vocab % tensor:
+        _fail(f"with sequence parallelism of degree {tensor} cannot split the vocabulary of {vocab} evenly")
+
+
+def check_sequence(length: int, tensor: int) -> None:
+    """Raises unless a sequence of `length` splits evenly over `tensor` ranks (each must hold the
+    same share: the reduce-scatters' chunks)."""
+    if length % tensor:
+        _fail(f"with sequence parallelism of degree {tensor} cannot split a sequence of {length} tokens evenly")
 
 
 def local_shapes(model: torch.nn.Module, tensor: int) -> dict[str, tuple[int, ...]]:
@@ -118,12 +159,67 @@ def local_heads(model: torch.nn.Module, tensor: int):
             a.heads *= tensor
 
 
-def apply(model: torch.nn.Module, mesh, tensor: int) -> None:
-    """Splits every block over the 1-D "tensor" `mesh` (in place; `check` first)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+@contextlib.contextmanager
+def local_sequence(model: torch.nn.Module, tensor: int):
+    """One rank's activations under sequence parallelism, on plain tensors (what plan/memory.py
+    traces): the embedding's output cut to 1/tensor of the sequence (the reduce-scatter), the
+    attention's, the feed-forward's and the LM head's inputs repeated `tensor` times along it (the
+    all-gathers: their memory, not their values), the row-parallel outputs cut again."""
+    def cut(module, args, out):
+        return out.narrow(1, 0, out.shape[1] // tensor).clone()
 
+    def gather(module, args):
+        return (torch.cat([args[0]] * tensor, dim=1), *args[1:])
+
+    handles = [model.tok_embeddings.register_forward_hook(cut), model.output.register_forward_pre_hook(gather)]
+    for _, block in named_blocks(model):
+        handles += [block.attention.register_forward_pre_hook(gather), block.feed_forward.register_forward_pre_hook(gather)]
+        handles += [block.get_submodule(rel).register_forward_hook(cut) for rel, s in LAYOUT.items() if s == "rowwise"]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def apply(model: torch.nn.Module, mesh, tensor: int, sequence: bool = False) -> None:
+    """Splits every block over the 1-D "tensor" `mesh` (in place; `check` first); with `sequence`,
+    the residual stream along the sequence too (the module docs)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    if sequence:
+        parallelize_module(model, mesh, {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        })
+        model.register_forward_pre_hook(_check_sequence_of(tensor))
     for _, block in named_blocks(model):
         styles = {rel: ColwiseParallel() if s == "colwise" else RowwiseParallel() for rel, s in LAYOUT.items()}
+        if sequence:
+            # Row-parallel outputs reduce-scattered along the sequence; the norms' inputs and outputs
+            # stay split; attention (x, cos, sin) and the feed-forward gather x whole first.
+            styles.update({rel: RowwiseParallel(output_layouts=Shard(1)) for rel, s in LAYOUT.items() if s == "rowwise"})
+            styles.update({norm: SequenceParallel() for norm in NORMS})
+            styles["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                     desired_input_layouts=(Replicate(), None, None))
+            styles["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, mesh, styles)
         # wq/wk/wv now give this rank's slice of the features: its heads / tensor heads, whole.
         block.attention.heads //= tensor
+
+
+def _check_sequence_of(tensor: int):
+    def hook(module, args):
+        tokens = args[0] if args else None
+        if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2:
+            check_sequence(tokens.shape[1], tensor)
+
+    return hook

@@ -60,9 +60,10 @@ class ModelConfig:
 
 
 def build_engine(config: ModelConfig, recipe: str, device: torch.device, seed: int = 0, verbose: bool = False,
-                 tensor_parallel: int | None = None, fp8_all_gather: bool = False):
+                 tensor_parallel: int | None = None, fp8_all_gather: bool = False, sequence_parallel: bool = False):
     """The model built from `seed`, captured, planned with `recipe` (and `tensor_parallel`, autoplan's
-    forced tensor degree, and its `fp8_all_gather` option) and compiled (deepwell.compile)."""
+    forced tensor degree, and its `fp8_all_gather` and `sequence_parallel` options) and compiled
+    (deepwell.compile)."""
     from ..plan.engine import autoplan, capture, compile
     from ..plan.policy import PrecisionPolicy
 
@@ -76,7 +77,8 @@ def build_engine(config: ModelConfig, recipe: str, device: torch.device, seed: i
     example = torch.zeros(config.batch // max(data, 1), config.seq_len, dtype=torch.long, device=device)
     ir = capture(model, (example,))
     policy = PrecisionPolicy(precision=recipe, min_features=config.min_features)
-    plan = autoplan(ir, policy=policy, tensor_parallel=tensor_parallel, fp8_all_gather=fp8_all_gather)
+    plan = autoplan(ir, policy=policy, tensor_parallel=tensor_parallel, fp8_all_gather=fp8_all_gather,
+                    sequence_parallel=sequence_parallel)
     if verbose:
         print(plan.table())
     return compile(ir, plan=plan)
