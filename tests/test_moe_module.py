@@ -151,6 +151,32 @@ def test_auto_recipe_is_planned_by_rust():
     assert moe._planned == ("bf16", "bf16")
 
 
+def test_auto_plans_once_per_token_count(monkeypatch):
+    """"auto" asks the planner once per token count (its cost model depends on it): a first call on
+    a few tokens does not decide for larger batches; a count seen before reuses its plan; a move
+    plans again."""
+    import deepwell.nn.moe as moe_module
+
+    asked = []
+
+    def plan(policy_json, device, name, kind, dim, ffn_dim, experts, assignments, verbose):
+        asked.append(assignments)
+        recipe = "bf16" if assignments < 64 else "fp8_block"
+        return (recipe, recipe, f"{recipe} at {assignments}", f"{recipe} at {assignments}")
+
+    monkeypatch.setattr(moe_module, "_plan_experts", plan)
+    moe = deepwell.DeepwellMoE(128, 128, 4, top_k=2, recipe="auto")
+    assert moe._recipes(torch.zeros(8, 128)) == ("bf16", "bf16") and moe.plan_reasons[0] == "bf16 at 16"
+    assert moe._recipes(torch.zeros(64, 128)) == ("fp8_block", "fp8_block") and moe._planned == ("fp8_block", "fp8_block")
+    assert moe._recipes(torch.zeros(8, 128)) == ("bf16", "bf16") and moe._planned == ("bf16", "bf16")
+    assert asked == [16, 128]
+    moe.to(torch.float64)
+    moe._recipes(torch.zeros(8, 128))
+    assert asked == [16, 128, 16]
+    fixed = deepwell.DeepwellMoE(128, 128, 4, top_k=2, recipe="fp8_block")
+    assert fixed._recipes(torch.zeros(8, 128)) == ("fp8_block", "fp8_block") and asked == [16, 128, 16]
+
+
 def test_auto_keeps_bf16_experts_where_the_cost_model_predicts_fp8_slower():
     """On sm_90, "auto" gives Mixtral-sized experts fp8_block (measured 1.12x the bf16 layer) and
     fine-grained ones bf16 (fp8_block measured 0.85x at E64, 0.69x at E128: benchmarks/results/

@@ -170,7 +170,8 @@ class DeepwellMoE(nn.Module):
             decides per projection on the device of the first forward, role "experts", under
             `policy`: default `PrecisionPolicy()`, whose precision "auto" is the device's fastest
             native recipe, kept bf16 for a projection where Rust's cost model predicts it slower
-            than bf16 at the first forward's tokens per expert (fine-grained experts on Hopper);
+            than bf16 at the forward's tokens per expert (fine-grained experts on Hopper; planned
+            once per token count);
             `name` is the module's qualified name the policy's globs see; `verbose` prints the
             decisions, as DEEPWELL_PRINT_PLAN=1 does).
     """
@@ -234,8 +235,12 @@ class DeepwellMoE(nn.Module):
             if shared_expert_gate:
                 self.shared_expert_gate = nn.Linear(dim, 1, bias=False, **factory)
         self.losses: dict[str, torch.Tensor] = {}
+        # The recipes of the last forward (fixed, or "auto"'s plan) and their reasons; "auto" plans
+        # once per token count (the cost model's choice depends on it): a first call on a few
+        # tokens does not decide for the training batches.
         self._planned: tuple[str, str] | None = None if recipe == "auto" else (recipe, recipe)
         self.plan_reasons: list[str] = []
+        self._plans: dict[int | None, tuple[tuple[str, str], list[str]]] = {}
         # Router checks now, with the same messages as the op (a bad config fails at construction).
         moe_route(torch.zeros(1, num_experts), None, top_k, score_func, n_group, topk_group, capacity_factor or 0.0)
 
@@ -283,24 +288,29 @@ class DeepwellMoE(nn.Module):
     # Experts
 
     def _recipes(self, x2) -> tuple[str, str]:
-        """(gate_up, down) recipes: fixed, or planned by Rust for the first input's device (a
-        constant to torch.compile, which cannot trace the planner's JSON call)."""
-        if self._planned is not None:
+        """(gate_up, down) recipes: fixed, or planned by Rust for the input's device and token count
+        (a constant to torch.compile, which cannot trace the planner's JSON call), once per count."""
+        if self.recipe != "auto":
             return self._planned
-        rows = x2.shape[0]  # the plan's token count: this first forward's (unknown while tracing symbolic shapes)
+        rows = x2.shape[0]  # unknown (a SymInt) while tracing symbolic shapes: the policy alone decides
         assignments = rows * self.top_k if isinstance(rows, int) else None
-        up, down, *reasons = _plan_experts(
-            self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim,
-            self.num_experts, assignments, self.verbose
-        )
+        plan = self._plans.get(assignments)
+        if plan is None:
+            up, down, *reasons = _plan_experts(
+                self._policy_json, str(x2.device), self.name, type(self).__name__, self.dim, self.ffn_dim,
+                self.num_experts, assignments, self.verbose
+            )
+            plan = ((up, down), list(reasons))
+            if not torch.compiler.is_compiling():
+                self._plans[assignments] = plan
         if not torch.compiler.is_compiling():
-            self._planned, self.plan_reasons = (up, down), list(reasons)
-        return up, down
+            self._planned, self.plan_reasons = plan
+        return plan[0]
 
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() may move the experts to another device: plan "auto" again there.
         if self.recipe == "auto":
-            self._planned, self.plan_reasons = None, []
+            self._planned, self.plan_reasons, self._plans = None, [], {}
         return super()._apply(fn, recurse)
 
     def _align(self, recipe_pair) -> int:
