@@ -218,7 +218,11 @@ pub fn grouped_cost_entry(req: &Value) -> Answer {
 /// Where `arch`'s rates come from, saying so when they are borrowed from another device.
 fn rates_from(arch: Arch) -> String {
     let (rates, own) = cost::rates(arch);
-    if own { rates.source.to_owned() } else { format!("{} (no rates for {arch}: borrowed)", rates.source) }
+    if own {
+        rates.source.to_owned()
+    } else {
+        format!("{} (no rates for {arch}: borrowed)", rates.source)
+    }
 }
 
 /// A float field, also accepting the strings JSON cannot carry as numbers ("nan", "inf", "-inf").

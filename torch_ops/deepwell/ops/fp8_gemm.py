@@ -18,6 +18,10 @@ _SCALED = "Tensor a, Tensor a_scale, Tensor b, Tensor b_scale"
 define(f"fp8_block_gemm({_SCALED}, Tensor? bias=None, ScalarType? out_dtype=None) -> Tensor")
 define(f"fp8_block_grouped_gemm({_SCALED}, Tensor offsets, ScalarType? out_dtype=None) -> Tensor")
 define(f"fp8_block_grouped_wgrad({_SCALED}, Tensor offsets, ScalarType? out_dtype=None) -> Tensor")
+# The experts' weight operands of the grouped GEMMs, through the weight cache (rust/ops/src/ops/
+# linear/expert_weight.rs): want "fprop" -> fp8_block_quantize(weight, 128, 128); "dgrad" ->
+# fp8_block_quantize_transposed(weight.reshape(E * N, K)).
+define("fp8_block_expert_weight(Tensor weight, str want) -> (Tensor data, Tensor scale_inv)")
 
 
 def _check_common(op, a, a_scale, b, b_scale, out_dtype, b_dim, groups_along_k=None):
@@ -100,6 +104,24 @@ def _wgrad_fake(a, a_scale, b, b_scale, offsets, out_dtype=None):
     return a.new_empty((offsets.shape[0] - 1, rows, cols), dtype=out)
 
 
+@torch.library.register_fake("deepwell::fp8_block_expert_weight")
+def _expert_weight_fake(weight, want):
+    op = "fp8_block_expert_weight"
+    if want not in ("fprop", "dgrad"):
+        _checks.fail(op, "want", 'be "fprop" or "dgrad"', _checks.quoted(want))
+    if weight.dim() != 3:
+        _checks.fail(op, "weight", "be 3-d (experts, out_features, in_features)", f"a {weight.dim()}-d tensor")
+    _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
+    _checks.non_empty(op, "weight", weight, 3)
+    _checks.divisible(op, "weight", weight, 1, 128, "fp8_block quantizes W^T along out_features in 128x128 tiles")
+    _checks.divisible(op, "weight", weight, 2, 128, "fp8_block quantizes W along in_features in 128x128 tiles")
+    e, n, k = weight.shape
+    shapes = ((e, n, k), (e, n // 128, k // 128)) if want == "fprop" else ((k, e * n), (k // 128, e * n // 128))
+    return (weight.new_empty(shapes[0], dtype=torch.float8_e4m3fn),
+            weight.new_empty(shapes[1], dtype=torch.float32))
+
+
+_nondiff.register("fp8_block_expert_weight")
 _nondiff.register("fp8_block_gemm", "fp8_block_grouped_gemm", "fp8_block_grouped_wgrad",
                   hint="the FP8 GEMM ops take quantized codes; use deepwell.scaled_linear(..., 'fp8_block') "
                   "or deepwell.grouped_linear for a differentiable layer")

@@ -182,7 +182,9 @@ class _GroupedFp8Block(torch.autograd.Function):
     def forward(ctx, x, weight, offsets):
         ops = torch.ops.deepwell
         x_rows, x_rows_s, x_cols, x_cols_s = ops.fp8_block_quantize_rowcol(x.contiguous())
-        w, w_s = ops.fp8_block_quantize(weight.contiguous(), 128, 128)
+        # The weight's operands come through the weight cache: made here outside a reuse scope,
+        # once per optimizer step for both passes inside deepwell.microbatches().
+        w, w_s = ops.fp8_block_expert_weight(weight, "fprop")
         ctx.save_for_backward(x_cols, x_cols_s, weight, offsets)
         ctx.x_dtype = x.dtype
         return ops.fp8_block_grouped_gemm(x_rows, x_rows_s, w, w_s, offsets, x.dtype)
@@ -194,9 +196,8 @@ class _GroupedFp8Block(torch.autograd.Function):
         dy_rows, dy_rows_s, dy_cols, dy_cols_s = ops.fp8_block_quantize_rowcol(grad.contiguous())
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            e, n, k = weight.shape
             # (k, e * n): W_e^T is columns [e * n, (e + 1) * n), its tiles those of W_e transposed.
-            wt, wt_s = ops.fp8_block_quantize_transposed(weight.reshape(e * n, k))
+            wt, wt_s = ops.fp8_block_expert_weight(weight, "dgrad")
             dx = ops.fp8_block_grouped_gemm(dy_rows, dy_rows_s, wt, wt_s, offsets, ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             dw = ops.fp8_block_grouped_wgrad(dy_cols, dy_cols_s, x_cols, x_cols_s, offsets, weight.dtype)

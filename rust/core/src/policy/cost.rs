@@ -245,7 +245,13 @@ mod tests {
         assert!(!rates(Arch::sm(12, 0)).1 && !rates(Arch::CPU).1);
     }
 
-    fn experts(experts: usize, tokens: usize, top_k: usize, in_features: usize, out_features: usize) -> GroupedSiteCost {
+    fn experts(
+        experts: usize,
+        tokens: usize,
+        top_k: usize,
+        in_features: usize,
+        out_features: usize,
+    ) -> GroupedSiteCost {
         GroupedSiteCost { experts, assignments: tokens * top_k, in_features, out_features, recipe: Recipe::Fp8Block }
     }
 

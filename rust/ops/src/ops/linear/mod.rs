@@ -15,6 +15,7 @@
 //! | dgrad | dy (M, out) | W^T (in, out) | out |
 //! | wgrad | dy^T (out, M) | x^T (in, M) | M (tokens) |
 
+pub mod expert_weight;
 pub mod fp8_tensor_linear;
 pub mod quantized_linear;
 pub mod weight_cache;
@@ -77,6 +78,7 @@ pub fn kernels() -> Vec<Kernel> {
         v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
     }
     v.extend(quantized_linear::kernels());
+    v.extend(expert_weight::kernels());
     v.extend(fp8_tensor_linear::kernels());
     v
 }

@@ -1,0 +1,125 @@
+"""The MoE experts' weight operands (`fp8_block_expert_weight`, behind deepwell's FP8 grouped GEMMs)
+through the weight cache, against the slow, obviously correct path under every way the stacked
+weights can change: the same proofs as tests/test_weight_cache.py gives the dense layers.
+
+The reference quantizes a fresh copy of the weights on every call (`w.clone()`: a new storage, so
+nothing can be reused). `_GroupedFp8Block` runs here on the CPU (its ops' references); on sm_90 the
+same Rust op feeds deepwell's kernels, and the cache's rules do not depend on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+import pytest
+import torch
+
+import deepwell
+from _util import same_bits
+from test_weight_cache import OPTIMIZERS, WRITES, WRITES_BYPASSING_THE_COUNTER
+
+ops = torch.ops.deepwell
+gl = importlib.import_module("deepwell.ops.grouped_linear")  # the module (the package exports the function)
+E, N, K = 3, 128, 256
+OFFSETS = torch.tensor([0, 128, 128, 384], dtype=torch.int32)  # whole 128-row groups, one empty
+
+
+class Experts(torch.nn.Module):
+    """One grouped fp8_block layer; `fresh=True` is the reference."""
+
+    def __init__(self, fresh: bool = False, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w = torch.nn.Parameter(torch.randn(E, N, K, generator=g) / K**0.5)
+        self.fresh = fresh
+
+    def forward(self, x):
+        return gl._GroupedFp8Block.apply(x, self.w.clone() if self.fresh else self.w, OFFSETS)
+
+
+def _train(model, make_opt, steps: int, scope: bool):
+    """Losses, input gradients and final weights with 2 micro-batches per step."""
+    g = torch.Generator().manual_seed(1)
+    opt = make_opt(list(model.parameters()))
+    out = []
+    for _ in range(steps):
+        with deepwell.microbatches() if scope else contextlib.nullcontext():
+            for _ in range(2):
+                x = torch.randn(int(OFFSETS[-1]), K, generator=g).requires_grad_()
+                loss = model(x).square().mean()
+                loss.backward()  # dgrad (x needs a gradient) and wgrad
+                out += [loss.detach(), x.grad]
+        opt.step()
+        opt.zero_grad()
+    return out, model.w.detach().clone()
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_expert_training_matches_the_uncached_path(name):
+    steps = 3
+    reference = _train(Experts(fresh=True), OPTIMIZERS[name], steps, scope=False)
+    for scope in (False, True):
+        before = deepwell.weight_cache_info()
+        (outs, w), (ref_outs, ref_w) = _train(Experts(), OPTIMIZERS[name], steps, scope), reference
+        after = deepwell.weight_cache_info()
+        assert all(same_bits(a, b) for a, b in zip(outs, ref_outs)) and same_bits(w, ref_w), (name, scope)
+        # In a scope each step quantizes the weights once, both operands; the other three passes
+        # (backward 1, forward and backward 2) reuse them. Outside one nothing is reused.
+        assert after["misses"] - before["misses"] == (steps if scope else 4 * steps)
+        assert after["hits"] - before["hits"] == (3 * steps if scope else 0)
+        assert after["entries"] == 0
+
+
+def _check_write(write, scope: bool):
+    """Forward, write, forward and backward: each pass sees the written weights."""
+    model = Experts()
+    x = torch.randn(int(OFFSETS[-1]), K, requires_grad=True)
+    fresh = lambda: gl._GroupedFp8Block.apply(x, model.w.detach().clone(), OFFSETS)  # noqa: E731
+    with deepwell.microbatches() if scope else contextlib.nullcontext():
+        y0 = model(x)
+        assert same_bits(y0, fresh())
+        write(model.w)
+        y1 = model(x)
+        assert same_bits(y1, fresh()) and not same_bits(y1, y0)
+        y1.sum().backward()  # dx reads W^T's operand: it follows the write too
+        dx, x.grad = x.grad, None
+    fresh().sum().backward()
+    assert same_bits(dx, x.grad)
+
+
+@pytest.mark.parametrize("scope", [False, True], ids=["default", "microbatches"])
+@pytest.mark.parametrize("write", WRITES, ids=list(WRITES))
+def test_every_write_to_the_expert_weights_is_seen(write, scope):
+    _check_write(WRITES[write], scope)
+
+
+@pytest.mark.parametrize("write", WRITES_BYPASSING_THE_COUNTER, ids=list(WRITES_BYPASSING_THE_COUNTER))
+def test_writes_bypassing_the_version_counter_are_seen_outside_a_scope(write):
+    _check_write(WRITES_BYPASSING_THE_COUNTER[write], scope=False)
+
+
+def test_the_operands_are_the_quantizers_bit_for_bit():
+    w = torch.randn(E, N, K, dtype=torch.bfloat16)
+    for want, (data, scale) in (("fprop", ops.fp8_block_quantize(w, 128, 128)),
+                                ("dgrad", ops.fp8_block_quantize_transposed(w.reshape(E * N, K)))):
+        for scope in (False, True):
+            with deepwell.microbatches() if scope else contextlib.nullcontext():
+                got = ops.fp8_block_expert_weight(w, want)
+                got = ops.fp8_block_expert_weight(w, want)  # in a scope: the cached one
+            assert same_bits(got[0], data) and same_bits(got[1], scale), (want, scope)
+
+
+@pytest.mark.parametrize("args,match", [
+    ((torch.randn(N, K), "fprop"), r"argument 'weight' must be 3-d \(experts, out_features, in_features\), got a 2-d"),
+    ((torch.randn(E, 96, K), "fprop"), r"argument 'weight' must have size\(dim=1\) divisible by 128"),
+    ((torch.randn(E, N, 64), "dgrad"), r"argument 'weight' must have size\(dim=2\) divisible by 128"),
+    ((torch.randn(E, N, K), "both"), r"argument 'want' must be \"fprop\" or \"dgrad\", got \"both\""),
+    ((torch.zeros(E, N, K, dtype=torch.int32), "fprop"), r"argument 'weight' must have dtype torch.float32"),
+])
+def test_bad_arguments_name_the_op_and_argument(args, match):
+    with pytest.raises(RuntimeError, match="deepwell.fp8_block_expert_weight: " + match):
+        ops.fp8_block_expert_weight(*args)
+    with pytest.raises(RuntimeError, match="deepwell.fp8_block_expert_weight: " + match):
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the fake kernel says the same
+            ops.fp8_block_expert_weight(mode.from_tensor(args[0]), args[1])
