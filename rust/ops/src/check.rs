@@ -88,6 +88,14 @@ pub fn same_device(op: Op, backend: Backend, tensors: &[(&'static str, &Tensor)]
     Ok(first.map_or(Device::Cpu, |(_, d)| d))
 }
 
+/// `arg` must have `ndim` dims (`layout` names them, e.g. "(out_features, in_features)").
+pub fn ndim(op: Op, arg: &'static str, t: &Tensor, ndim: usize, layout: &str) -> Result<()> {
+    if t.dim() == ndim {
+        return Ok(());
+    }
+    Err(Error::arg(op, arg, format!("be {ndim}-d {layout}"), format!("a {}-d tensor", t.dim())))
+}
+
 /// Python-style dim (negative counts from the end) -> index.
 pub fn dim(op: Op, arg: &'static str, dim: i64, ndim: usize) -> Result<usize> {
     let n = ndim as i64;

@@ -50,14 +50,7 @@ fn expert_weight(a: &mut Args) -> Result<Vec<Tensor>> {
         "dgrad" => Want::Dgrad,
         _ => return Err(Error::arg(op, "want", "be \"fprop\" or \"dgrad\"", check::quoted(&want))),
     };
-    if weight.dim() != 3 {
-        return Err(Error::arg(
-            op,
-            "weight",
-            "be 3-d (experts, out_features, in_features)",
-            format!("a {}-d tensor", weight.dim()),
-        ));
-    }
+    check::ndim(op, "weight", &weight, 3, "(experts, out_features, in_features)")?;
     check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
     check::non_empty(op, "weight", &weight, 3)?;
     check::divisible(op, "weight", &weight, 1, 128, "fp8_block quantizes W^T along out_features in 128x128 tiles")?;

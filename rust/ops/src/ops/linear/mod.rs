@@ -203,14 +203,7 @@ impl Layer {
         let backend = if x.device() == Device::Cpu { check::Backend::Cpu } else { check::Backend::Cuda };
         let device = check::same_device(op, backend, &tensors)?;
         check::non_empty(op, "x", &x, 1)?;
-        if weight.dim() != 2 {
-            return Err(Error::arg(
-                op,
-                "weight",
-                "be 2-d (out_features, in_features)",
-                format!("a {}-d tensor", weight.dim()),
-            ));
-        }
+        check::ndim(op, "weight", &weight, 2, "(out_features, in_features)")?;
         check::non_empty(op, "weight", &weight, 2)?;
         let (n, k) = (weight.sizes()[0] as usize, weight.sizes()[1] as usize);
         let x_k = *x.sizes().last().unwrap_or(&0) as usize;

@@ -111,14 +111,7 @@ fn codes(
     tensors.extend_from_slice(others);
     let device = check::same_device(op, check::Backend::of(op, x.device())?, &tensors)?;
     check::non_empty(op, "x", &x, 1)?;
-    if data.dim() != 2 {
-        return Err(Error::arg(
-            op,
-            "weight_data",
-            "be 2-d (out_features, stored in_features)",
-            format!("a {}-d tensor", data.dim()),
-        ));
-    }
+    check::ndim(op, "weight_data", &data, 2, "(out_features, stored in_features)")?;
     let n = data.sizes()[0];
     let k = *x.sizes().last().unwrap_or(&0);
     let Some((data_dtype, data_cols, scale_dtype, scale_shape)) = layout(recipe, n, k) else {
