@@ -66,7 +66,8 @@ pub fn fits(rows: i64, cols: i64, k: i64, b_scales: BScales) -> bool {
     rows > 0 && cols > 0 && k > 0 && k % 128 == 0 && rows % 4 == 0 && cols_ok
 }
 
-/// `DEEPWELL_FP8_GEMM_WAVES=1|2` forces the tile height (128 or 256 rows) of every launch, for benchmarking the choice `Fp8Gemm::waves_for` makes.
+/// `DEEPWELL_FP8_GEMM_WAVES=1|2` forces the tile height (128 or 256 rows) of every launch, for
+/// benchmarking the choice `Fp8Gemm::waves_for` makes.
 fn forced_waves() -> Option<u8> {
     static FORCED: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
     *FORCED.get_or_init(|| match std::env::var("DEEPWELL_FP8_GEMM_WAVES").as_deref() {
