@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from .. import _native
 from .engine import Engine
 from .fp8_all_gather import gathered_bytes
-from .memory import saved_activation_bytes
+from .memory import codes_of, saved_activation_bytes
 from .parallel import blocks, nbytes
 
 
@@ -124,7 +124,8 @@ def dryrun(engine: Engine) -> Estimate:
     else:
         gathered = 0
         quantized = any(s.recipe != "bf16" for s in plan.sites)
-        activations, largest, *output = saved_activation_bytes(model, engine.ir.example_inputs, quantized)
+        activations, largest, *output = saved_activation_bytes(model, engine.ir.example_inputs, quantized,
+                                                               codes=codes_of(plan))
     quantized = 0
     for s in plan.sites:
         n, k = s.out_features, s.in_features

@@ -9,7 +9,9 @@ on fake tensors and partitions it as the deepwell backend's Inductor compile doe
 partitioner, `compiler="inductor"`, and the backend's `_partitioner_options`). The deepwell ops
 themselves are not in that graph (the backend's rewrite needs Dynamo); where they would be, the
 plain GEMMs stand in: both read their bf16 input in the backward, which is what the partitioner's
-choice depends on. A model AOTAutograd cannot trace on fake tensors (data-dependent Python
+choice depends on. The exception is fp8_tensor, whose sites save x's FP8 codes instead (1 byte
+per element, once per input shared by several sites): their forwards are traced as the backend
+runs them (`fp8_tensor_codes`). A model AOTAutograd cannot trace on fake tensors (data-dependent Python
 control flow, e.g. a per-expert loop that reads group sizes on the host) falls back to counting
 what eager autograd saves, an upper bound."""
 
@@ -23,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 def saved_activation_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1,
-    sequence: bool = False
+    sequence: bool = False, codes: dict[str, str] | None = None
 ) -> tuple[int, int, int, int]:
     """(total, largest, output, output elements): bytes of the activations one training forward
     saves, of the largest of them and of the forward's outputs, and the outputs' element count.
@@ -31,10 +33,12 @@ def saved_activation_bytes(
     recompute their inputs); None counts what eager autograd saves. `tensor` > 1: one rank's share
     under tensor parallelism of that degree (plan/tensor_parallel.py: the split layers traced at
     their local shapes, the attention at its local heads; the compiled count only), with
-    `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`)."""
+    `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`).
+    `codes`: the fp8_tensor sites (qualified nn.Linear name -> recipe), which save x's codes (the
+    compiled count, without tensor parallelism: the backend keeps scaled_linear on split weights)."""
     if quantized is not None:
         try:
-            return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence)
+            return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence, codes)
         except Exception:  # noqa: BLE001 - any tracing failure: the eager count is an upper bound
             pass
     return eager_saved_bytes(model, example_inputs)
@@ -62,7 +66,8 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
 
 
 def compiled_saved_bytes(
-    model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1, sequence: bool = False
+    model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1, sequence: bool = False,
+    codes: dict[str, str] | None = None
 ) -> tuple[int, int, int, int]:
     """`saved_activation_bytes`'s four figures under torch.compile. Saved: the storages behind the
     backward graph's inputs other than the output gradients (`tangents_*`) and the parameters, each
@@ -111,8 +116,9 @@ def compiled_saved_bytes(
     local = tensor_parallel.local_shapes(model, tensor) if tensor > 1 else {}
     heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
     split = tensor_parallel.local_sequence(model, tensor) if tensor > 1 and sequence else contextlib.nullcontext()
+    saves_codes = fp8_tensor_codes(model, codes) if codes and tensor == 1 else contextlib.nullcontext()
     options = _partitioner_options(1 if quantized else 0)
-    with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads, split:
+    with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads, split, saves_codes:
         params = [
             (mode.from_tensor(p).new_empty(local[n]) if n in local else mode.from_tensor(p)).requires_grad_(p.requires_grad)
             for n, p in model.named_parameters()
@@ -122,6 +128,42 @@ def compiled_saved_bytes(
         traced(*params, *inputs)
     output = sum(t.numel() * t.element_size() for t in outputs)
     return sum(sizes.values()), max(sizes.values(), default=0), output, sum(t.numel() for t in outputs)
+
+
+def codes_of(plan) -> dict[str, str]:
+    """The plan's fp8_tensor sites, name -> recipe: the ones whose backward keeps x's codes."""
+    return {s.name: s.recipe for s in plan.sites if s.recipe.partition("@")[0] == "fp8_tensor"}
+
+
+@contextlib.contextmanager
+def fp8_tensor_codes(model: torch.nn.Module, codes: dict[str, str]):
+    """The fp8_tensor sites' forwards as the backend rewrites them (plan/backend.py `rewrite`): each
+    input tensor quantized once (`fp8_tensor_quantize_rowcol`) however many sites read it (q/k/v,
+    gate/up), the sites' GEMMs `fp8_tensor_linear_from_codes`, whose backward keeps the transposed
+    codes and the scale instead of x."""
+    ops = torch.ops.deepwell
+    quantized: dict[int, tuple] = {}  # id(x) -> (x, its codes); x kept so that its id stays unique
+    modules = {name: m for name, m in model.named_modules() if name in codes and type(m) is torch.nn.Linear}
+
+    def forward_of(m: torch.nn.Linear, recipe: str):
+        def forward(x):
+            if id(x) not in quantized:
+                quantized[id(x)] = (x, ops.fp8_tensor_quantize_rowcol(x.detach().reshape(-1, m.in_features), "e4m3"))
+            return ops.fp8_tensor_linear_from_codes(x, *quantized[id(x)][1], m.weight, m.bias, recipe)
+
+        return forward
+
+    before = {name: m.__dict__.get("forward") for name, m in modules.items()}  # an instance's own forward
+    for name, m in modules.items():
+        m.forward = forward_of(m, codes[name])
+    try:
+        yield
+    finally:
+        for name, m in modules.items():
+            if before[name] is None:
+                del m.forward  # back to nn.Linear.forward
+            else:
+                m.forward = before[name]
 
 
 def _identity(gm, example_inputs):

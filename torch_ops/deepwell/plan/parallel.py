@@ -29,17 +29,19 @@ def nbytes(params) -> int:
 
 
 def plan_parallelism(
-    model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int, quantized: bool | None = None
+    model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int, quantized: bool | None = None,
+    codes: dict[str, str] | None = None
 ) -> dict:
     """{data, tensor, fsdp, reshard_after_forward, sm_carveout, per_rank_bytes, reason, saved} for `world`
     processes; `saved`: `memory.saved_activation_bytes`'s (total, largest, output bytes, output elements), measured before
     sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
     is one rank's micro-batch; `hw` the node's devices (None: unknown memory); `quantized`: whether
-    the plan has deepwell GEMMs (plan/memory.py; None: eager autograd's saved tensors)."""
+    the plan has deepwell GEMMs (plan/memory.py; None: eager autograd's saved tensors); `codes`: its
+    fp8_tensor sites (name -> recipe), which save x's codes."""
     weights = nbytes(model.parameters())
     units = blocks(model)
     largest = max((nbytes(b.parameters()) for b in units), default=weights)
-    saved = saved_activation_bytes(model, example_inputs, quantized) if world > 1 else (0, 0, 0, 0)
+    saved = saved_activation_bytes(model, example_inputs, quantized, codes=codes) if world > 1 else (0, 0, 0, 0)
     devices = hw.devices if hw is not None else []
     cluster = {
         "world_size": world,
