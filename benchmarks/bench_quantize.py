@@ -87,6 +87,11 @@ def cases(m: int, k: int):
         ("fp8_block 128x128", lambda x: ops.fp8_block_quantize(x, 128, 128), None, 2 * n + n + 4 * (n // 16384)),
         ("fp8_block rowcol^T", lambda x: ops.fp8_block_quantize_rowcol(x), torch_fp8_block_rowcol, fb1 + n + 4 * (n // 128)),
         ("fp8_block 128x128 of x^T", lambda x: ops.fp8_block_quantize_transposed(x), None, 2 * n + n + 4 * (n // 16384)),
+        # x as 4 experts' stacked weights (E, N, K): the MoE grouped GEMMs' operands (no reuse scope).
+        ("fp8_block expert W (fprop)", lambda x: ops.fp8_block_expert_weight(x.view(4, -1, x.shape[-1]), "fprop"), None,
+         2 * n + n + 4 * (n // 16384)),
+        ("fp8_block expert W^T (dgrad)", lambda x: ops.fp8_block_expert_weight(x.view(4, -1, x.shape[-1]), "dgrad"), None,
+         2 * n + n + 4 * (n // 16384)),
         # fp8_tensor reads x twice (amax, then the cast).
         ("fp8_tensor (+amax pass)", lambda x: ops.fp8_tensor_quantize(x), torch_fp8_tensor, 2 * n + 2 * n + n),
         ("fp8_tensor rowcol e5m2", lambda x: ops.fp8_tensor_quantize_rowcol(x, "e5m2"), torch_fp8_tensor_rowcol, 4 * n + 2 * n),

@@ -218,7 +218,7 @@ def test_one_ranks_activations_under_sequence_parallelism():
     assert not plan.sharding["sequence_parallel"] and "sequence_parallel=True ignored" in plan.sharding["reason"]
 
 
-def test_sequence_parallelism_needs_llamas_top_level_untied_and_even_splits():
+def test_sequence_parallelism_needs_llamas_top_level_untied_even_splits_and_one_data_rank():
     from deepwell.plan import tensor_parallel
 
     with pytest.raises(RuntimeError, match=r"sequence parallelism does not split tied embeddings"):
@@ -233,6 +233,9 @@ def test_sequence_parallelism_needs_llamas_top_level_untied_and_even_splits():
         deepwell.autoplan(ir, world_size=2, tensor_parallel=2, sequence_parallel=True)
     with pytest.raises(RuntimeError, match=r"sequence parallelism of degree 2 cannot split a sequence of 63 tokens evenly"):
         tensor_parallel.check_sequence(63, 2)
+    with pytest.raises(RuntimeError, match=r"sequence parallelism runs without data parallelism for now \(the plan has "
+                                           r"data 2 x tensor 2\)"):
+        deepwell.autoplan(_ir(), world_size=4, tensor_parallel=2, sequence_parallel=True)
 
 
 def test_a_shard_that_splits_quantization_blocks_raises():

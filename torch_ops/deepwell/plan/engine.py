@@ -124,6 +124,7 @@ def autoplan(
         from . import tensor_parallel
 
         tensor_parallel.check(ir.model, par["tensor"], {}, sequence=True)
+        tensor_parallel.check_sequence_degrees(par["data"], par["tensor"])
     par = with_tensor_share(ir.model, ir.example_inputs, par, quantized, sequence)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "sm_carveout", "per_rank_bytes", "reason", "saved")}

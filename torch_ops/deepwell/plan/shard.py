@@ -30,6 +30,8 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     if tensor > 1:
         # Before the world size: a layout that cannot be split is wrong on any number of processes.
         tensor_parallel.check(model, tensor, recipe_of or {}, sequence)
+        if sequence:
+            tensor_parallel.check_sequence_degrees(data, tensor)
     if world_size() != data * tensor:
         raise RuntimeError(
             f"deepwell.compile: the plan is for {data * tensor} processes (data {data} x tensor {tensor}) but "
