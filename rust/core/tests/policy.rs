@@ -497,6 +497,29 @@ fn guardrail_non_finite() {
     assert_eq!(check(&s, &cfg).unwrap().reason, "guardrail: input amax inf: bf16 fallback");
 }
 
+// ---------------------------------------------------------------- MoE experts under auto (rule 9)
+
+#[test]
+fn auto_keeps_bf16_experts_where_fp8_is_predicted_slower() {
+    // bench_moe's layers (8192 tokens) on sm_90: fp8_block measured 1.12x bf16 at Mixtral shapes,
+    // 0.85x at E64, 0.69x at E128 (benchmarks/results/bench_moe-NVIDIA_H200-2026-11-26.log).
+    let expert = |d: usize, f: usize| site("moe.experts.gate_up_proj", "DeepwellMoE", Role::Experts, 1, 3, d, 2 * f);
+    let auto = Policy::default();
+    let mixtral = decide_experts(&auto, &expert(4096, 14336), HOPPER, 8, Some(8192 * 2));
+    assert_eq!((mixtral.recipe, mixtral.rule), (Recipe::Fp8Block, Rule::Precision));
+    for (d, f, e) in [(2048, 1408, 64), (2048, 768, 128)] {
+        let fine = decide_experts(&auto, &expert(d, f), HOPPER, e, Some(8192 * 8));
+        assert_eq!((fine.recipe, fine.rule), (Recipe::Bf16, Rule::ExpertTokens), "E{e}");
+        assert!(fine.reason.starts_with("auto: fp8_block predicted"), "{}", fine.reason);
+        // A recipe the user names is kept, and so is the policy's decision without a token count.
+        let forced = decide_experts(&fixed(Recipe::Fp8Block), &expert(d, f), HOPPER, e, Some(8192 * 8));
+        assert_eq!(forced.recipe, Recipe::Fp8Block);
+        assert_eq!(decide_experts(&auto, &expert(d, f), HOPPER, e, None), decide(&auto, &expert(d, f), HOPPER));
+    }
+    // Where auto already says bf16 (the CPU), nothing is priced.
+    assert_eq!(decide_experts(&auto, &expert(2048, 1408), CPU, 64, Some(65536)).rule, Rule::Precision);
+}
+
 // ---------------------------------------------------------------- every reason names its rule
 
 #[test]
@@ -509,6 +532,7 @@ fn every_reason_names_its_rule() {
         Rule::Precision => "precision",
         Rule::BlockDivisibility => "not divisible by",
         Rule::MinFeatures => "too small to gain",
+        Rule::ExpertTokens => "too few to gain",
     };
     let policies = [
         Policy::default(),
@@ -546,7 +570,10 @@ fn every_reason_names_its_rule() {
             }
         }
     }
-    assert_eq!(seen.len(), 7, "every rule fired: {seen:?}");
+    assert_eq!(seen.len(), 7, "every rule of `decide` fired: {seen:?}");
+    let fine = site("moe.experts.gate_up_proj", "DeepwellMoE", Role::Experts, 1, 3, 2048, 2816);
+    let d = decide_experts(&Policy::default(), &fine, HOPPER, 64, Some(65536));
+    assert!(d.rule == Rule::ExpertTokens && d.reason.contains(marker(d.rule)), "{}", d.reason);
     for arch in [HOPPER, B200, ADA, CPU] {
         for recipe in Recipe::ALL {
             for pass in Pass::ALL {

@@ -64,7 +64,6 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("policy_decide", policy::decide_entry, "{policy, arch, layers} -> {decisions}"),
     ("arch_info", policy::arch_info_entry, "{arch} -> {arch, family, variant, native, auto, auto_reason}"),
     ("grouped_backend", policy::grouped_backend_entry, "{recipe, arch, aligned} -> {backend, emulated, reason}"),
-    ("grouped_cost", policy::grouped_cost_entry, "{arch, recipe, experts, assignments, in_features, out_features} -> {ms, bf16_ms, rates_from}"),
     ("recipes", policy::recipes_entry, "{} -> [{name, block_k, low_precision, elem_max, ...}]"),
     ("roles", policy::roles_entry, "{sites: [[name, module_type], ...]} -> [role]"),
     ("step_cost", policy::step_cost_entry, "{arch, sites: [{tokens, in_features, out_features, recipe}], other_bytes} -> {step_ms, bf16_step_ms, rates_from}"),

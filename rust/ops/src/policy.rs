@@ -4,10 +4,12 @@
 //! `policy_decide` — request: `{"policy": {"precision": "auto", "first_last_bf16": true,
 //! "min_features": 512, "name_overrides": [["glob", "recipe"], ...], "type_overrides": [["Linear",
 //! "bf16"], ...]}, "arch": "sm_90" | "cpu", "layers": [{"name", "module_type", "role", "index",
-//! "count", "in_features", "out_features", "tokens" (optional)}, ...]}`; answer: `{"decisions":
-//! [{"recipe", "emulated", "reason", "rule", "gemms"}, ...]}`, where `gemms` (with `tokens` given)
-//! maps each pass (fprop, dgrad, wgrad) to `{"backend", "emulated", "reason"}` from the GEMM
-//! dispatch table.
+//! "count", "in_features", "out_features", "tokens" (optional), "experts" (optional)}, ...]}`;
+//! answer: `{"decisions": [{"recipe", "emulated", "reason", "rule", "gemms"}, ...]}`, where `gemms`
+//! (with `tokens` given) maps each pass (fprop, dgrad, wgrad) to `{"backend", "emulated",
+//! "reason"}` from the GEMM dispatch table. A layer with `experts` is one projection of that many
+//! stacked expert weights (DeepwellMoE), `tokens` then the grouped GEMMs' rows (tokens x top-k):
+//! deepwell_core `decide_experts` (rule 9: auto keeps it bf16 where FP8 is predicted no faster).
 //!
 //! `arch_info` — `{"arch": "sm_90"}` -> `{"arch", "family", "variant" (the NVRTC target, e.g.
 //! "sm_90a"; null for "cpu"), "native": [recipes], "auto", "auto_reason"}`, for `deepwell.probe()`,
@@ -19,9 +21,6 @@
 //! "fp8_block_grouped" | "emulated_grouped" | "per_expert_loop", "emulated", "reason"}`: how MoE
 //! experts of that recipe run (deepwell_core::policy::grouped_backend), for `grouped_linear`.
 //!
-//! `grouped_cost` — one MoE expert projection's predicted forward + backward ms in a recipe and in
-//! bf16 (`grouped_cost_entry`), for DeepwellMoE's `auto` plan.
-//!
 //! `roles` — the role of each `[name, module_type]` site (deepwell_core `Role::of_module`).
 //!
 //! `guardrail_check` — the run-time guardrail (deepwell_core::policy::guardrail): `{"stats":
@@ -32,11 +31,11 @@
 //! A present field of the wrong type is refused, never replaced by its default.
 
 use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
-use deepwell_core::policy::cost::{self, GroupedSiteCost, SiteCost};
+use deepwell_core::policy::cost::{self, SiteCost};
 use deepwell_core::policy::parallel::{self, Cluster, ModelSize};
 use deepwell_core::policy::{
-    auto_recipe, check, decide, gemm_backend, grouped_backend, native_recipes, Arch, GemmShape, GuardrailConfig,
-    LayerInfo, LayerStats, Pass, Policy, Recipe, Role,
+    auto_recipe, check, decide, decide_experts, gemm_backend, grouped_backend, native_recipes, Arch, GemmShape,
+    GuardrailConfig, LayerInfo, LayerStats, Pass, Policy, Recipe, Role,
 };
 use serde_json::{json, Value};
 
@@ -96,11 +95,19 @@ pub fn decide_entry(req: &Value) -> Answer {
         .iter()
         .enumerate()
         .map(|(i, l)| {
-            let info = layer(l).map_err(|e| format!("layers[{i}]: {e}"))?;
-            let d = decide(&policy, &info, arch);
+            let at = |e: String| format!("layers[{i}]: {e}");
+            let info = layer(l).map_err(at)?;
+            let tokens = optional(l, "tokens", Value::as_u64, "a non-negative integer").map_err(at)?;
+            let experts = optional(l, "experts", Value::as_u64, "a positive integer").map_err(at)?;
+            let d = match experts {
+                Some(0) => return Err(at("'experts' must be a positive integer, got 0".into())),
+                // One projection of stacked expert weights: `tokens` are the grouped GEMMs' rows.
+                Some(e) => decide_experts(&policy, &info, arch, e as usize, tokens.map(|t| t as usize)),
+                None => decide(&policy, &info, arch),
+            };
             let mut out = json!({"recipe": d.recipe.to_string(), "emulated": d.emulated, "reason": d.reason, "rule": format!("{:?}", d.rule)});
-            let tokens = optional(l, "tokens", Value::as_u64, "a non-negative integer").map_err(|e| format!("layers[{i}]: {e}"))?;
-            if let Some(tokens) = tokens {
+            // Each pass's dense GEMM kernel (experts run grouped GEMMs: `grouped_backend` says which).
+            if let (Some(tokens), None) = (tokens, experts) {
                 let gemms: serde_json::Map<String, Value> = Pass::ALL
                     .iter()
                     .map(|&pass| {
@@ -197,22 +204,6 @@ pub fn step_cost_entry(req: &Value) -> Answer {
     let other_ms = other_bytes / (rates.copy_tbps * 1e12) * 1e3;
     let (ms, bf16) = cost::step_ms(&sites, arch);
     Ok(json!({"step_ms": ms + other_ms, "bf16_step_ms": bf16 + other_ms, "rates_from": rates_from(arch)}))
-}
-
-/// `grouped_cost`: the cost model's predicted forward + backward of one MoE expert projection
-/// (deepwell_core `cost::grouped_site_ms`): `{"arch", "recipe", "experts", "assignments" (tokens x
-/// top-k), "in_features", "out_features"}` -> `{"ms", "bf16_ms", "rates_from"}`.
-pub fn grouped_cost_entry(req: &Value) -> Answer {
-    let arch: Arch = parse(&text(req, "arch")?, "arch")?;
-    let site = GroupedSiteCost {
-        experts: count(req, "experts")?,
-        assignments: count(req, "assignments")?,
-        in_features: count(req, "in_features")?,
-        out_features: count(req, "out_features")?,
-        recipe: parse(&text(req, "recipe")?, "recipe")?,
-    };
-    let (ms, bf16) = cost::grouped_site_ms(&site, arch);
-    Ok(json!({"ms": ms, "bf16_ms": bf16, "rates_from": rates_from(arch)}))
 }
 
 /// Where `arch`'s rates come from, saying so when they are borrowed from another device.

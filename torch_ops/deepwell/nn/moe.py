@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import _env, _native
+from .. import _env
 from ..ops.grouped_linear import block_of, grouped_linear
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..plan import recipes
@@ -126,29 +126,17 @@ def _plan_experts(
 
 def plan_experts(policy: PrecisionPolicy, arch: str, name: str, kind: str, dim: int, ffn_dim: int, experts: int,
                  assignments: int | None) -> list[str]:
-    """[gate_up recipe, down recipe, gate_up reason, down reason] on `arch`: the policy's decisions;
-    under precision "auto", a low-precision projection the cost model (Rust's `grouped_cost`)
-    predicts slower than bf16 at `assignments` rows (tokens x top-k; None: unknown) stays bf16, as
-    the dense policy's min_features rule keeps layers too small to gain."""
+    """[gate_up recipe, down recipe, gate_up reason, down reason] on `arch`, from the Rust planner:
+    under precision "auto" it keeps a projection bf16 where its cost model predicts FP8 no faster at
+    `assignments` rows (tokens x top-k; None: unknown), as the dense policy keeps layers too small
+    to gain (deepwell_core `decide_experts`)."""
     infos = [
-        LayerInfo(f"{name}.experts.gate_up_proj", kind, "experts", 1, 3, dim, 2 * ffn_dim),
-        LayerInfo(f"{name}.experts.down_proj", kind, "experts", 1, 3, ffn_dim, dim),
+        LayerInfo(f"{name}.experts.gate_up_proj", kind, "experts", 1, 3, dim, 2 * ffn_dim, assignments, experts),
+        LayerInfo(f"{name}.experts.down_proj", kind, "experts", 1, 3, ffn_dim, dim, assignments, experts),
     ]
     # Sites 1 of 3: the policy's first/last rule is about the model's ends, not this block's.
     decisions = policy.decide(infos, arch)
-    out = [[d.recipe, f"{i.name}: {d.recipe} ({d.reason})"] for i, d in zip(infos, decisions)]
-    if policy.precision == "auto" and assignments:
-        for row, info, d in zip(out, infos, decisions):
-            if d.recipe == "bf16" or d.rule != "Precision":
-                continue
-            cost = _native.call("grouped_cost", {"arch": arch, "recipe": d.recipe, "experts": experts,
-                                                 "assignments": assignments, "in_features": info.in_features,
-                                                 "out_features": info.out_features})
-            if cost["ms"] >= cost["bf16_ms"]:
-                row[:] = ["bf16", f"{info.name}: bf16 (auto: {d.recipe} predicted {cost['ms']:.3f} ms forward + "
-                          f"backward against bf16's {cost['bf16_ms']:.3f} at {assignments / experts:.0f} rows per "
-                          f"expert: too few to gain)"]
-    return [out[0][0], out[1][0], out[0][1], out[1][1]]
+    return [d.recipe for d in decisions] + [f"{i.name}: {d.recipe} ({d.reason})" for i, d in zip(infos, decisions)]
 
 
 class DeepwellMoE(nn.Module):

@@ -27,7 +27,9 @@ ROLES = ("embedding", "attention", "mlp", "experts", "router", "norm", "lm_head"
 class LayerInfo:
     """One GEMM site: qualified module name, module type, role, position among the model's GEMM
     sites (index of count), the weight's features, and (optional) the tokens per call, which lets the
-    planner name each pass's GEMM kernel."""
+    planner name each pass's GEMM kernel. `experts`: the site is one projection of that many stacked
+    expert weights (DeepwellMoE), `tokens` then its grouped GEMMs' rows (tokens x top-k), which the
+    planner's `auto` weighs against the cost of quantizing (Rust's rule 9)."""
 
     name: str
     module_type: str
@@ -37,6 +39,7 @@ class LayerInfo:
     in_features: int
     out_features: int
     tokens: int | None = None
+    experts: int | None = None
 
 
 @dataclass

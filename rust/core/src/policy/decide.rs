@@ -17,6 +17,10 @@
 //!    (quantization costs more than the faster GEMM saves), so bf16.
 //! 8. Otherwise the recipe of rule 5, native, or emulated with the reason when the device has no
 //!    native GEMM for it.
+//! 9. **Expert tokens** ([`decide_experts`], MoE expert projections under precision `auto` only): a
+//!    low-precision recipe of rule 8 that the cost model ([`super::cost::grouped_site_ms`]) predicts
+//!    no faster than bf16 at the call's rows per expert stays bf16, as rule 7 keeps dense layers
+//!    too small to gain.
 //!
 //! Overrides are explicit user choices, so they skip rules 3, 4 and 7, but **not** rule 6: a
 //! recipe whose block does not divide K cannot be quantized at all, so an override to it falls
@@ -24,6 +28,7 @@
 //! the token count, which is only known per call; [`super::gemm_backend`] checks it.
 
 use super::arch::{auto_recipe, is_emulated, why_not_native, Arch};
+use super::cost::{grouped_site_ms, GroupedSiteCost};
 use super::glob::glob_match;
 use super::layer::LayerInfo;
 use super::recipe::{Precision, Recipe};
@@ -72,6 +77,8 @@ pub enum Rule {
     BlockDivisibility,
     /// 7: too small to gain.
     MinFeatures,
+    /// 9: an expert projection with too few rows per expert to gain.
+    ExpertTokens,
 }
 
 /// The policy's verdict for one site.
@@ -175,4 +182,38 @@ pub fn decide(policy: &Policy, layer: &LayerInfo, arch: Arch) -> LayerDecision {
         );
     }
     with_recipe(recipe, arch, Rule::Precision, why)
+}
+
+/// [`decide`] for one projection of `experts` stacked expert weights, then rule 9 when the call's
+/// `assignments` (tokens x top-k, the grouped GEMMs' rows) are known.
+pub fn decide_experts(
+    policy: &Policy,
+    layer: &LayerInfo,
+    arch: Arch,
+    experts: usize,
+    assignments: Option<usize>,
+) -> LayerDecision {
+    let d = decide(policy, layer, arch);
+    let auto = policy.precision == Precision::Auto && d.rule == Rule::Precision && d.recipe != Recipe::Bf16;
+    let Some(assignments) = assignments.filter(|_| auto) else { return d };
+    let site = GroupedSiteCost {
+        experts,
+        assignments,
+        in_features: layer.in_features,
+        out_features: layer.out_features,
+        recipe: d.recipe,
+    };
+    let (ms, bf16_ms) = grouped_site_ms(&site, arch);
+    if ms < bf16_ms {
+        return d;
+    }
+    let per_expert = assignments as f64 / experts.max(1) as f64;
+    bf16(
+        Rule::ExpertTokens,
+        format!(
+            "auto: {} predicted {ms:.3} ms forward + backward against bf16's {bf16_ms:.3} at {per_expert:.0} rows per \
+             expert: too few to gain",
+            d.recipe
+        ),
+    )
 }
