@@ -112,7 +112,9 @@ def layer_rows(name, e, d, f, k, tokens, recipes_) -> list[dict]:
         print(f"{name:>10} {label:>18} {ms:9.3f} {tokens / ms / 1e3:10.1f} {flops / ms / 1e9:8.0f} {vs_loop:8.2f} {vs_dw:9.2f}")
         rows.append({"shape": name, "experts": e, "dim": d, "ffn": f, "top_k": k, "tokens": tokens, "variant": label,
                      "step_ms": ms, "mtok_s": tokens / ms / 1e3, "tflops": flops / ms / 1e9, "vs_hf_loop": vs_loop,
-                     "vs_deepwell_bf16": vs_dw})
+                     "vs_deepwell_bf16": vs_dw, "planned": getattr(fn, "_planned", None)})
+        if label == "deepwell auto":
+            print(f"{'':>10} {'':>18} (auto planned gate_up {fn._planned[0]}, down {fn._planned[1]})")
         torch.cuda.empty_cache()
     return rows
 
@@ -234,7 +236,8 @@ def main() -> None:
     sections = set(args.sections.split(","))
     env = environment()
     header(f"bench_moe: one MoE layer forward + backward, {args.tokens} tokens, bf16", env)
-    recipes_ = ["bf16", "fp8_block"] + (["mxfp8", "nvfp4"] if args.all_recipes else [])
+    # "auto": the Rust planner's per-projection choice (policy rule 9), measured beside the fixed recipes.
+    recipes_ = ["bf16", "fp8_block", "auto"] + (["mxfp8", "nvfp4"] if args.all_recipes else [])
     rows = {"layer": [], "gemm": [], "router": [], "model": []}
     if "layer" in sections:
         print(f"{'shape':>10} {'variant':>18} {'step ms':>9} {'Mtok/s':>10} {'TFLOP/s':>8} {'vs loop':>8} {'vs dw bf16':>9}")

@@ -32,6 +32,7 @@ from _common import environment, header, time_ms, torchao_float8, torchao_versio
 from deepwell.models import Llama
 
 VOCAB, SEQ, BATCH = 32000, 2048, 4
+CUDAGRAPHS = False  # --cudagraphs: each step begins a new CUDA graph trees iteration
 #: name -> (dim, heads, SwiGLU hidden, default layers)
 MODELS = {"1b": (2048, 16, 5632, 16), "8b": (4096, 32, 14336, 8)}
 
@@ -57,28 +58,63 @@ def make_model(spec: tuple[int, int, int], layers: int) -> torch.nn.Module:
     return Llama(VOCAB, dim, layers, heads, hidden, max_seq=SEQ).to(device="cuda", dtype=torch.bfloat16)
 
 
-def kernel_ms(step, steps: int = 3) -> tuple[float, dict[str, float]]:
-    """GPU kernel time per step, summed over the profiler's device events, and split by kind."""
+def kernel_ms(step, steps: int = 3) -> tuple[float, dict[str, float], list[tuple[str, float, float]]]:
+    """GPU kernel time per step, summed over the profiler's device events, split by kind, and per
+    kernel name as (name, ms per step, calls per step), longest first."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
     kinds: dict[str, float] = {}
+    per_kernel = []
     for e in prof.key_averages():
         if e.self_device_time_total > 0:
             k = kind_of(e.key)
-            kinds[k] = kinds.get(k, 0.0) + e.self_device_time_total / steps / 1e3
-    return sum(kinds.values()), kinds
+            ms = e.self_device_time_total / steps / 1e3
+            kinds[k] = kinds.get(k, 0.0) + ms
+            per_kernel.append((e.key, ms, e.count / steps))
+    per_kernel.sort(key=lambda r: -r[1])
+    return sum(kinds.values()), kinds, per_kernel
 
 
-def run(model, compiled, tokens, targets, steps: int, warmup: int = 3):
-    """(first-call seconds, ms per step, peak bytes, (kernel ms per step, by kind), (first loss, last
-    loss, steps)): every run takes the same number of steps on the same batch from the same weights,
-    so the last losses are comparable (the recipe's accuracy next to its speed)."""
+def host_ms(step, steps: int = 3) -> tuple[float, dict[str, tuple[float, float]]]:
+    """The host's side of a step: ms from a step's call to its return with the launch queue never
+    drained (a step whose host time reaches its kernel time leaves the GPU idle), and each deepwell
+    op's host time (inclusive of the aten calls it makes) as name -> (ms per step, calls per step)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host = (time.perf_counter() - t0) / steps * 1e3
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    ops = {e.key: (e.cpu_time_total / steps / 1e3, e.count / steps) for e in prof.key_averages()
+           if e.key.startswith("deepwell::")}
+    return host, ops
+
+
+def print_kernels(what: str, per_kernel, n: int) -> None:
+    """The run's n longest kernels per step (--kernels N): where a kind's milliseconds go."""
+    print(f"top {n} kernels per step, {what}:")
+    for name, ms, calls in per_kernel[:n]:
+        print(f"  {ms:7.2f} ms {calls:6.0f}x  {kind_of(name):<9} {name[:110]}")
+
+
+def run(model, compiled, tokens, targets, steps: int, warmup: int = 3, host: bool = False) -> dict:
+    """One run's row: first-call seconds, ms per step, tokens/s, peak bytes, kernel ms per step (by
+    kind, and the longest kernels), (first loss, last loss, steps), and with `host` the host's time
+    per step and per deepwell op (`host_ms`). Every run takes the same number of steps on the same
+    batch from the same weights, so the last losses are comparable (the recipe's accuracy next to
+    its speed)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     losses = []
 
     def step():
+        if CUDAGRAPHS:
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier outputs may be overwritten
         logits = compiled(tokens)
         loss = F.cross_entropy(logits.view(-1, VOCAB).float(), targets.view(-1))
         losses.append(loss.detach())  # no sync: read after the timed steps
@@ -93,8 +129,13 @@ def run(model, compiled, tokens, targets, steps: int, warmup: int = 3):
     first = time.perf_counter() - t0
     ms = time_ms(step, warmup=warmup, iters=steps, reps=1)
     peak = torch.cuda.max_memory_allocated()
-    kernels = kernel_ms(step)
-    return first, ms, peak, kernels, (losses[0].item(), losses[-1].item(), len(losses))
+    kms, kinds, per_kernel = kernel_ms(step)
+    row = {"step_ms": ms, "tokens_per_s": tokens.numel() / ms * 1e3, "first_call_s": first, "peak_bytes": peak,
+           "kernel_ms": kms, "kernel_kinds": kinds, "top_kernels": per_kernel[:40]}
+    if host:
+        row["host_ms"], row["host_ops"] = host_ms(step)
+    row["loss"] = (losses[0].item(), losses[-1].item(), len(losses))
+    return row
 
 
 def main() -> None:
@@ -105,25 +146,31 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--torchao", default="tensorwise,rowwise", help="torchao float8 recipes to run ('' for none)")
     p.add_argument("--precisions", default="auto,fp8_tensor", help="deepwell precisions to run (auto first)")
+    p.add_argument("--kernels", type=int, default=0, help="print each run's N longest kernels per step")
+    p.add_argument("--cudagraphs", action="store_true",
+                   help="every run replays CUDA graphs: mode='reduce-overhead', deepwell's cudagraphs=True")
     args = p.parse_args()
+    global CUDAGRAPHS
+    CUDAGRAPHS = args.cudagraphs
+    mode = "reduce-overhead" if args.cudagraphs else None
     dim, heads, hidden, default_layers = MODELS[args.model]
     spec = (dim, heads, hidden)
     layers = args.layers or (4 if args.quick else default_layers)
     env = environment()
-    header(f"bench_train_step: LLaMA d={dim} x {layers} layers (SwiGLU {hidden}), {BATCH}x{SEQ} tokens, AdamW", env)
+    graphs = ", CUDA graphs" if args.cudagraphs else ""
+    header(f"bench_train_step: LLaMA d={dim} x {layers} layers (SwiGLU {hidden}), {BATCH}x{SEQ} tokens, "
+           f"AdamW{graphs}", env)
     deepwell.plan.backend.ensure_registered()
     g = torch.Generator(device="cuda").manual_seed(1)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
     targets = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
-    n_tokens = BATCH * SEQ
     rows = []
 
     model = make_model(spec, layers)
     n_params = sum(p.numel() for p in model.parameters())
     torch._dynamo.reset()
-    first, ms, peak, (kms, kinds), loss = run(model, torch.compile(model), tokens, targets, args.steps)
-    rows.append({"what": "torch.compile bf16", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3, "first_call_s": first,
-                 "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss})
+    rows.append({"what": "torch.compile bf16", **run(model, torch.compile(model, mode=mode), tokens, targets,
+                                                      args.steps, host=bool(args.kernels))})
     del model
     torch.cuda.empty_cache()
 
@@ -132,9 +179,8 @@ def main() -> None:
     for ao_recipe in [r for r in args.torchao.split(",") if r] if torchao_version() else ():
         model = torchao_float8(make_model(spec, layers), ao_recipe)
         torch._dynamo.reset()
-        first, ms, peak, (kms, kinds), loss = run(model, torch.compile(model), tokens, targets, args.steps)
-        rows.append({"what": f"torchao float8 {ao_recipe}", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-                     "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss, "torchao": torchao_version()})
+        row = run(model, torch.compile(model, mode=mode), tokens, targets, args.steps, host=bool(args.kernels))
+        rows.append({"what": f"torchao float8 {ao_recipe}", **row, "torchao": torchao_version()})
         del model
         torch.cuda.empty_cache()
 
@@ -144,14 +190,13 @@ def main() -> None:
         torch._dynamo.reset()
         ir = deepwell.capture(model, (tokens,))
         plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=precision)
-        engine = deepwell.compile(ir, plan=plan)
+        engine = deepwell.compile(ir, plan=plan, cudagraphs=args.cudagraphs)
         estimate = deepwell.dryrun(engine)
         planning_before = deepwell.plan.backend.STATS["planning_s"]
-        first, ms, peak, (kms, kinds), loss = run(model, engine, tokens, targets, args.steps)
+        row = run(model, engine, tokens, targets, args.steps, host=bool(args.kernels))
         planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
         recipes = sorted({s.recipe for s in plan.sites})
-        row = {"what": f"deepwell {precision} ({'/'.join(recipes)})", "step_ms": ms, "tokens_per_s": n_tokens / ms * 1e3,
-               "first_call_s": first, "peak_bytes": peak, "kernel_ms": kms, "kernel_kinds": kinds, "loss": loss,
+        row = {"what": f"deepwell {precision} ({'/'.join(recipes)})", **row,
                "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
                "predicted_speedup": estimate.speedup, "planning_s": planning, "precision": precision,
                "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}}
@@ -161,6 +206,12 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     base = rows[0]["tokens_per_s"]
+    for r in rows if args.kernels else ():
+        print_kernels(r["what"], r["top_kernels"], args.kernels)
+        print(f"  host: {r['host_ms']:.1f} ms to launch a step (its kernels {r['kernel_ms']:.1f} ms, "
+              f"step {r['step_ms']:.1f} ms)")
+        for name, (ms, calls) in sorted(r["host_ops"].items(), key=lambda kv: -kv[1][0]):
+            print(f"  {ms:7.2f} ms {calls:6.0f}x  host, {name} ({ms / calls * 1e3:.0f} us per call)")
     print(f"kernel ms per step by kind ({', '.join(k for k, _ in KINDS)}, other):")
     for r in rows:
         print(f"  {r['what']:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_kinds"].items())))
@@ -180,7 +231,8 @@ def main() -> None:
     print(estimate)
     print(f"planning {dw['planning_s'] * 1e3:.1f} ms of a {dw['first_call_s']:.1f} s first call "
           f"({dw['planning_s'] / dw['first_call_s'] * 100:.2f}% of compile time)")
-    name = "bench_train_step" + ("" if args.model == "1b" else f"-{args.model}") + ("-quick" if args.quick else "")
+    suffix = ("" if args.model == "1b" else f"-{args.model}") + ("-quick" if args.quick else "")
+    name = "bench_train_step" + suffix + ("-cudagraphs" if args.cudagraphs else "")
     extra = {"model": args.model, "dim": dim, "hidden": hidden, "layers": layers, "params": n_params}
     print("wrote", write_json(name, env, rows, extra))
 

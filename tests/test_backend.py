@@ -152,6 +152,54 @@ def test_cuda_auto_runs_the_native_recipe_and_trains():
         assert _rel(p.grad.float(), q.grad.float()) < 2 * tol, name
 
 
+def _train_steps(model, steps: int, scope: bool = False, **options) -> list[torch.Tensor]:
+    """Losses and final weights of `steps` AdamW (fused) steps of the compiled model on one batch."""
+    import contextlib
+
+    compiled = _compile(model, **options)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    tokens, out = _tokens().cuda(), []
+    for _ in range(steps):
+        if options.get("cudagraphs"):
+            # A new iteration of the graph trees once per optimizer step, not per micro-batch: the
+            # second micro-batch's gradients accumulate into the first one's, graph outputs a new
+            # iteration would overwrite.
+            torch.compiler.cudagraph_mark_step_begin()
+        with deepwell.microbatches() if scope else contextlib.nullcontext():
+            for _ in range(2 if scope else 1):
+                loss = compiled(tokens).float().square().mean()
+                loss.backward()
+                out.append(loss.detach().clone())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return out + [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scope", [False, True], ids=["default", "microbatches"])
+@pytest.mark.parametrize("precision", ["fp8_tensor", "fp8_block"])
+def test_cuda_graphs_train_bit_identically(precision, scope):
+    """options={"cudagraphs": True} (Inductor's CUDA graph trees: the first calls record, later ones
+    replay) against the same compiled model without graphs: every loss and final weight bit for bit,
+    over enough steps that replays run after optimizer steps changed the weights (the weights must be
+    re-quantized in every replay), with and without the weight cache's reuse scope."""
+    from _util import same_bits
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    steps = 5
+    try:
+        with sdpa_kernel(SDPBackend.MATH):  # fused attention's backward may sum in any order
+            want = _train_steps(_model().cuda().bfloat16(), steps, scope, precision=precision)
+            hits = deepwell.weight_cache_info()["hits"]
+            got = _train_steps(_model().cuda().bfloat16(), steps, scope, precision=precision, cudagraphs=True)
+        assert all(same_bits(a, b) for a, b in zip(got, want))
+        assert deepwell.weight_cache_info()["hits"] == hits  # with CUDA graphs nothing is reused
+    finally:
+        torch._dynamo.reset()
+        deepwell.nn.weight_cache.allow_reuse(True)
+
+
 class _RawWeights(torch.nn.Module):
     """GEMMs written without nn.Linear: x @ w.t(), torch.mm(x, w.T), torch.addmm(b, x, w.t()),
     x @ w_kn with w_kn stored (in, out)."""

@@ -83,7 +83,51 @@ def test_rowcol_is_the_codes_and_the_codes_transposed(elem, shape, gen):
     assert same_bits(cols, deepwell.fp8_tensor_quantize(x.t().contiguous(), elem)[0])
 
 
+def _special_values(gen, dtype):
+    """(name, x): tensors whose amax is each special case of the scale rule."""
+    x = wide_range((96, 80), gen, dtype, lo=-3, hi=3)
+    cases = {"random": x, "zeros": torch.zeros(5, 7, dtype=dtype), "negative zero": -torch.zeros(4, 4, dtype=dtype)}
+    tiny = torch.finfo(dtype).tiny
+    cases["subnormals"] = (torch.randn(33, 9, generator=gen) * tiny / 8).to(dtype)
+    cases["huge"] = torch.full((3, 17), torch.finfo(dtype).max, dtype=dtype) * torch.randn(3, 17, generator=gen).sign().to(dtype)
+    for name, bad in (("nan", float("nan")), ("inf", float("inf")), ("-inf", float("-inf"))):
+        y = x.clone()
+        y[7, 3] = bad
+        cases[name] = y
+    y = x.clone()
+    y[0, 0], y[50, 9] = float("inf"), float("nan")  # NaN wins over Inf
+    cases["inf and nan"] = y
+    return cases.items()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("elem", ELEMS)
+def test_a_given_amax_gives_the_ops_own_codes(device, dtype, elem, gen):
+    """The shortcut the backend takes (x's amax reduced by torch, fused by Inductor into x's producer,
+    then handed to the quantizer) against the quantizer's own amax pass, bit for bit: eager and under
+    torch.compile, for every special case of the scale rule (zeros, subnormals, saturation, NaN, Inf)."""
+    amax_of = deepwell.ops.fp8_tensor.amax_of
+    compiled = torch.compile(lambda t: deepwell.fp8_tensor_quantize_rowcol(t, elem, amax_of(t)), fullgraph=True)
+    for name, x in _special_values(gen, dtype):
+        x = x.to(device)
+        want = deepwell.fp8_tensor_quantize_rowcol(x, elem)
+        for how, got in (("eager", deepwell.fp8_tensor_quantize_rowcol(x, elem, amax_of(x))), ("compiled", compiled(x))):
+            assert all(same_bits(a, b) for a, b in zip(got, want)), (name, how)
+        want_amax = torch.tensor(np.float32(ref.amax(np_f32(x.cpu()).reshape(-1), axis=0)), device=device)
+        assert same_bits(amax_of(x), want_amax), name
+    torch._dynamo.reset()
+
+
 def test_bad_inputs_name_the_op_and_argument():
+    x = torch.ones(4, 8)
+    for amax, match in ((torch.ones((), dtype=torch.bfloat16), r"'amax' must have dtype torch.float32"),
+                        (torch.ones(1), r"'amax' must have shape \[\]")):
+        with pytest.raises(RuntimeError, match="deepwell.fp8_tensor_quantize_rowcol: argument " + match):
+            deepwell.fp8_tensor_quantize_rowcol(x, "e4m3", amax)
+        with torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the fake kernel says the same
+            with pytest.raises(RuntimeError, match="deepwell.fp8_tensor_quantize_rowcol: argument " + match):
+                deepwell.fp8_tensor_quantize_rowcol(mode.from_tensor(x), "e4m3", mode.from_tensor(amax))
     with pytest.raises(RuntimeError, match=r"fp8_tensor_quantize.*'elem'.*\"e4m2\""):
         deepwell.fp8_tensor_quantize(torch.ones(4), "e4m2")
     with pytest.raises(RuntimeError, match=r"fp8_tensor_quantize_rowcol.*'x' must be 2-d"):

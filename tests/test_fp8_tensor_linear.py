@@ -117,11 +117,36 @@ def test_deepwell_linear_and_backend_use_it(gen):
     calls = _deepwell_calls(lambda: out.append(compiled(x)) or out[0].float().sum().backward())
     y = out[0]
     assert [s.recipe for s in deepwell.last_plan().sites] == ["fp8_tensor", "fp8_tensor"]
-    assert calls.count("fp8_tensor_linear") == 2 and "scaled_linear" not in calls
+    assert calls.count("fp8_tensor_quantize_rowcol") == 2 and calls.count("fp8_tensor_linear_from_codes") == 2
+    assert "scaled_linear" not in calls and "fp8_tensor_linear" not in calls
     assert calls.count("fp8_tensor_linear_backward") == 2
     h = torch.nn.functional.gelu(ops.scaled_linear(x.detach(), model[0].weight, model[0].bias, "fp8_tensor", None))
     ref = ops.scaled_linear(h, model[2].weight, model[2].bias, "fp8_tensor", None)
     assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_backend_is_bit_identical_to_the_eager_layers(device, gen):
+    """The backend's fp8_tensor sites (x's amax a torch reduction in the graph, which Inductor fuses
+    into x's producer; dy's in the backward's) against `fp8_tensor_linear` called eagerly, whose
+    quantizers reduce their own amax: y and every gradient bit for bit. Two stacked layers, so the
+    second one's x is the first one's output and nothing else differs between the two runs."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 192), torch.nn.Linear(192, 128)).to(device, torch.bfloat16)
+    x = torch.randn(3, 64, 256, generator=gen).to(device, torch.bfloat16).requires_grad_()
+    dy = torch.randn(3, 64, 128, generator=gen).to(device, torch.bfloat16)
+    policy = deepwell.PrecisionPolicy(precision="fp8_tensor", first_last_bf16=False, min_features=64)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="deepwell", options={"policy": policy})
+    leaves = (x, *model.parameters())
+    got = compiled(x)
+    got = (got, *torch.autograd.grad(got, leaves, dy))
+    assert [s.recipe for s in deepwell.last_plan().sites] == ["fp8_tensor", "fp8_tensor"]
+    h = deepwell.fp8_tensor_linear(x, model[0].weight, model[0].bias)
+    want = deepwell.fp8_tensor_linear(h, model[1].weight, model[1].bias)
+    want = (want, *torch.autograd.grad(want, leaves, dy))
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert same_bits(a, b), i
+    torch._dynamo.reset()
 
 
 def test_errors_name_the_op_and_argument(gen):
@@ -136,6 +161,10 @@ def test_errors_name_the_op_and_argument(gen):
         ops.fp8_tensor_linear_backward(dy, codes.float(), scale, w, "fp8_tensor", True, True)
     with pytest.raises(RuntimeError, match=r"grad_out has 16 features .* but weight has out_features 8"):
         ops.fp8_tensor_linear_backward(torch.randn(2, 16), codes, scale, torch.randn(8, 32), "fp8_tensor", True, True)
+    for amax, match in ((torch.ones(1), r"'grad_amax' must have shape \[\]"),
+                        (torch.ones((), dtype=torch.float64), r"'grad_amax' must have dtype torch.float32")):
+        with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_backward: argument " + match):
+            ops.fp8_tensor_linear_backward(dy, codes, scale, w, "fp8_tensor", True, True, amax)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,8 +205,8 @@ def test_backend_quantizes_a_shared_input_once(gen):
     compiled(x).float().sum().backward()
     out = []
     calls = _deepwell_calls(lambda: out.append(compiled(x)) or out[0].float().sum().backward())
-    assert calls.count("fp8_tensor_quantize_rowcol") == 1  # a and b share x's codes
-    assert calls.count("fp8_tensor_linear_from_codes") == 2 and calls.count("fp8_tensor_linear") == 1
+    assert calls.count("fp8_tensor_quantize_rowcol") == 2  # a and b share x's codes; c has its own
+    assert calls.count("fp8_tensor_linear_from_codes") == 3 and calls.count("fp8_tensor_linear") == 0
     assert calls.count("fp8_tensor_linear_backward") == 3
     want = ops.scaled_linear(
         ops.scaled_linear(x, model.a.weight, model.a.bias, "fp8_tensor", None)

@@ -3,8 +3,9 @@ through the weight cache, against the slow, obviously correct path under every w
 weights can change: the same proofs as tests/test_weight_cache.py gives the dense layers.
 
 The reference quantizes a fresh copy of the weights on every call (`w.clone()`: a new storage, so
-nothing can be reused). `_GroupedFp8Block` runs here on the CPU (its ops' references); on sm_90 the
-same Rust op feeds deepwell's kernels, and the cache's rules do not depend on the device.
+nothing can be reused). `_GroupedFp8Block` runs on the CPU (its ops' references) and, where there is
+a GPU, on deepwell's FP8 grouped GEMMs (bf16 there, as a model trains): the cache's rules do not
+depend on the device, but its operands feed different kernels.
 """
 
 from __future__ import annotations
@@ -23,19 +24,23 @@ ops = torch.ops.deepwell
 gl = importlib.import_module("deepwell.ops.grouped_linear")  # the module (the package exports the function)
 E, N, K = 3, 128, 256
 OFFSETS = torch.tensor([0, 128, 128, 384], dtype=torch.int32)  # whole 128-row groups, one empty
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = {"cpu": torch.float32, "cuda": torch.bfloat16}
 
 
 class Experts(torch.nn.Module):
     """One grouped fp8_block layer; `fresh=True` is the reference."""
 
-    def __init__(self, fresh: bool = False, seed: int = 0):
+    def __init__(self, fresh: bool = False, seed: int = 0, device: str = "cpu"):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
-        self.w = torch.nn.Parameter(torch.randn(E, N, K, generator=g) / K**0.5)
+        w = torch.randn(E, N, K, generator=g) / K**0.5
+        self.w = torch.nn.Parameter(w.to(device, DTYPES[device]))
         self.fresh = fresh
+        self.offsets = OFFSETS.to(device)
 
     def forward(self, x):
-        return gl._GroupedFp8Block.apply(x, self.w.clone() if self.fresh else self.w, OFFSETS)
+        return gl._GroupedFp8Block.apply(x, self.w.clone() if self.fresh else self.w, self.offsets)
 
 
 def _train(model, make_opt, steps: int, scope: bool):
@@ -46,7 +51,7 @@ def _train(model, make_opt, steps: int, scope: bool):
     for _ in range(steps):
         with deepwell.microbatches() if scope else contextlib.nullcontext():
             for _ in range(2):
-                x = torch.randn(int(OFFSETS[-1]), K, generator=g).requires_grad_()
+                x = torch.randn(int(OFFSETS[-1]), K, generator=g).to(model.w.device, model.w.dtype).requires_grad_()
                 loss = model(x).square().mean()
                 loss.backward()  # dgrad (x needs a gradient) and wgrad
                 out += [loss.detach(), x.grad]
@@ -55,13 +60,14 @@ def _train(model, make_opt, steps: int, scope: bool):
     return out, model.w.detach().clone()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", OPTIMIZERS)
-def test_expert_training_matches_the_uncached_path(name):
+def test_expert_training_matches_the_uncached_path(name, device):
     steps = 3
-    reference = _train(Experts(fresh=True), OPTIMIZERS[name], steps, scope=False)
+    reference = _train(Experts(fresh=True, device=device), OPTIMIZERS[name], steps, scope=False)
     for scope in (False, True):
         before = deepwell.weight_cache_info()
-        (outs, w), (ref_outs, ref_w) = _train(Experts(), OPTIMIZERS[name], steps, scope), reference
+        (outs, w), (ref_outs, ref_w) = _train(Experts(device=device), OPTIMIZERS[name], steps, scope), reference
         after = deepwell.weight_cache_info()
         assert all(same_bits(a, b) for a, b in zip(outs, ref_outs)) and same_bits(w, ref_w), (name, scope)
         # In a scope each step quantizes the weights once, both operands; the other three passes
@@ -99,8 +105,9 @@ def test_writes_bypassing_the_version_counter_are_seen_outside_a_scope(write):
     _check_write(WRITES_BYPASSING_THE_COUNTER[write], scope=False)
 
 
-def test_the_operands_are_the_quantizers_bit_for_bit():
-    w = torch.randn(E, N, K, dtype=torch.bfloat16)
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_operands_are_the_quantizers_bit_for_bit(device):
+    w = torch.randn(E, N, K, dtype=torch.bfloat16, device=device)
     for want, (data, scale) in (("fprop", ops.fp8_block_quantize(w, 128, 128)),
                                 ("dgrad", ops.fp8_block_quantize_transposed(w.reshape(E * N, K)))):
         for scope in (False, True):

@@ -15,6 +15,7 @@ def optimize(
     policy: PrecisionPolicy | None = None,
     verbose: bool = False,
     swap_moe: bool = True,
+    cudagraphs: bool = False,
     **compile_kw,
 ):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
@@ -23,14 +24,15 @@ def optimize(
 
     With `swap_moe` (default) the Hugging Face MoE blocks of `model` (Mixtral, Qwen2/3-MoE,
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
-    experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role)."""
+    experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role).
+    `cudagraphs=True` replays the compiled graphs as CUDA graphs (`mode="reduce-overhead"`)."""
     if swap_moe and isinstance(model, torch.nn.Module):
         from .nn.moe_hf import swap_hf_moe
 
         swapped = swap_hf_moe(model, recipe="auto", policy=policy or PrecisionPolicy(precision=precision), verbose=verbose)
         if verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
-    options = {"precision": precision, "verbose": verbose}
+    options = {"precision": precision, "verbose": verbose, "cudagraphs": cudagraphs}
     if policy is not None:
         options["policy"] = policy
     compiled = torch.compile(model, backend="deepwell", options=options, **compile_kw)

@@ -39,8 +39,19 @@ pub fn fp8_tensor_amax<T: Element>(x: &[T]) -> f32 {
 /// # Panics
 /// If `data.len() != x.len()`.
 pub fn fp8_tensor_quantize<T: Element>(x: &[T], elem: Fp8Elem, data: &mut [u8]) -> f32 {
+    fp8_tensor_quantize_with_amax(x, elem, fp8_tensor_amax(x), data)
+}
+
+/// [`fp8_tensor_quantize`] with x's amax computed beforehand (by whoever produced x: the deepwell
+/// backend lets Inductor fuse the reduction into x's producer). The codes are those of
+/// `fp8_tensor_quantize(x)` exactly when `amax == fp8_tensor_amax(x)` (any NaN for a NaN amax:
+/// the scale rule maps every NaN to 1); returns `scale_inv`.
+///
+/// # Panics
+/// If `data.len() != x.len()`.
+pub fn fp8_tensor_quantize_with_amax<T: Element>(x: &[T], elem: Fp8Elem, amax: f32, data: &mut [u8]) -> f32 {
     assert_eq!(data.len(), x.len(), "fp8_tensor_quantize: data has {} bytes, expected {}", data.len(), x.len());
-    let scale = fp8_tensor_scale(fp8_tensor_amax(x), elem);
+    let scale = fp8_tensor_scale(amax, elem);
     data.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(d, c)| {
         for (q, v) in d.iter_mut().zip(c) {
             *q = elem.encode(v.to_f32() * scale);
@@ -77,6 +88,19 @@ mod tests {
         }
         // A subnormal amax: 448 / 2^-149 overflows to Inf -> FLT_MAX -> 2^127.
         assert_eq!(fp8_tensor_scale(f32::from_bits(1), Fp8Elem::E4M3), 2f32.powi(127));
+    }
+
+    #[test]
+    fn a_given_amax_is_the_reduced_one() {
+        // The codes depend on x and its amax only: any NaN amax stands for "x has a NaN".
+        let x = [1.0f32, -3.0, 0.0, 1e-30, 2.5, -7.0];
+        for elem in [Fp8Elem::E4M3, Fp8Elem::E5M2] {
+            let (mut own, mut given) = ([0u8; 6], [0u8; 6]);
+            let s = fp8_tensor_quantize(&x, elem, &mut own);
+            assert_eq!(fp8_tensor_quantize_with_amax(&x, elem, fp8_tensor_amax(&x), &mut given), s);
+            assert_eq!(own, given);
+            assert_eq!(fp8_tensor_quantize_with_amax(&x, elem, f32::from_bits(0x7FC0_0001), &mut given), 1.0);
+        }
     }
 
     #[test]

@@ -73,6 +73,7 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("weight_cache_clear", weight_cache::clear_entry, "{} -> null"),
     ("weight_cache_new_epoch", weight_cache::clear_entry, "{} -> null (an optimizer stepped)"),
     ("weight_cache_scope", weight_cache::scope_entry, "{enter: bool} -> null"),
+    ("weight_cache_reuse", weight_cache::reuse_entry, "{allowed: bool} -> null"),
     ("manual_seed", linear::manual_seed_entry, "{seed: u64} -> null"),
     ("entries", entries_entry, "{} -> [[name, request -> answer], ...]"),
 ];

@@ -6,7 +6,10 @@ next call. Inside `microbatches()` (gradient accumulation), a weight is quantize
 pass that needs it, and reused while none of these changed: the scope, its storage (data pointer,
 shape, strides, dtype, device), its version counter, the optimizer step count (every
 `torch.optim.Optimizer.step` ends reuse, through torch's global optimizer step hooks, registered
-while a scope is open), and no CUDA graph is being captured.
+while a scope is open), and no CUDA graph is being captured. Once a model is compiled with CUDA
+graphs (`deepwell.optimize(..., cudagraphs=True)`), scopes reuse nothing in the process: the graphs'
+warm-up runs allocate from their private pool, where a cached operand would be a live tensor the
+graphs do not track (and weight quantization costs the host nothing in a replay anyway).
 
     for batch in loader:
         with deepwell.microbatches():
@@ -34,6 +37,12 @@ def weight_cache_info() -> dict[str, int]:
 def clear_weight_cache() -> None:
     """Drops every cached weight operand (and the weight aliases they hold)."""
     _native.call("weight_cache_clear")
+
+
+def allow_reuse(allowed: bool) -> None:
+    """Switches reuse inside `microbatches()` on or off for the process (off: every entry is dropped
+    and scopes cache nothing). The deepwell backend switches it off when it compiles CUDA graphs."""
+    _native.call("weight_cache_reuse", {"allowed": allowed}, "deepwell.nn.weight_cache.allow_reuse")
 
 
 @contextlib.contextmanager

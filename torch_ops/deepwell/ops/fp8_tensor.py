@@ -16,7 +16,10 @@ ELEMS = ("e4m3", "e5m2")
 _ELEM_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 define('fp8_tensor_quantize(Tensor x, str elem="e4m3") -> (Tensor data, Tensor scale_inv)')
-define('fp8_tensor_quantize_rowcol(Tensor x, str elem="e4m3") -> (Tensor row_data, Tensor col_data, Tensor scale_inv)')
+define(
+    'fp8_tensor_quantize_rowcol(Tensor x, str elem="e4m3", Tensor? amax=None) '
+    "-> (Tensor row_data, Tensor col_data, Tensor scale_inv)"
+)
 define("fp8_tensor_dequantize(Tensor data, Tensor scale_inv, ScalarType? out_dtype=None) -> Tensor")
 
 
@@ -33,10 +36,19 @@ def _quantize_fake(x, elem="e4m3"):
     return x.new_empty(x.shape, dtype=codes), x.new_empty((), dtype=torch.float32)
 
 
+def check_amax(op: str, arg: str, amax: torch.Tensor, of: tuple[str, torch.Tensor]) -> None:
+    """An amax argument: a 0-d float32 tensor on the device of the tensor it is the amax of."""
+    _checks.dtype_in(op, arg, amax, (torch.float32,))
+    _checks.same_device(op, of, (arg, amax))
+    _checks.shape_eq(op, arg, amax, [])
+
+
 @torch.library.register_fake("deepwell::fp8_tensor_quantize_rowcol")
-def _quantize_rowcol_fake(x, elem="e4m3"):
+def _quantize_rowcol_fake(x, elem="e4m3", amax=None):
     op = "fp8_tensor_quantize_rowcol"
     codes = _check_x(op, x, elem, 1)
+    if amax is not None:
+        check_amax(op, "amax", amax, ("x", x))
     if x.dim() != 2:
         _checks.fail(op, "x", "be 2-d (rows, k)", f"a {x.dim()}-d tensor")
     m, k = x.shape
@@ -74,16 +86,28 @@ def fp8_tensor_quantize(x: torch.Tensor, elem: str = "e4m3") -> tuple[torch.Tens
 
 
 def fp8_tensor_quantize_rowcol(
-    x: torch.Tensor, elem: str = "e4m3"
+    x: torch.Tensor, elem: str = "e4m3", amax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`fp8_tensor_quantize` of the (m, k) tensor x with its codes also written transposed, from
     one read: with one scale the column-wise copy is exactly the row codes transposed (what sm_90's
     TN-only FP8 GEMM needs for the weight and input gradients).
 
+    `amax`: x's NaN-propagating max |x| as a 0-d float32 tensor (`amax_of(x)`), when whoever made x
+    already has it; the op then skips its own pass over x. Under torch.compile the reduction fuses
+    into x's producer (the deepwell backend does this), so quantizing costs one read of x, not two.
+    It is trusted, not checked: the codes equal the op's own only for x's true amax.
+
     Returns:
         (row_data (m, k), col_data (k, m), scale_inv (0-d)).
     """
-    return torch.ops.deepwell.fp8_tensor_quantize_rowcol(x, elem)
+    return torch.ops.deepwell.fp8_tensor_quantize_rowcol(x, elem, amax)
+
+
+def amax_of(x: torch.Tensor) -> torch.Tensor:
+    """x's NaN-propagating max |x| as a 0-d float32 tensor: the `amax` argument of
+    `fp8_tensor_quantize_rowcol` and `fp8_tensor_linear_backward`. Exact (a max of bf16 values in
+    fp32); one reduction in eager mode, fused into x's producer under Inductor."""
+    return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
 
 
 def fp8_tensor_dequantize(

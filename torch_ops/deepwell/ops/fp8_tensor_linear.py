@@ -9,8 +9,10 @@ to `scaled_linear(x, weight, bias, "fp8_tensor")`. The deepwell backend and `dee
 for every fp8_tensor layer. Kernels: rust/ops/src/ops/linear/fp8_tensor_linear.rs.
 
 `fp8_tensor_linear_from_codes(x, x_codes, x_codes_t, x_scale_inv, weight, bias)` is the same layer
-on codes made beforehand by `fp8_tensor_quantize_rowcol(x)`: the backend gives the layers that read
-one tensor (q/k/v, gate/up) one quantization and one saved copy of its codes.
+on codes made beforehand by `fp8_tensor_quantize_rowcol(x, "e4m3", amax)`: the backend gives the
+layers that read one tensor (q/k/v, gate/up) one quantization and one saved copy of its codes, and
+x's amax as a reduction Inductor fuses into x's producer. The backward reduces dy's amax the same way
+(`grad_amax`), so neither quantizer makes a pass of its own for the amax.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from . import _checks, _nondiff
 from ._library import define
+from .fp8_tensor import amax_of, check_amax
 from .linear import _bias_arg, _bias_grad, _check_bias, _check_layer, _parse_recipe
 
 define(
@@ -31,7 +34,7 @@ define(
 )
 define(
     "fp8_tensor_linear_backward(Tensor grad_out, Tensor x_codes_t, Tensor x_scale_inv, Tensor weight, "
-    "str recipe, bool need_input, bool need_weight) -> (Tensor grad_input, Tensor grad_weight)"
+    "str recipe, bool need_input, bool need_weight, Tensor? grad_amax=None) -> (Tensor grad_input, Tensor grad_weight)"
 )
 
 
@@ -53,9 +56,11 @@ def _forward_fake(x, weight, bias, recipe="fp8_tensor"):
 
 
 @torch.library.register_fake("deepwell::fp8_tensor_linear_backward")
-def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input, need_weight):
+def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input, need_weight, grad_amax=None):
     op = "fp8_tensor_linear_backward"
     _check_recipe(op, recipe)
+    if grad_amax is not None:
+        check_amax(op, "grad_amax", grad_amax, ("grad_out", grad_out))
     _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.uint8, torch.float8_e4m3fn))
@@ -105,11 +110,16 @@ def _save(ctx, codes_t, scale, weight, bias, recipe) -> None:
 
 
 def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool):
-    """(dx, dW, db) from the saved codes: one backward call for dx and dW, db a reduction."""
+    """(dx, dW, db) from the saved codes: one backward call for dx and dW, db a reduction. With both
+    wanted, dy is quantized once for both from its amax, reduced here as torch ops so that under
+    torch.compile Inductor fuses it into dy's producer (the kernel skips its own pass over dy)."""
     codes_t, scale, weight = ctx.saved_tensors
     dx = dw = db = None
     if need_x or need_w:
-        gx, gw = torch.ops.deepwell.fp8_tensor_linear_backward(grad, codes_t, scale, weight, ctx.recipe, need_x, need_w)
+        amax = amax_of(grad) if need_x and need_w else None
+        gx, gw = torch.ops.deepwell.fp8_tensor_linear_backward(
+            grad, codes_t, scale, weight, ctx.recipe, need_x, need_w, amax
+        )
         dx = gx if need_x else None
         dw = gw if need_w else None
     if need_b and ctx.bias_dtype is not None:

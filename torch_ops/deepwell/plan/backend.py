@@ -16,7 +16,9 @@ Options (`torch.compile(..., options={...})` or `deepwell.optimize(model, ...)`)
 ("auto", "mxfp8", "nvfp4", "fp8_block", "bf16"), `policy` (a deepwell.PrecisionPolicy; its
 precision wins over `precision`), `verbose` (print the plan; also DEEPWELL_PRINT_PLAN=1), `plan`
 (a fixed deepwell.Plan from `deepwell.autoplan`: sites are looked up by name instead of planned)
-with `fallback` ("safe": a site the plan lacks runs bf16; "error": it raises).
+with `fallback` ("safe": a site the plan lacks runs bf16; "error": it raises), `cudagraphs` (True:
+replay each graph as a CUDA graph, Inductor's CUDA graph trees: what `mode="reduce-overhead"` gives
+torch.compile, which does not take both a mode and options).
 A graph break splits the model into graphs planned separately (each has its own first and last site).
 """
 
@@ -35,6 +37,7 @@ import deepwell  # noqa: F401  (the ops and their fake kernels exist before trac
 
 from .. import _env
 from .sites import Plan, Site, plan_sites, role_of
+from ..nn.weight_cache import allow_reuse
 from .policy import LayerDecision, PrecisionPolicy
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
@@ -169,8 +172,8 @@ def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
 
 
 def _saves_codes(g: Gemm) -> bool:
-    """Whether the site runs as `fp8_tensor_linear` (x's FP8 codes saved for the backward instead
-    of x): fp8_tensor sites, except on DTensor weights (tensor parallelism), for which only
+    """Whether the site runs on x's FP8 codes (`fp8_tensor_linear_from_codes`: saved for the
+    backward instead of x): fp8_tensor sites, except on DTensor weights (tensor parallelism), for which only
     `scaled_linear` has sharding rules (ops/sharding.py)."""
     if g.site.recipe.partition("@")[0] != "fp8_tensor":
         return False
@@ -182,44 +185,35 @@ def _saves_codes(g: Gemm) -> bool:
     return not isinstance(w, DTensor)
 
 
-def _shared_inputs(found: list[Gemm]) -> set[torch.fx.Node]:
-    """The inputs that two or more fp8_tensor sites read (q/k/v, gate/up): each is quantized once,
-    and its codes are shared by those sites' forwards and saved once for their backwards."""
-    readers: dict[torch.fx.Node, int] = {}
-    for g in found:
-        if _saves_codes(g) and isinstance(g.x, torch.fx.Node):
-            readers[g.x] = readers.get(g.x, 0) + 1
-    return {x for x, n in readers.items() if n > 1}
-
-
 def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int) -> tuple:
     """Nodes of x's fp8_tensor codes, the codes transposed and the scale, from one
-    `fp8_tensor_quantize_rowcol` of x seen as (tokens, k)."""
+    `fp8_tensor_quantize_rowcol` of x seen as (tokens, k). Every fp8_tensor site that reads x
+    (q/k/v, gate/up) shares them, and they are saved once for those sites' backwards. x's amax is a
+    torch reduction in the graph, which Inductor fuses into x's producer (RMSNorm, SwiGLU): the
+    quantizer then reads x once instead of twice."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
-    q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3"))
+    amax = graph.call_function(torch.linalg.vector_norm, (x2, float("inf")), {"dtype": torch.float32})  # ops.amax_of
+    q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax))
     return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
 
 
 def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
-    """The node computing the site's y in its recipe (`codes`: x's shared fp8_tensor codes)."""
+    """The node computing the site's y in its recipe (`codes`: x's fp8_tensor codes)."""
     if codes is not None:
         args = (x, *codes, w, bias, g.site.recipe)
         return graph.call_function(torch.ops.deepwell.fp8_tensor_linear_from_codes.default, args)
-    if _saves_codes(g):
-        out = graph.call_function(torch.ops.deepwell.fp8_tensor_linear.default, (x, w, bias, g.site.recipe))
-        return graph.call_function(operator.getitem, (out, 0))
     return graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
 
 
 def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
-    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor: fp8_tensor_linear);
-    returns how many. A site's operands may be earlier sites (a stack of linears): they are read
+    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor: fp8_tensor_linear_from_codes
+    on x's codes, made once per input); returns how many. A site's operands may be earlier sites (a stack of linears): they are read
     through `replaced`, never from the erased nodes the sites were captured with."""
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     found = sorted(found, key=lambda g: order[g.node])  # a shared input is quantized before its first reader
-    shared, codes_of = _shared_inputs(found), {}
+    codes_of: dict[torch.fx.Node, tuple] = {}
 
     def current(a):
         return replaced.get(a, a) if isinstance(a, torch.fx.Node) else a
@@ -232,7 +226,7 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
         with gm.graph.inserting_before(g.node):
             w = gm.graph.call_method("t", (weight,)) if g.weight_is_k_by_n else weight
             codes = None
-            if g.x in shared:
+            if _saves_codes(g) and isinstance(g.x, torch.fx.Node):
                 if g.x not in codes_of:
                     codes_of[g.x] = _quantize_once(gm.graph, x, g.site.in_features)
                 codes = codes_of[g.x]
@@ -312,7 +306,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     from torch._inductor.compile_fx import compile_fx
 
     options = dict(options or {})
-    known = {"precision", "policy", "verbose", "arch", "plan", "fallback"}
+    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs"}
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
@@ -325,8 +319,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     PLANS.append(plan)
     if options.get("verbose") or _env.print_plan():
         print(plan.table())
+    # CUDA graphs take away the host's cost per op (deepwell's ops cost 30-300 us each on the host,
+    # README "Host time"). Their warm-up runs allocate from the graphs' private pool, where a weight
+    # cache entry would be a live tensor the graphs do not track: reuse goes off for the process.
+    inductor = {"triton.cudagraphs": True} if options.get("cudagraphs") else {}
+    if inductor:
+        allow_reuse(False)
     with torch._functorch.config.patch(_partitioner_options(rewritten)):
-        return compile_fx(gm, example_inputs)
+        return compile_fx(gm, example_inputs, config_patches=inductor)
 
 
 def _partitioner_options(rewritten: int) -> dict:

@@ -168,14 +168,19 @@ class Engine:
         return self.compiled(*args, **kwargs)
 
 
-def compile(ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe") -> Engine:
+def compile(
+    ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe", cudagraphs: bool = False
+) -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
     `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
+    cudagraphs=True replays each compiled graph as a CUDA graph (Inductor's CUDA graph trees, what
+    `mode="reduce-overhead"` gives torch.compile): no per-op host cost once recorded.
     A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
     on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
     if fallback not in ("safe", "error"):
         raise ValueError(f"deepwell.compile: fallback must be 'safe' or 'error', got {fallback!r}")
     plan = plan or autoplan(ir, precision=precision)
     shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
-    compiled = torch.compile(ir.model, backend="deepwell", options={"plan": plan, "fallback": fallback})
+    options = {"plan": plan, "fallback": fallback, "cudagraphs": cudagraphs}
+    compiled = torch.compile(ir.model, backend="deepwell", options=options)
     return Engine(ir, plan, compiled, fallback)

@@ -22,6 +22,8 @@ import contextlib
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..ops.fp8_tensor import amax_of
+
 
 def saved_activation_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1,
@@ -138,7 +140,7 @@ def codes_of(plan) -> dict[str, str]:
 @contextlib.contextmanager
 def fp8_tensor_codes(model: torch.nn.Module, codes: dict[str, str]):
     """The fp8_tensor sites' forwards as the backend rewrites them (plan/backend.py `rewrite`): each
-    input tensor quantized once (`fp8_tensor_quantize_rowcol`) however many sites read it (q/k/v,
+    input tensor quantized once (`fp8_tensor_quantize_rowcol`, from its amax) however many sites read it (q/k/v,
     gate/up), the sites' GEMMs `fp8_tensor_linear_from_codes`, whose backward keeps the transposed
     codes and the scale instead of x."""
     ops = torch.ops.deepwell
@@ -148,7 +150,8 @@ def fp8_tensor_codes(model: torch.nn.Module, codes: dict[str, str]):
     def forward_of(m: torch.nn.Linear, recipe: str):
         def forward(x):
             if id(x) not in quantized:
-                quantized[id(x)] = (x, ops.fp8_tensor_quantize_rowcol(x.detach().reshape(-1, m.in_features), "e4m3"))
+                x2 = x.detach().reshape(-1, m.in_features)
+                quantized[id(x)] = (x, ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax_of(x2)))
             return ops.fp8_tensor_linear_from_codes(x, *quantized[id(x)][1], m.weight, m.bias, recipe)
 
         return forward

@@ -60,7 +60,7 @@ fn fp8_tensor_emulated(op: Op, t: Tensor, role: Role) -> Result<Tensor> {
 
 /// fp8_tensor's operand of x (m, k) transposed, (k, m): the codes transposed (one pass).
 fn fp8_tensor_cols(op: Op, t: Tensor, role: Role) -> Result<Operand> {
-    let [_, data, scale] = k::fp8_tensor_quantize_rowcol(op, t, fp8_tensor_elem(role), Copies::Cols)?;
+    let [_, data, scale] = k::fp8_tensor_quantize_rowcol(op, t, fp8_tensor_elem(role), Copies::Cols, None)?;
     Ok(Operand::Blockwise { data, scale, scaling: ScalingType::TensorWise })
 }
 
@@ -243,7 +243,8 @@ pub fn weight_pair(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) 
     let tensorwise = Form::Blockwise(ScalingType::TensorWise);
     if (fprop, dgrad) == (tensorwise, tensorwise) {
         // fp8_tensor: W's codes and W^T's (its codes transposed) from one pass.
-        let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, w, fp8_tensor_elem(Role::Weight), Copies::Both)?;
+        let [rows, cols, scale] =
+            k::fp8_tensor_quantize_rowcol(op, w, fp8_tensor_elem(Role::Weight), Copies::Both, None)?;
         let scaling = ScalingType::TensorWise;
         let d = Operand::Blockwise { data: cols, scale: scale.share(op)?, scaling };
         return Ok((Operand::Blockwise { data: rows, scale, scaling }, d));
@@ -343,13 +344,16 @@ fn dgrad_alone(op: Op, recipe: Recipe, dgrad: Form, w: Tensor) -> Result<Operand
 
 /// The output gradient dy (M, N) as the dgrad operand (along N) and the wgrad operand (along M),
 /// each when its form is given. One pass over dy makes both where a kernel does both (MXFP8 rowcol,
-/// FP8 block rowcol); stochastic rounding uses `seed` for dgrad and `seed + 1` for wgrad.
+/// FP8 block rowcol, FP8 tensor rowcol); stochastic rounding uses `seed` for dgrad and `seed + 1`
+/// for wgrad. `dy_amax`: dy's amax where its producer computed it (fp8_tensor's rowcol pass reads
+/// it instead of reducing dy; every other pass ignores it: it is only ever dy's own amax).
 pub fn gradient_pair(
     op: Op,
     recipe: Recipe,
     dgrad: Option<Form>,
     wgrad: Option<Form>,
     dy: Tensor,
+    dy_amax: Option<Tensor>,
     seed: u64,
 ) -> Result<(Option<Operand>, Option<Operand>)> {
     let device = dy.device();
@@ -369,7 +373,8 @@ pub fn gradient_pair(
         }
         (Recipe::Fp8Tensor, Some(Form::Blockwise(sd)), Some(Form::Blockwise(sw))) => {
             // dy's codes for dgrad and the same codes transposed for wgrad, from one pass.
-            let [rd, cd, scale] = k::fp8_tensor_quantize_rowcol(op, dy, fp8_tensor_elem(Role::Gradient), Copies::Both)?;
+            let [rd, cd, scale] =
+                k::fp8_tensor_quantize_rowcol(op, dy, fp8_tensor_elem(Role::Gradient), Copies::Both, dy_amax)?;
             let rows = Operand::Blockwise { data: rd, scale: scale.share(op)?, scaling: sd };
             Ok((Some(rows), Some(Operand::Blockwise { data: cd, scale, scaling: sw })))
         }

@@ -64,9 +64,15 @@ pub fn fp8_tensor_quantize(op: Op, x: Tensor, elem: Fp8Elem) -> Result<(Tensor, 
 }
 
 /// x (m, k) quantized once: [row codes (m, k) (empty for `Copies::Cols`), codes transposed (k, m),
-/// scale_inv].
-pub fn fp8_tensor_quantize_rowcol(op: Op, x: Tensor, elem: Fp8Elem, copies: Copies) -> Result<[Tensor; 3]> {
-    fp8_tensor::quantize_rowcol(op, on(op, &x)?, x, elem, copies)
+/// scale_inv]; `amax`: x's, where its producer computed it (else reduced here).
+pub fn fp8_tensor_quantize_rowcol(
+    op: Op,
+    x: Tensor,
+    elem: Fp8Elem,
+    copies: Copies,
+    amax: Option<Tensor>,
+) -> Result<[Tensor; 3]> {
+    fp8_tensor::quantize_rowcol(op, on(op, &x)?, x, elem, copies, amax)
 }
 
 pub fn fp8_tensor_dequantize(op: Op, data: Tensor, scale: Tensor, out: DType) -> Result<Tensor> {

@@ -16,7 +16,14 @@ unsafe fn codes(op: Op, q: &Quantize, data: &Tensor) -> Result<f32> {
     // SAFETY: as documented; x is a validated non-empty CPU float tensor.
     unsafe {
         let d = data.as_mut_slice::<u8>();
-        Ok(with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => fp8_tensor::fp8_tensor_quantize(xs, q.elem, d)))
+        let amax = match &q.amax {
+            Some(a) => Some(host::row_major::<f32>(op, a)?[0]),
+            None => None,
+        };
+        Ok(with_floats!(host::float_slice(op, &q.x, q.dtype)?, xs => match amax {
+            Some(a) => fp8_tensor::fp8_tensor_quantize_with_amax(xs, q.elem, a, d),
+            None => fp8_tensor::fp8_tensor_quantize(xs, q.elem, d),
+        }))
     }
 }
 

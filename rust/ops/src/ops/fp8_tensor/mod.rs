@@ -23,8 +23,11 @@ use crate::tensor::Tensor;
 pub static QUANTIZE: OpSpec =
     OpSpec { name: "fp8_tensor_quantize", args: &[("x", Kind::Tensor), ("elem", Kind::Str)], returns: 2 };
 
-pub static QUANTIZE_ROWCOL: OpSpec =
-    OpSpec { name: "fp8_tensor_quantize_rowcol", args: &[("x", Kind::Tensor), ("elem", Kind::Str)], returns: 3 };
+pub static QUANTIZE_ROWCOL: OpSpec = OpSpec {
+    name: "fp8_tensor_quantize_rowcol",
+    args: &[("x", Kind::Tensor), ("elem", Kind::Str), ("amax", Kind::OptTensor)],
+    returns: 3,
+};
 
 pub static DEQUANTIZE: OpSpec = OpSpec {
     name: "fp8_tensor_dequantize",
@@ -54,7 +57,7 @@ pub fn code_dtype(elem: Fp8Elem) -> DType {
 
 /// `fp8_tensor_quantize`: x's codes in its own layout and the 0-d fp32 `scale_inv`.
 pub fn quantize(op: Op, on: Backend, x: Tensor, elem: Fp8Elem) -> Result<[Tensor; 2]> {
-    let q = Quantize::new(op, on, x, elem)?;
+    let q = Quantize::new(op, on, x, elem, None)?;
     run_on(op, on, q, cpu::quantize, cuda::quantize)
 }
 
@@ -69,8 +72,17 @@ pub enum Copies {
 
 /// x (m, k) quantized once: [row codes (m, k) (an empty tensor for `Copies::Cols`), the codes
 /// transposed (k, m), scale_inv (0-d)]. The torch op `fp8_tensor_quantize_rowcol` is `Copies::Both`.
-pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, elem: Fp8Elem, copies: Copies) -> Result<[Tensor; 3]> {
-    let q = Quantize::new(op, on, x, elem)?;
+/// `amax`: x's max |x| computed beforehand (a 0-d fp32 tensor on x's device; see [`Quantize`]),
+/// or None to reduce it here.
+pub fn quantize_rowcol(
+    op: Op,
+    on: Backend,
+    x: Tensor,
+    elem: Fp8Elem,
+    copies: Copies,
+    amax: Option<Tensor>,
+) -> Result<[Tensor; 3]> {
+    let q = Quantize::new(op, on, x, elem, amax)?;
     if q.x.dim() != 2 {
         return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", q.x.dim())));
     }
@@ -96,8 +108,8 @@ fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
 }
 
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
-    let (x, elem) = (a.tensor("x")?, elem_arg(a)?);
-    Ok(quantize_rowcol(a.op(), on, x, elem, Copies::Both)?.into())
+    let (x, elem, amax) = (a.tensor("x")?, elem_arg(a)?, a.opt_tensor("amax")?);
+    Ok(quantize_rowcol(a.op(), on, x, elem, Copies::Both, amax)?.into())
 }
 
 fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
@@ -105,26 +117,48 @@ fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     Ok(vec![dequantize(a.op(), on, data, scale_inv, out_dtype)?])
 }
 
-/// A validated quantize call: a non-empty float tensor.
+/// A validated quantize call: a non-empty float tensor, and where its producer computed it, its
+/// amax: a 0-d fp32 tensor on x's device holding NaN-propagating max |x| (what
+/// `torch.linalg.vector_norm(x, inf, dtype=torch.float32)` gives). It is trusted, not checked
+/// against x (that would be the pass it saves): the codes are `quantize(x)`'s exactly when it is
+/// x's amax (tests/test_fp8_tensor.py proves torch's reductions give it, NaN and Inf included).
 struct Quantize {
     x: Tensor,
     dtype: DType,
     device: Device,
     elem: Fp8Elem,
+    amax: Option<Tensor>,
 }
 
 impl Quantize {
-    fn new(op: Op, backend: Backend, x: Tensor, elem: Fp8Elem) -> Result<Quantize> {
+    fn new(op: Op, backend: Backend, x: Tensor, elem: Fp8Elem, amax: Option<Tensor>) -> Result<Quantize> {
         let dtype = check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
         let device = check::same_device(op, backend, &[("x", &x)])?;
         check::non_empty(op, "x", &x, 1)?;
-        Ok(Quantize { x, dtype, device, elem })
+        if let Some(a) = &amax {
+            check_amax(op, "amax", a, backend, ("x", &x))?;
+        }
+        Ok(Quantize { x, dtype, device, elem, amax })
     }
 
     /// (rows, cols) of a 2-d x.
     fn matrix(&self) -> (i64, i64) {
         (self.x.sizes()[0], self.x.sizes()[1])
     }
+}
+
+/// An amax argument: a 0-d fp32 tensor on the device of the tensor it is the amax of (shared by
+/// `fp8_tensor_linear_backward`'s `grad_amax`).
+pub(crate) fn check_amax(
+    op: Op,
+    arg: &'static str,
+    amax: &Tensor,
+    backend: Backend,
+    of: (&'static str, &Tensor),
+) -> Result<()> {
+    check::dtype_in(op, arg, amax, &[DType::F32])?;
+    check::same_device(op, backend, &[of, (arg, amax)])?;
+    check::shape_eq(op, arg, amax, &[])
 }
 
 struct RowCol {

@@ -16,6 +16,10 @@
 //! `fp8_tensor_linear_from_codes` is the forward on codes made beforehand by
 //! `fp8_tensor_quantize_rowcol(x)`: layers that read the same x (q/k/v, gate/up) share one
 //! quantization and one saved copy of the codes (plan/backend.py groups them).
+//!
+//! The backward's optional `grad_amax` is dy's amax, reduced by the autograd formula as a torch op
+//! so that Inductor fuses it into dy's producer; dy's one rowcol pass reads it instead of reducing
+//! dy itself (`gemm::quantize::gradient_pair`).
 
 use deepwell_core::policy::{Pass, Recipe};
 
@@ -28,6 +32,7 @@ use crate::error::{Error, Op, Result};
 use crate::gemm::quantizers::{self as k, Copies, Fp8Elem};
 use crate::gemm::{self, quantize, Form};
 use crate::kernel::{boxed_kernel, Kernel};
+use crate::ops::fp8_tensor::check_amax;
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -47,6 +52,7 @@ pub static BACKWARD: OpSpec = OpSpec {
         ("recipe", Kind::Str),
         ("need_input", Kind::Bool),
         ("need_weight", Kind::Bool),
+        ("grad_amax", Kind::OptTensor),
     ],
     returns: 2,
 };
@@ -92,7 +98,7 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
     let p = &layer.p;
     check_bias(op, bias.as_ref(), p.n as i64)?;
-    let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, p.x_2d(op)?, Fp8Elem::E4M3, Copies::Both)?;
+    let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, p.x_2d(op)?, Fp8Elem::E4M3, Copies::Both, None)?;
     let backend = p.choice(Pass::Fprop).backend;
     let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, rows, scale.share(op)?)?;
     let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
@@ -171,12 +177,16 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
         (a.tensor("grad_out")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv")?, a.tensor("weight")?);
     let recipe_arg = a.str("recipe")?;
     let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
+    let dy_amax = a.opt_tensor("grad_amax")?;
     let layer = saved_layer(op, &dy, codes, &scale, weight, &recipe_arg)?;
     let p = &layer.p;
+    if let Some(amax) = &dy_amax {
+        check_amax(op, "grad_amax", amax, check::Backend::of(op, dy.device())?, ("grad_out", &dy))?;
+    }
     let dtypes = (dy.dtype(), layer.weight.dtype());
     let codes = aten::view_dtype(op, aten::contiguous(op, p.x.share(op)?)?, DType::E4M3)?;
     let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
     let x_wgrad = |form| quantize::fp8_tensor_cols_from_codes(op, form, codes, scale);
     // fp8_tensor rounds gradients to nearest: no stochastic-rounding seed.
-    run_backward(op, p, dy, 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)
+    run_backward(op, p, (dy, dy_amax), 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)
 }

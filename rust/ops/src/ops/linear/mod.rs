@@ -305,11 +305,11 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let (p, w_dtype) = (&layer.p, layer.weight.dtype());
     let grads = (need_x, need_w);
     let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
-    run_backward(op, p, dy, seed, grads, (p.x.dtype(), w_dtype), dgrad_weight, |form| p.x_wgrad(op, form, seed))
+    run_backward(op, p, (dy, None), seed, grads, (p.x.dtype(), w_dtype), dgrad_weight, |form| p.x_wgrad(op, form, seed))
 }
 
-/// The backward passes of a validated call: dy (checked against the call) quantized once for both
-/// GEMMs (`gradient_pair`), dgrad `dx = dy W` against `dgrad_weight()` (the weight's dgrad operand,
+/// The backward passes of a validated call: dy (checked against the call; with its amax where its
+/// producer computed it) quantized once for both GEMMs (`gradient_pair`), dgrad `dx = dy W` against `dgrad_weight()` (the weight's dgrad operand,
 /// made only when dx is wanted) in `x_dtype`, wgrad `dW = dy^T x` from dy and `x_wgrad(form)` (x's
 /// operand in the wgrad's form, made only when dW is wanted) in `w_dtype`.
 /// `scaled_linear_backward`, `quantized_linear_backward` and `fp8_tensor_linear_backward` all run
@@ -318,7 +318,7 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
 pub(super) fn run_backward(
     op: Op,
     p: &Passes,
-    dy: Tensor,
+    (dy, dy_amax): (Tensor, Option<Tensor>),
     seed: u64,
     (need_x, need_w): (bool, bool),
     (x_dtype, w_dtype): (DType, DType),
@@ -332,7 +332,7 @@ pub(super) fn run_backward(
     let (dgrad_backend, wgrad_backend) = (p.choice(Pass::Dgrad).backend, p.choice(Pass::Wgrad).backend);
     let dgrad = need_x.then(|| Form::of(dgrad_backend).0);
     let wgrad = need_w.then(|| Form::of(wgrad_backend));
-    let (dy_rows, dy_cols) = quantize::gradient_pair(op, p.recipe, dgrad, wgrad.map(|f| f.0), dy2, seed)?;
+    let (dy_rows, dy_cols) = quantize::gradient_pair(op, p.recipe, dgrad, wgrad.map(|f| f.0), dy2, dy_amax, seed)?;
 
     let dx = match dy_rows {
         Some(da) => {

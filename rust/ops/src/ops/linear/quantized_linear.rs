@@ -205,5 +205,5 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     };
     // fp8_block rounds gradients to nearest: the seed of stochastic rounding is never read.
     let x_wgrad = |form| p.x_wgrad(op, form, 0);
-    run_backward(op, &p, dy, 0, (need_x, need_w), (p.x.dtype(), w_dtype), dgrad_weight, x_wgrad)
+    run_backward(op, &p, (dy, None), 0, (need_x, need_w), (p.x.dtype(), w_dtype), dgrad_weight, x_wgrad)
 }

@@ -23,7 +23,10 @@
 //! - the same version counter (in-place writes through the parameter: `copy_`, `load_state_dict`,
 //!   `torch.no_grad()` updates, foreach/single-tensor optimizers);
 //! - no CUDA graph is being captured on the current stream (a replay runs only what was captured:
-//!   a hit at capture time would skip the quantization in every replay).
+//!   a hit at capture time would skip the quantization in every replay);
+//! - reuse is not switched off for the process (`weight_cache_reuse`): the deepwell backend does
+//!   so when it compiles CUDA graphs, whose warm-up runs allocate from the graphs' private pool,
+//!   where an entry would be a live tensor the graphs do not track.
 //!
 //! What a scope cannot see: writes that bypass the version counter inside it (`w.data.add_()`,
 //! writes through DLPack). They break the scope's promise; outside a scope they are harmless.
@@ -79,6 +82,8 @@ struct Entry {
 struct State {
     /// Open reuse scopes (nested scopes count as one).
     depth: u32,
+    /// Reuse switched off for the process (`weight_cache_reuse`): scopes then cache nothing.
+    off: bool,
     generation: u64,
     entries: HashMap<Key, Entry>,
     clock: u64,
@@ -138,7 +143,7 @@ pub fn operand(
 ) -> Result<Operand> {
     let generation = {
         let s = lock();
-        (s.depth > 0).then_some(s.generation)
+        (s.depth > 0 && !s.off).then_some(s.generation)
     };
     let version = match generation {
         Some(_) if !capturing(op, weight)? => aten::version(op, weight),
@@ -218,6 +223,19 @@ pub fn stats_entry(_: &Value) -> Answer {
 /// stepped: every cached operand may be stale): drop every entry.
 pub fn clear_entry(_: &Value) -> Answer {
     clear();
+    Ok(Value::Null)
+}
+
+/// `weight_cache_reuse`: `{"allowed": false}` switches reuse off for the process (every entry is
+/// dropped, scopes cache nothing), `{"allowed": true}` back on.
+pub fn reuse_entry(req: &Value) -> Answer {
+    let allowed = fields::flag(req, "allowed")?;
+    let dropped = {
+        let mut s = lock();
+        s.off = !allowed;
+        s.invalidate()
+    };
+    drop(dropped); // after the lock
     Ok(Value::Null)
 }
 
