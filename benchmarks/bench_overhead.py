@@ -3,7 +3,13 @@ torch's own ops of the same size in the same process: what a call costs in the d
 argument checks, the Rust glue and the launch. On the GPU the time is wall-clock per call over
 back-to-back calls with one synchronize at the end; on the CPU the same, so both devices work.
 
-    python benchmarks/bench_overhead.py [--device cpu|cuda] [--calls N]
+`--spans` also times, for training-sized layers (8192 tokens, 2048 x 2048), where each deepwell op's
+host time goes inside Rust (rust/ops/src/host_time.rs spans: argument decoding, validation, the
+policy's GEMM choice, allocations, aten calls, kernel launches; inclusive, so they nest), in us per
+op call. The kernels run too, so every call's GPU work is real; the host time is what it costs to
+issue them.
+
+    python benchmarks/bench_overhead.py [--device cpu|cuda] [--calls N] [--spans]
 """
 
 from __future__ import annotations
@@ -60,11 +66,64 @@ def cases(device: str) -> list[tuple[str, object]]:
     ]
 
 
+def layer_cases(device: str) -> list[tuple[str, object]]:
+    """One training-sized layer's deepwell ops (8192 x 2048 x 2048), each as the backend calls it."""
+    g = torch.Generator(device=device).manual_seed(0)
+    m, k, n = (8192, 2048, 2048) if device == "cuda" else (256, 256, 256)
+    x = torch.randn(m, k, device=device, generator=g).bfloat16()
+    w = (torch.randn(n, k, device=device, generator=g) / k**0.5).bfloat16()
+    dy = torch.randn(m, n, device=device, generator=g).bfloat16()
+    amax_of = deepwell.ops.fp8_tensor.amax_of
+    x_amax, dy_amax = amax_of(x), amax_of(dy)
+    codes = ops.fp8_tensor_quantize_rowcol(x, "e4m3", x_amax)
+    codes_t = codes[1].view(torch.uint8)
+    block = "fp8_block" if device == "cuda" else "fp8_block@sm_90"
+    tensor = "fp8_tensor" if device == "cuda" else "fp8_tensor@sm_90"
+    return [
+        ("fp8_tensor_quantize_rowcol", lambda: ops.fp8_tensor_quantize_rowcol(x, "e4m3", x_amax)),
+        ("fp8_tensor_linear_from_codes",
+         lambda: ops.fp8_tensor_linear_from_codes(x, *codes, w, None, tensor)),
+        ("fp8_tensor_linear_backward", lambda: ops.fp8_tensor_linear_backward(
+            dy, codes_t, codes[2], w, tensor, True, True, dy_amax)),
+        ("scaled_linear fp8_block", lambda: ops.scaled_linear(x, w, None, block, None)),
+        ("scaled_linear_backward fp8_block",
+         lambda: ops.scaled_linear_backward(dy, x, w, block, True, True, None)),
+    ]
+
+
+def span_rows(device: str, calls: int) -> list[dict]:
+    """Per op: wall us per call (back-to-back, kernels included) and each host-time span's us per call."""
+    from deepwell import _native
+
+    rows = []
+    for label, fn in layer_cases(device):
+        for _ in range(10):
+            fn()
+        _native.call("host_time", {"enable": True})
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = (time.perf_counter() - start) / calls * 1e6  # before the sync: what issuing costs
+        if device == "cuda":
+            torch.cuda.synchronize()
+        spans = _native.call("host_time")
+        _native.call("host_time", {"enable": False})
+        per_call = {name: secs / calls * 1e6 for name, (secs, _) in spans.items()}
+        counts = {name: n / calls for name, (_, n) in spans.items()}
+        print(f"{label}: {host:.0f} us of host time per call")
+        for name, us in sorted(per_call.items(), key=lambda kv: -kv[1]):
+            print(f"    {us:8.1f} us {counts[name]:5.1f}x  {name}")
+        rows.append({"call": label, "host_us_per_call": host, "spans_us_per_call": per_call,
+                     "spans_per_call": counts})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--tag", default="", help="suffix of the JSON name (e.g. before/after)")
+    p.add_argument("--spans", action="store_true", help="also where training-sized layers' host time goes")
     args = p.parse_args()
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
     env = {
@@ -82,11 +141,12 @@ def main() -> None:
         us = us_per_call(fn, args.device, args.calls)
         rows.append({"call": label, "us_per_call": us})
         print(f"{label:<48} {us:9.1f}")
+    spans = span_rows(args.device, max(args.calls // 20, 20)) if args.spans else []
     os.makedirs(RESULTS, exist_ok=True)
     tag = f"-{args.tag}" if args.tag else ""
     path = os.path.join(RESULTS, f"bench_overhead{tag}-{name.replace(' ', '_')}-{env['date'][:10]}.json")
     with open(path, "w") as f:
-        json.dump({"env": env, "device": args.device, "rows": rows}, f, indent=1)
+        json.dump({"env": env, "device": args.device, "rows": rows, "spans": spans}, f, indent=1)
     print("wrote", path)
 
 

@@ -13,7 +13,13 @@ bf16 parameters, AdamW (fused); batch 4 x seq 2048 = 8192 tokens per step, cross
 targets. Each run's kernel time is also split by kind (GEMMs, deepwell's quantizers, attention,
 Inductor's fused kernels, optimizer, other), so a gap can be attributed.
 
+`--kernels N` also prints each run's N longest kernels, the host's time to launch a step (measured
+before any profiler session: one leaves CUDA's activity tracing attached, which slows every later
+launch) and each deepwell op's host time from Rust's spans. `--cudagraphs` runs every model in CUDA
+graphs (mode="reduce-overhead"; deepwell's `cudagraphs=True`).
+
     python benchmarks/bench_train_step.py [--quick] [--model 1b|8b] [--layers N] [--torchao tensorwise,rowwise]
+        [--precisions auto,fp8_tensor] [--kernels N] [--cudagraphs]
 """
 
 from __future__ import annotations
@@ -78,21 +84,26 @@ def kernel_ms(step, steps: int = 3) -> tuple[float, dict[str, float], list[tuple
 
 
 def host_ms(step, steps: int = 3) -> tuple[float, dict[str, tuple[float, float]]]:
-    """The host's side of a step: ms from a step's call to its return with the launch queue never
-    drained (a step whose host time reaches its kernel time leaves the GPU idle), and each deepwell
-    op's host time (inclusive of the aten calls it makes) as name -> (ms per step, calls per step)."""
+    """The host's side of a step, measured before any profiler ran (a torch.profiler session leaves
+    CUDA's activity tracing attached, which slows every later launch): ms from a step's call to its
+    return with the launch queue never drained (a step whose host time reaches its kernel time
+    leaves the GPU idle), and each deepwell op's host time from Rust's own spans
+    (rust/ops/src/host_time.rs: inclusive of the aten calls and launches it makes) as
+    name -> (ms per step, calls per step)."""
+    from deepwell import _native
+
     torch.cuda.synchronize()
+    _native.call("host_time", {"enable": True})
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
     host = (time.perf_counter() - t0) / steps * 1e3
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    ops = {e.key: (e.cpu_time_total / steps / 1e3, e.count / steps) for e in prof.key_averages()
-           if e.key.startswith("deepwell::")}
+    spans = _native.call("host_time")
+    _native.call("host_time", {"enable": False})
+    names = {spec["op"] for spec in _native.call("kernel_table")}  # the ops' own spans, not their parts
+    ops = {f"deepwell::{name}": (secs / steps * 1e3, n / steps)
+           for name, (secs, n) in spans.items() if name in names}
     return host, ops
 
 
@@ -129,11 +140,12 @@ def run(model, compiled, tokens, targets, steps: int, warmup: int = 3, host: boo
     first = time.perf_counter() - t0
     ms = time_ms(step, warmup=warmup, iters=steps, reps=1)
     peak = torch.cuda.max_memory_allocated()
-    kms, kinds, per_kernel = kernel_ms(step)
-    row = {"step_ms": ms, "tokens_per_s": tokens.numel() / ms * 1e3, "first_call_s": first, "peak_bytes": peak,
-           "kernel_ms": kms, "kernel_kinds": kinds, "top_kernels": per_kernel[:40]}
+    row = {"step_ms": ms, "tokens_per_s": tokens.numel() / ms * 1e3, "first_call_s": first,
+           "peak_bytes": peak}
     if host:
         row["host_ms"], row["host_ops"] = host_ms(step)
+    kms, kinds, per_kernel = kernel_ms(step)
+    row.update({"kernel_ms": kms, "kernel_kinds": kinds, "top_kernels": per_kernel[:40]})
     row["loss"] = (losses[0].item(), losses[-1].item(), len(losses))
     return row
 

@@ -255,6 +255,31 @@ def test_scopes_nest_and_the_outermost_drops_the_entries():
     assert deepwell.weight_cache_info()["entries"] == 0
 
 
+def test_reuse_switched_off_caches_nothing_even_in_an_open_scope():
+    """`allow_reuse(False)` (what compiling CUDA graphs does) drops the entries of an open scope and
+    caches nothing after; `allow_reuse(True)` restores reuse. Results never change."""
+    from deepwell.nn.weight_cache import allow_reuse
+
+    x, w = torch.randn(64, DIM), torch.randn(DIM, DIM)
+    want = _fresh(x, w, "fp8_block")
+    try:
+        with deepwell.microbatches():
+            ops.scaled_linear(x, w, None, "fp8_block", 0)
+            assert deepwell.weight_cache_info()["entries"] == 1
+            allow_reuse(False)
+            assert deepwell.weight_cache_info()["entries"] == 0
+            hits = deepwell.weight_cache_info()["hits"]
+            for _ in range(2):
+                assert same_bits(ops.scaled_linear(x, w, None, "fp8_block", 0), want)
+            assert deepwell.weight_cache_info() | {"misses": 0} == {"entries": 0, "hits": hits, "misses": 0}
+            allow_reuse(True)
+            for _ in range(2):
+                assert same_bits(ops.scaled_linear(x, w, None, "fp8_block", 0), want)
+            assert deepwell.weight_cache_info()["hits"] == hits + 1
+    finally:
+        allow_reuse(True)
+
+
 def test_inference_tensors_are_never_cached():
     x = torch.randn(64, DIM)
     with torch.inference_mode():

@@ -79,6 +79,7 @@ impl Arg {
 
 /// Calls `name.overload` with `args`; returns the raw return values (`returns` of them).
 fn call_raw(op: Op, name: &'static CStr, overload: &CStr, args: Vec<Arg>, returns: usize) -> Result<Vec<StableIValue>> {
+    let _time = crate::host_time::span_c(name);
     let mut stack: Vec<StableIValue> = args.into_iter().map(Arg::encode).collect();
     if stack.len() < returns {
         stack.resize(returns, 0);

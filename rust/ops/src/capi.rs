@@ -75,6 +75,7 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("weight_cache_scope", weight_cache::scope_entry, "{enter: bool} -> null"),
     ("weight_cache_reuse", weight_cache::reuse_entry, "{allowed: bool} -> null"),
     ("manual_seed", linear::manual_seed_entry, "{seed: u64} -> null"),
+    ("host_time", crate::host_time::entry, "{enable?: bool} -> null | {span: [seconds, count]}"),
     ("entries", entries_entry, "{} -> [[name, request -> answer], ...]"),
 ];
 

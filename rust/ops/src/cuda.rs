@@ -42,6 +42,7 @@ pub struct Launch {
 
 /// The launch context of a (validated) CUDA device.
 pub fn launch_context(op: Op, device: crate::dtype::Device) -> Result<Launch> {
+    let _time = crate::host_time::span("launch context (device, stream)");
     let index = match device {
         crate::dtype::Device::Cuda(i) => i,
         other => return Err(Error::arg(op, "device", "be a CUDA device", other)),
@@ -56,6 +57,7 @@ impl Launch {
     /// `params` must match the kernel's parameter list (cuda/INTERFACE.md), every pointer in it must be
     /// device memory on this device of the sizes the kernel accesses for `sizes`.
     pub unsafe fn run<K: Family>(&self, op: Op, kernel: K, sizes: K::Sizes, params: Params) -> Result<()> {
+        let _time = crate::host_time::span("launch (deepwell kernel)");
         let g = kernel.geometry(sizes, self.dev.wave());
         // SAFETY: guaranteed by the caller.
         unsafe { self.dev.launch(kernel.into(), g, self.stream, params) }.map_err(gpu_err(op))

@@ -82,6 +82,7 @@ fn panic_message(payload: Box<dyn Any + Send>) -> String {
 /// lays them out.
 pub unsafe fn run(spec: &'static OpSpec, body: Body, stack: *mut StableIValue, nargs: u64, nout: u64) {
     let op = Op(spec.name);
+    let _time = crate::host_time::span(spec.name);
     let outcome = if nargs as usize != spec.args.len() || nout as usize != spec.returns {
         // Without a matching spec the arguments cannot be decoded, so they cannot be freed either:
         // leaking them is the safe choice, and the registry test keeps this branch unreachable.
@@ -96,7 +97,9 @@ pub unsafe fn run(spec: &'static OpSpec, body: Body, stack: *mut StableIValue, n
     } else {
         catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: the counts match the spec, and the caller guarantees the layout.
+            let decode = crate::host_time::span("decode arguments");
             let mut args = unsafe { Args::decode(op, spec, stack) };
+            drop(decode);
             let outputs = body(&mut args)?;
             if outputs.len() != spec.returns {
                 return Err(Error::Internal { op, msg: format!("kernel returned {} outputs", outputs.len()) });

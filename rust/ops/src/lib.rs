@@ -7,7 +7,8 @@
 //!   trampoline and the one raising function (the audited FFI seam);
 //! - `aten`      calling ATen ops (GEMMs, casts, copies) through the dispatcher;
 //! - `check`     argument validation with messages naming op, argument, expectation and value;
-//! - `host`      CPU views of tensor memory for the reference kernels;
+//! - `host`      CPU views of tensor memory for the reference kernels; `host_time` spans timing
+//!   an op's host work (off by default);
 //! - `cuda`      torch's stream, contiguous inputs and launch contexts for the CUDA kernels;
 //! - `ops/`      one module per op family, each with its specs and kernels;
 //! - `capi`      the one C function Python calls (`deepwell_call`: JSON in, JSON out) and its entries;
@@ -24,6 +25,7 @@ pub mod dtype;
 pub mod error;
 pub mod gemm;
 pub mod host;
+pub mod host_time;
 pub mod kernel;
 pub mod ops;
 pub mod policy;

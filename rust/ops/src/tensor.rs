@@ -57,6 +57,7 @@ impl Tensor {
 
     /// A new contiguous tensor from torch's allocator (the only way deepwell allocates tensors).
     pub fn empty(op: Op, sizes: &[i64], dtype: DType, device: Device) -> Result<Tensor> {
+        let _time = crate::host_time::span("aoti_torch_empty_strided");
         let strides = contiguous_strides(sizes);
         let (device_type, device_index) = device.codes(api());
         let mut out: AtenTensorHandle = std::ptr::null_mut();

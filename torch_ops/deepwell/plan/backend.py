@@ -319,9 +319,10 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     PLANS.append(plan)
     if options.get("verbose") or _env.print_plan():
         print(plan.table())
-    # CUDA graphs take away the host's cost per op (deepwell's ops cost 30-300 us each on the host,
-    # README "Host time"). Their warm-up runs allocate from the graphs' private pool, where a weight
-    # cache entry would be a live tensor the graphs do not track: reuse goes off for the process.
+    # CUDA graphs take away the host's cost per op (deepwell's ops cost 21-87 us each on the host;
+    # README "fp8_tensor's amax from the graph, host time and CUDA graphs"). Their warm-up runs
+    # allocate from the graphs' private pool, where a weight cache entry would be a live tensor the
+    # graphs do not track: reuse goes off for the process.
     inductor = {"triton.cudagraphs": True} if options.get("cudagraphs") else {}
     if inductor:
         allow_reuse(False)

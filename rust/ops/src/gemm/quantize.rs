@@ -122,6 +122,7 @@ fn along_last(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u
 
 /// The operand of an fprop or dgrad GEMM: `t` (rows, K), contiguous, quantized along K.
 pub fn along_k(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u64) -> Result<Operand> {
+    let _time = crate::host_time::span("quantize along K");
     along_last(op, recipe, form, role, t, seed, false)
 }
 
@@ -356,6 +357,7 @@ pub fn gradient_pair(
     dy_amax: Option<Tensor>,
     seed: u64,
 ) -> Result<(Option<Operand>, Option<Operand>)> {
+    let _time = crate::host_time::span("quantize dy (both operands)");
     let device = dy.device();
     let seed_w = seed.wrapping_add(1);
     match (recipe, dgrad, wgrad) {

@@ -19,6 +19,7 @@ const TENSOR_WISE: i64 = 0;
 
 /// `A @ B^T (+ bias)` rounded to `out` on `backend`; both operands of the form it reads.
 pub fn run(op: Op, backend: GemmBackend, a: Operand, b: Operand, bias: Option<Tensor>, out: DType) -> Result<Tensor> {
+    let _time = crate::host_time::span("gemm (incl. its aten call)");
     match (a, b) {
         (
             Operand::Blockwise { data: a, scale: sa, scaling: _ },

@@ -82,6 +82,7 @@ pub fn quantize_rowcol(
     copies: Copies,
     amax: Option<Tensor>,
 ) -> Result<[Tensor; 3]> {
+    let _time = crate::host_time::span("fp8_tensor rowcol quantization");
     let q = Quantize::new(op, on, x, elem, amax)?;
     if q.x.dim() != 2 {
         return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", q.x.dim())));

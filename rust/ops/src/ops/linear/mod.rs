@@ -125,6 +125,7 @@ pub(super) struct Passes {
 
 impl Passes {
     pub fn choice(&self, pass: Pass) -> GemmChoice {
+        let _time = crate::host_time::span("gemm choice (policy)");
         gemm_backend(self.recipe, self.arch, pass, GemmShape::linear(pass, self.m, self.k, self.n))
     }
 
@@ -194,6 +195,7 @@ fn parse_recipe(op: Op, s: &str) -> Result<(Recipe, Option<Arch>)> {
 
 impl Layer {
     fn new(op: Op, x: Tensor, weight: Tensor, others: &[(&'static str, &Tensor)], recipe: &str) -> Result<Layer> {
+        let _time = crate::host_time::span("validate layer");
         let recipe_arg = recipe;
         let (recipe, modelled) = parse_recipe(op, recipe_arg)?;
         check::dtype_in(op, "x", &x, &check::FLOAT_INPUTS)?;
@@ -309,9 +311,10 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
 }
 
 /// The backward passes of a validated call: dy (checked against the call; with its amax where its
-/// producer computed it) quantized once for both GEMMs (`gradient_pair`), dgrad `dx = dy W` against `dgrad_weight()` (the weight's dgrad operand,
-/// made only when dx is wanted) in `x_dtype`, wgrad `dW = dy^T x` from dy and `x_wgrad(form)` (x's
-/// operand in the wgrad's form, made only when dW is wanted) in `w_dtype`.
+/// producer computed it) quantized once for both GEMMs (`gradient_pair`), dgrad `dx = dy W`
+/// against `dgrad_weight()` (the weight's dgrad operand, made only when dx is wanted) in
+/// `x_dtype`, wgrad `dW = dy^T x` from dy and `x_wgrad(form)` (x's operand in the wgrad's form,
+/// made only when dW is wanted) in `w_dtype`.
 /// `scaled_linear_backward`, `quantized_linear_backward` and `fp8_tensor_linear_backward` all run
 /// it, so for the same operands they run the same passes bit for bit.
 #[allow(clippy::too_many_arguments)] // the passes' inputs, each made lazily by its caller

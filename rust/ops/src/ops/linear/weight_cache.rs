@@ -141,6 +141,7 @@ pub fn operand(
     make_one: impl FnOnce() -> Result<Operand>,
     make_pair: impl FnOnce() -> Result<WeightOperands>,
 ) -> Result<Operand> {
+    let _time = crate::host_time::span("weight operand (cache + quantize)");
     let generation = {
         let s = lock();
         (s.depth > 0 && !s.off).then_some(s.generation)
