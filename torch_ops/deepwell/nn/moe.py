@@ -43,6 +43,31 @@ from ..plan.policy import LayerInfo, PrecisionPolicy
 AUX_LOSSES = ("switch", "seq", None)
 
 
+def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of the experts' gate_up rows, [gate | up] halves (Hugging Face's layout)."""
+    g, u = gate_up.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+_swiglu_fused = None  # _swiglu under Inductor, made on first use (dynamic in the row count only)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """The experts' activation. Eager on a GPU it runs as one Inductor kernel each way (forward:
+    read gate_up, write h; backward: read gate_up and dh, write d(gate_up), silu recomputed),
+    where eager torch takes five passes and a concatenation: ~3.8 GB instead of ~8 GB at Mixtral's
+    shape (16384 rows, F 14336). Under the caller's torch.compile, and on the CPU, it is the plain
+    formula (there Inductor fuses it into the surrounding graph anyway, or there is no Triton)."""
+    global _swiglu_fused
+    if not gate_up.is_cuda or torch.compiler.is_compiling():
+        return _swiglu(gate_up)
+    if _swiglu_fused is None:
+        _swiglu_fused = torch.compile(_swiglu, dynamic=False, fullgraph=True)
+    # Rows vary with the routing; the width stays static, so the kernel knows where up begins.
+    torch._dynamo.maybe_mark_dynamic(gate_up, 0)
+    return _swiglu_fused(gate_up)
+
+
 class SwiGLU(nn.Module):
     """A dense SwiGLU MLP, `down(silu(gate(x)) * up(x))` (the shared experts; Hugging Face names)."""
 
@@ -313,8 +338,7 @@ class DeepwellMoE(nn.Module):
         row_of_slot, slot_of_row, offsets = moe_permute_index(experts, dropped, self.num_experts, self._align((r_up, r_down)))
         xp = moe_dispatch(x2, slot_of_row, row_of_slot)
         gate_up = grouped_linear(xp, self.experts.gate_up_proj, offsets, r_up, groups_aligned=True)
-        g, u = gate_up.chunk(2, dim=-1)
-        yp = grouped_linear(F.silu(g) * u, self.experts.down_proj, offsets, r_down, groups_aligned=True)
+        yp = grouped_linear(swiglu(gate_up), self.experts.down_proj, offsets, r_down, groups_aligned=True)
         y = moe_combine(yp, weights, row_of_slot, slot_of_row)
         if self.shared_experts is not None:
             s = self.shared_experts(x2)
