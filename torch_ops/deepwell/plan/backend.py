@@ -36,9 +36,10 @@ import torch
 import deepwell  # noqa: F401  (the ops and their fake kernels exist before tracing)
 
 from .. import _env
-from .sites import Plan, Site, plan_sites, role_of
 from ..nn.weight_cache import allow_reuse
+from ..ops.fp8_tensor import amax_of
 from .policy import LayerDecision, PrecisionPolicy
+from .sites import Plan, Site, plan_sites, role_of
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _MATMULS = (operator.matmul, torch.matmul, torch.mm)
@@ -173,8 +174,8 @@ def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
 
 def _saves_codes(g: Gemm) -> bool:
     """Whether the site runs on x's FP8 codes (`fp8_tensor_linear_from_codes`: saved for the
-    backward instead of x): fp8_tensor sites, except on DTensor weights (tensor parallelism), for which only
-    `scaled_linear` has sharding rules (ops/sharding.py)."""
+    backward instead of x): fp8_tensor sites, except on DTensor weights (tensor parallelism), for
+    which only `scaled_linear` has sharding rules (ops/sharding.py)."""
     if g.site.recipe.partition("@")[0] != "fp8_tensor":
         return False
     w = g.weight.meta.get("example_value") if isinstance(g.weight, torch.fx.Node) else None
@@ -193,7 +194,7 @@ def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int) -> tuple:
     quantizer then reads x once instead of twice."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
-    amax = graph.call_function(torch.linalg.vector_norm, (x2, float("inf")), {"dtype": torch.float32})  # ops.amax_of
+    amax = graph.call_function(amax_of, (x2,))
     q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax))
     return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
 
@@ -207,9 +208,10 @@ def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torc
 
 
 def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
-    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor: fp8_tensor_linear_from_codes
-    on x's codes, made once per input); returns how many. A site's operands may be earlier sites (a stack of linears): they are read
-    through `replaced`, never from the erased nodes the sites were captured with."""
+    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor:
+    fp8_tensor_linear_from_codes on x's codes, made once per input); returns how many. A site's
+    operands may be earlier sites (a stack of linears): they are read through `replaced`, never
+    from the erased nodes the sites were captured with."""
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     found = sorted(found, key=lambda g: order[g.node])  # a shared input is quantized before its first reader

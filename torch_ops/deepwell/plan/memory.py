@@ -140,9 +140,9 @@ def codes_of(plan) -> dict[str, str]:
 @contextlib.contextmanager
 def fp8_tensor_codes(model: torch.nn.Module, codes: dict[str, str]):
     """The fp8_tensor sites' forwards as the backend rewrites them (plan/backend.py `rewrite`): each
-    input tensor quantized once (`fp8_tensor_quantize_rowcol`, from its amax) however many sites read it (q/k/v,
-    gate/up), the sites' GEMMs `fp8_tensor_linear_from_codes`, whose backward keeps the transposed
-    codes and the scale instead of x."""
+    input tensor quantized once (`fp8_tensor_quantize_rowcol`, from its amax) however many sites
+    read it (q/k/v, gate/up), the sites' GEMMs `fp8_tensor_linear_from_codes`, whose backward keeps
+    the transposed codes and the scale instead of x."""
     ops = torch.ops.deepwell
     quantized: dict[int, tuple] = {}  # id(x) -> (x, its codes); x kept so that its id stays unique
     modules = {name: m for name, m in model.named_modules() if name in codes and type(m) is torch.nn.Linear}
