@@ -178,22 +178,32 @@ def _train_steps(model, steps: int, scope: bool = False, **options) -> list[torc
 @pytest.mark.gpu
 @pytest.mark.parametrize("scope", [False, True], ids=["default", "microbatches"])
 @pytest.mark.parametrize("precision", ["fp8_tensor", "fp8_block"])
-def test_cuda_graphs_train_bit_identically(precision, scope):
+def test_cuda_graphs_train_like_the_same_compile_without(precision, scope):
     """options={"cudagraphs": True} (Inductor's CUDA graph trees: the first calls record, later ones
-    replay) against the same compiled model without graphs: every loss and final weight bit for bit,
-    over enough steps that replays run after optimizer steps changed the weights (the weights must be
-    re-quantized in every replay), with and without the weight cache's reuse scope."""
-    from _util import same_bits
+    replay) against the same compiled model without graphs: every loss and final weight, over enough
+    steps that replays run after optimizer steps changed the weights (the weights must be
+    re-quantized in every replay), with and without the weight cache's reuse scope.
 
+    Not bit for bit: two compiles of one model in one process are not always bitwise equal on the
+    H100 (measured with fp8_block and no graphs at all: 2.5e-5 in the first loss, 3.5e-4 by the
+    fifth; cuBLAS / Inductor kernel choices, not deepwell's ops, which are bit-stable across
+    allocations and alignments), and AdamW's normalised steps turn such last-bit gradient
+    differences into whole steps of lr for the weights with the smallest gradients (measured up to
+    9.4e-3 of a weight's norm after 5 steps). So losses are held to 2e-3 and weights to 2e-2, and
+    the run's own loss change is asserted to be far above the loss bound (0.33 -> 0.08 measured): a
+    replay that kept step 1's quantized weights could not pass."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    steps = 5
+    steps, tol = 5, 2e-3
     try:
         with sdpa_kernel(SDPBackend.MATH):  # fused attention's backward may sum in any order
             want = _train_steps(_model().cuda().bfloat16(), steps, scope, precision=precision)
             hits = deepwell.weight_cache_info()["hits"]
             got = _train_steps(_model().cuda().bfloat16(), steps, scope, precision=precision, cudagraphs=True)
-        assert all(same_bits(a, b) for a, b in zip(got, want))
+        n_losses = steps * (2 if scope else 1)
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert _rel(a.float(), b.float()) < (tol if i < n_losses else 10 * tol), i
+        assert _rel(want[n_losses - 1], want[0]) > 10 * tol  # the weights moved: staleness would show
         assert deepwell.weight_cache_info()["hits"] == hits  # with CUDA graphs nothing is reused
     finally:
         torch._dynamo.reset()
