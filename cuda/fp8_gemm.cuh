@@ -30,7 +30,8 @@
 //
 // Output rows beyond `rows` (or a group's end) and columns beyond `cols` are never written;
 // elements TMA reads outside A or B are zeros. Constraints (checked by Rust): K % 128 == 0,
-// rows % 4 == 0 and cols % 8 == 0 (16-byte scale rows for TMA, paired stores), SB = 0: cols % 128 == 0.
+// rows % 4 == 0 and cols % 8 == 0 (16-byte scale rows for TMA; whole 16-byte output chunks), SB = 0:
+// cols % 128 == 0, and `out` 16-byte aligned (Rust allocates it).
 #pragma once
 #include "common.cuh"
 #include "sm90.cuh"
@@ -45,12 +46,17 @@ constexpr int GEMM_STAGES_W2 = 4;     // 4 x 48 KiB
 constexpr int GEMM_GROUP_M = 8;       // tiles raster 8 row-tiles at a time (B stays in L2)
 constexpr int GEMM_MATH_REGS = 232;   // registers per math thread after reallocation
 constexpr int GEMM_LOAD_REGS = 40;    // 128 * 40 + 256 * 232 <= 65536
+constexpr int GEMM_EPI_ROWS = 8;      // the epilogue stages 8 rows x 64 columns per warp at a time
+constexpr int GEMM_EPI_COLS = 64;
+constexpr int GEMM_EPI_SLAB = 2048;  // bytes per warp: 8 x 64 fp32 (the widest Out)
+static_assert(GEMM_EPI_SLAB == GEMM_EPI_ROWS * GEMM_EPI_COLS * 4, "one slab holds 8 x 64 fp32");
 
 // Shared memory of one CTA, from a 1024-byte aligned base (Rust's `Fp8Gemm::smem_bytes` mirrors
 // it, plus 1024 bytes of alignment slack):
 //   [stages x (A tile BLOCK_M x 128 B | B tile 128 x 128 B)] [stages x waves x sa: 128 + SA_PAD fp32,
 //   padded to 128 B]
 //   [stages x sb: 128 fp32, SB = 1 only] [2 x stages mbarriers, padded to 128 B]
+//   [8 math warps x the epilogue's staging slab: GEMM_EPI_SLAB bytes each]
 // A copy's innermost start must be 16-byte aligned, so a row group starting at any row (GROUPING 1)
 // loads its scales from the multiple of 4 below it: SA_PAD = 4 more floats per wave.
 template <int WAVES, int SB, int GROUPING>
@@ -66,6 +72,7 @@ struct GemmSmem {
     static constexpr int SA_OFF = STAGES * STAGE_BYTES;
     static constexpr int SB_OFF = SA_OFF + STAGES * SA_STAGE_BYTES;
     static constexpr int BAR_OFF = SB_OFF + (SB == 1 ? STAGES * GEMM_BLOCK_N * 4 : 0);
+    static constexpr int EPI_OFF = BAR_OFF + ((2 * STAGES * 8 + 127) / 128) * 128;
     // Bytes each stage's copies deliver (the full barrier's transaction count).
     static constexpr uint32_t TX_BYTES = STAGE_BYTES + WAVES * SA_WAVE * 4 + (SB == 1 ? GEMM_BLOCK_N * 4 : 0);
 };
@@ -188,6 +195,40 @@ __device__ __forceinline__ void store_pair<F16>(void* out, int64_t i, float lo, 
     uint32_t w;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
     *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + i) = w;
+}
+
+// The epilogue's staging slab of one warp: GEMM_EPI_ROWS x GEMM_EPI_COLS outputs of type Out,
+// rows of ROW_BYTES, each row's 16-byte chunks XOR-swizzled by the row (rows < 8). The fragment's
+// writes (8 rows x one chunk per instruction) and the row-wise 16-byte reads are then both free of
+// bank conflicts.
+template <class Out>
+struct Slab {
+    static constexpr int ROW_BYTES = GEMM_EPI_COLS * Bytes<Out>::N;  // 128 or 256
+    static constexpr int CHUNKS = ROW_BYTES / 16;                    // 16-byte chunks per row
+    static constexpr int PER_CHUNK = 16 / Bytes<Out>::N;             // outputs per chunk
+    // Element index (in Outs) of (row, col) in the slab.
+    __device__ static __forceinline__ int at(int row, int col) {
+        const int byte = col * Bytes<Out>::N;
+        return (row * ROW_BYTES + (((byte >> 4) ^ row) << 4) + (byte & 15)) / Bytes<Out>::N;
+    }
+};
+
+// Copies one staged slab to out[out0 + r * cols + c] for rows row0 + [0, 8) below row_end and
+// columns col0 + [0, 64) below cols, in whole 16-byte chunks: each 8 (fp32: 16) lanes write a
+// whole 128-byte (256-byte) row segment. cols % 8 == 0 (checked by Rust) keeps every chunk whole
+// and aligned.
+template <class Out>
+__device__ __forceinline__ void store_slab(const uint8_t* slab, void* out, int64_t out0, int64_t row0, int64_t row_end,
+                                           int64_t col0, int64_t cols, int lane) {
+    using L = Slab<Out>;
+#pragma unroll
+    for (int i = 0; i < GEMM_EPI_ROWS * L::CHUNKS / 32; ++i) {
+        const int q = lane + 32 * i, row = q / L::CHUNKS, c = q % L::CHUNKS;
+        const uint4 v = *reinterpret_cast<const uint4*>(slab + L::at(row, c * L::PER_CHUNK) * Bytes<Out>::N);
+        const int64_t r = row0 + row, col = col0 + c * L::PER_CHUNK;
+        if (r < row_end && col < cols)
+            *reinterpret_cast<uint4*>(static_cast<uint8_t*>(out) + (out0 + r * cols + col) * Bytes<Out>::N) = v;
+    }
 }
 
 }  // namespace gemm_detail
@@ -341,23 +382,37 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                 }
             }
 
-            // Epilogue: + bias, round, store straight from the fragment.
+            // Epilogue: + bias, round to Out, and out through this warp's shared slab, 8 rows x 64
+            // columns at a time. The fragment holds column pairs spread over 8 rows; stored straight
+            // to global, every 4-byte store touched 8 rows (8 partial sectors), and a short-K tile
+            // (an expert's wgrad: ~9 K-blocks) spent about as long storing as multiplying. From the
+            // slab each store is a 16-byte chunk of a whole row segment. Only __syncwarp: the slab
+            // is the warp's own.
             const int64_t out0 = GROUPING == 2 ? j.group * rows * cols : 0;
             const float nan = __int_as_float(0x7FC00000);
+            uint8_t* slab = smem + S::EPI_OFF + warp * GEMM_EPI_SLAB;
+            using L = gemm_detail::Slab<Out>;
 #pragma unroll
-            for (int jn = 0; jn < 16; ++jn) {
-                const int64_t c = j.col0 + 8 * jn + frag_col;
-                if (c >= cols) continue;
-                const float b0 = bias ? bias[c] : 0.0f, b1 = bias ? bias[c + 1] : 0.0f;
+            for (int w = 0; w < WAVES; ++w) {
 #pragma unroll
-                for (int w = 0; w < WAVES; ++w) {
+                for (int h = 0; h < 2; ++h) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int64_t r = j.row0 + 128 * w + frag_row + 8 * h;
-                        if (r >= j.row_end) continue;
-                        float lo = acc[w][4 * jn + 2 * h] + b0, hi = acc[w][4 * jn + 2 * h + 1] + b1;
-                        if (j.bad) lo = hi = nan;
-                        gemm_detail::store_pair<Out>(out, out0 + r * cols + c, lo, hi);
+                    for (int half = 0; half < GEMM_BLOCK_N / GEMM_EPI_COLS; ++half) {
+#pragma unroll
+                        for (int jj = 0; jj < GEMM_EPI_COLS / 8; ++jj) {
+                            const int jn = half * (GEMM_EPI_COLS / 8) + jj;
+                            const int64_t c = j.col0 + 8 * jn + frag_col;
+                            const bool in = bias && c < cols;
+                            float lo = acc[w][4 * jn + 2 * h] + (in ? bias[c] : 0.0f);
+                            float hi = acc[w][4 * jn + 2 * h + 1] + (in ? bias[c + 1] : 0.0f);
+                            if (j.bad) lo = hi = nan;
+                            gemm_detail::store_pair<Out>(slab, L::at(lane / 4, 8 * jj + frag_col), lo, hi);
+                        }
+                        __syncwarp();
+                        const int64_t row0 = j.row0 + 128 * w + 64 * wg + 16 * wl + 8 * h;
+                        gemm_detail::store_slab<Out>(slab, out, out0, row0, j.row_end,
+                                                     j.col0 + half * GEMM_EPI_COLS, cols, lane);
+                        __syncwarp();  // the slab is rewritten next
                     }
                 }
             }

@@ -216,3 +216,55 @@ def test_backend_quantizes_a_shared_input_once(gen):
     # Inductor computes a * sigmoid(b) in fp32 before the one bf16 rounding, eager rounds twice; the
     # next layer's FP8 quantization turns those last-bit differences into whole code steps.
     assert ((out[0].float() - want.float()).norm() / want.float().norm()).item() < 3e-2
+
+
+def _weight_cases(n, k, gen):
+    """Weights a layer's W's amax must handle: ordinary, all zeros, a saturating outlier, +Inf, NaN."""
+    w = (torch.randn(n, k, generator=gen) / k**0.5).bfloat16()
+    outlier, inf, nan = w.clone(), w.clone(), w.clone()
+    outlier[1, 2] = 3e38
+    inf[0, 0] = float("inf")
+    nan[2, 1] = float("nan")
+    return {"ordinary": w, "zeros": torch.zeros_like(w), "outlier": outlier, "inf": inf, "nan": nan}
+
+
+def _from_codes_run(x, w, dy, recipe, weight_amax):
+    """y, dx, dW of one fp8_tensor_linear_from_codes layer given W's amax (or None)."""
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    codes = ops.fp8_tensor_quantize_rowcol(xl.detach().reshape(-1, x.shape[-1]), "e4m3")
+    y = ops.fp8_tensor_linear_from_codes(xl, *codes, wl, None, recipe, weight_amax)
+    return (y, *torch.autograd.grad(y, (xl, wl), dy))
+
+
+@pytest.mark.parametrize("device,recipe", [("cpu", "fp8_tensor@sm_90"),
+                                           pytest.param("cuda", "fp8_tensor", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("case", ["ordinary", "zeros", "outlier", "inf", "nan"])
+def test_a_given_weight_amax_gives_the_ops_own_results(device, recipe, case, gen):
+    """`weight_amax` = amax_of(W), as the backend's graph gives it: y, dx and dW bit-identical to the
+    layer reducing W's amax itself, on the paths that read it (sm_90's native arguments through the
+    CPU model, the GPU). Teeth: a wrong amax changes y, so the argument is really read (an eighth of
+    W's: the scale grows 8x and W's largest values saturate; a power-of-two multiple of the true amax
+    larger than it would give the same y, the scale being a power of two)."""
+    w = _weight_cases(48, 64, gen)[case].to(device)
+    x = torch.randn(2, 40, 64, generator=gen).bfloat16().to(device)
+    dy = torch.randn(2, 40, 48, generator=gen).bfloat16().to(device)
+    own = _from_codes_run(x, w, dy, recipe, None)
+    given = _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w))
+    for i, (a, b) in enumerate(zip(own, given)):
+        assert same_bits(a.cpu(), b.cpu()), i
+    if case == "ordinary":
+        wrong = _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w) / 8)
+        assert not same_bits(own[0].cpu(), wrong[0].cpu())
+
+
+def test_weight_amax_errors_name_the_op_and_argument(gen):
+    x, w = torch.randn(4, 32), torch.randn(16, 32)
+    codes = ops.fp8_tensor_quantize_rowcol(x, "e4m3")
+    _, codes_t, scale = codes
+    for bad, match in ((torch.ones(1), r"'weight_amax' must have shape \[\]"),
+                       (torch.ones((), dtype=torch.float64), r"'weight_amax' must have dtype torch.float32")):
+        with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_from_codes: argument " + match):
+            ops.fp8_tensor_linear_from_codes(x, *codes, w, None, "fp8_tensor", bad)
+        with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_backward: argument " + match):
+            ops.fp8_tensor_linear_backward(torch.randn(4, 16), codes_t.view(torch.uint8), scale, w, "fp8_tensor",
+                                           True, True, None, bad)

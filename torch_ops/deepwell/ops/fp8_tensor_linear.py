@@ -12,7 +12,9 @@ for every fp8_tensor layer. Kernels: rust/ops/src/ops/linear/fp8_tensor_linear.r
 on codes made beforehand by `fp8_tensor_quantize_rowcol(x, "e4m3", amax)`: the backend gives the
 layers that read one tensor (q/k/v, gate/up) one quantization and one saved copy of its codes, and
 x's amax as a reduction Inductor fuses into x's producer. The backward reduces dy's amax the same way
-(`grad_amax`), so neither quantizer makes a pass of its own for the amax.
+(`grad_amax`), so neither quantizer makes a pass of its own for the amax. `weight_amax` is W's amax
+(`amax_of(weight)`), which the backend reduces once per step in the graph: the forward's cast of W
+and the backward's transposing cast both read it instead of reducing W each.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ define(
 )
 define(
     "fp8_tensor_linear_from_codes(Tensor x, Tensor x_codes, Tensor x_codes_t, Tensor x_scale_inv, Tensor weight, "
-    "Tensor? bias, str recipe=\"fp8_tensor\") -> Tensor"
+    "Tensor? bias, str recipe=\"fp8_tensor\", Tensor? weight_amax=None) -> Tensor"
 )
 define(
     "fp8_tensor_linear_backward(Tensor grad_out, Tensor x_codes_t, Tensor x_scale_inv, Tensor weight, "
-    "str recipe, bool need_input, bool need_weight, Tensor? grad_amax=None) -> (Tensor grad_input, Tensor grad_weight)"
+    "str recipe, bool need_input, bool need_weight, Tensor? grad_amax=None, Tensor? weight_amax=None) "
+    "-> (Tensor grad_input, Tensor grad_weight)"
 )
 
 
@@ -56,11 +59,14 @@ def _forward_fake(x, weight, bias, recipe="fp8_tensor"):
 
 
 @torch.library.register_fake("deepwell::fp8_tensor_linear_backward")
-def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input, need_weight, grad_amax=None):
+def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input, need_weight, grad_amax=None,
+                   weight_amax=None):
     op = "fp8_tensor_linear_backward"
     _check_recipe(op, recipe)
     if grad_amax is not None:
         check_amax(op, "grad_amax", grad_amax, ("grad_out", grad_out))
+    if weight_amax is not None:
+        check_amax(op, "weight_amax", weight_amax, ("weight", weight))
     _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
     _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.uint8, torch.float8_e4m3fn))
@@ -86,9 +92,11 @@ def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input,
 
 
 @torch.library.register_fake("deepwell::fp8_tensor_linear_from_codes")
-def _from_codes_fake(x, x_codes, x_codes_t, x_scale_inv, weight, bias, recipe="fp8_tensor"):
+def _from_codes_fake(x, x_codes, x_codes_t, x_scale_inv, weight, bias, recipe="fp8_tensor", weight_amax=None):
     op = "fp8_tensor_linear_from_codes"
     _check_recipe(op, recipe)
+    if weight_amax is not None:
+        check_amax(op, "weight_amax", weight_amax, ("weight", weight))
     others = (("x_codes", x_codes), ("x_codes_t", x_codes_t), ("x_scale_inv", x_scale_inv), *_bias_arg(bias))
     out_shape = _check_layer(op, x, weight, recipe, others)
     _check_bias(op, bias, x, out_shape[-1])
@@ -103,8 +111,8 @@ def _from_codes_fake(x, x_codes, x_codes_t, x_scale_inv, weight, bias, recipe="f
     return x.new_empty(out_shape)
 
 
-def _save(ctx, codes_t, scale, weight, bias, recipe) -> None:
-    ctx.save_for_backward(codes_t, scale, weight)
+def _save(ctx, codes_t, scale, weight, bias, recipe, weight_amax=None) -> None:
+    ctx.save_for_backward(codes_t, scale, weight, weight_amax)
     ctx.recipe = recipe
     ctx.bias_dtype = None if bias is None else bias.dtype
 
@@ -113,12 +121,13 @@ def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool):
     """(dx, dW, db) from the saved codes: one backward call for dx and dW, db a reduction. With both
     wanted, dy is quantized once for both from its amax, reduced here as torch ops so that under
     torch.compile Inductor fuses it into dy's producer (the kernel skips its own pass over dy)."""
-    codes_t, scale, weight = ctx.saved_tensors
+    codes_t, scale, weight, weight_amax = ctx.saved_tensors
     dx = dw = db = None
     if need_x or need_w:
         amax = amax_of(grad) if need_x and need_w else None
+        w_amax = weight_amax if need_x else None  # only dgrad reads W
         gx, gw = torch.ops.deepwell.fp8_tensor_linear_backward(
-            grad, codes_t, scale, weight, ctx.recipe, need_x, need_w, amax
+            grad, codes_t, scale, weight, ctx.recipe, need_x, need_w, amax, w_amax
         )
         dx = gx if need_x else None
         dw = gw if need_w else None
@@ -139,14 +148,14 @@ def _backward(ctx, grad, _grad_codes, _grad_scale):
 
 
 def _from_codes_setup(ctx, inputs, output):
-    _, _, codes_t, scale, weight, bias, recipe = inputs
-    _save(ctx, codes_t, scale, weight, bias, recipe)
+    _, _, codes_t, scale, weight, bias, recipe, weight_amax = inputs
+    _save(ctx, codes_t, scale, weight, bias, recipe, weight_amax)
 
 
 def _from_codes_backward(ctx, grad):
     need = ctx.needs_input_grad
     dx, dw, db = _grads(ctx, grad, need[0], need[4], need[5])
-    return dx, None, None, None, dw, db, None
+    return dx, None, None, None, dw, db, None, None
 
 
 torch.library.register_autograd("deepwell::fp8_tensor_linear", _backward, setup_context=_setup)

@@ -200,9 +200,12 @@ def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int) -> tuple:
 
 
 def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
-    """The node computing the site's y in its recipe (`codes`: x's fp8_tensor codes)."""
+    """The node computing the site's y in its recipe (`codes`: x's fp8_tensor codes). An fp8_tensor
+    site also gets W's amax as a graph node (`weight_amax`): reduced once per step, read by both
+    the forward's cast of W and the backward's transposing cast, where each would reduce W again."""
     if codes is not None:
-        args = (x, *codes, w, bias, g.site.recipe)
+        w_amax = graph.call_function(amax_of, (graph.call_method("detach", (w,)),))
+        args = (x, *codes, w, bias, g.site.recipe, w_amax)
         return graph.call_function(torch.ops.deepwell.fp8_tensor_linear_from_codes.default, args)
     return graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
 

@@ -11,6 +11,10 @@ pub const BLOCK_K: u64 = 128;
 /// Pipeline depth per wave count (`GEMM_STAGES_W1`, `GEMM_STAGES_W2`).
 pub const STAGES_W1: u64 = 6;
 pub const STAGES_W2: u64 = 4;
+/// Bytes of the epilogue's staging slab per math warp (`GEMM_EPI_SLAB`: 8 rows x 64 fp32 columns).
+pub const EPI_SLAB: u64 = 2048;
+/// Math warps (two warpgroups), each with its own slab.
+const MATH_WARPS: u64 = 8;
 
 /// How B's scales are laid out (the kernel's `SB`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,7 +102,7 @@ impl Fp8Gemm {
         let sa = stages * u64::from(self.waves) * (self.sa_box() * 4).div_ceil(128) * 128;
         let sb = if self.b_scales == BScales::Row1x128 { stages * BLOCK_N * 4 } else { 0 };
         let barriers = (2 * stages * 8).div_ceil(128) * 128;
-        1024 + data + sa + sb + barriers
+        1024 + data + sa + sb + barriers + MATH_WARPS * EPI_SLAB
     }
 
     /// Floats of A's scales one copy moves per 128-row wave (`GemmSmem::SA_WAVE`): 4 more for row
@@ -169,6 +173,7 @@ mod tests {
             ("GEMM_BLOCK_K", BLOCK_K),
             ("GEMM_STAGES_W1", STAGES_W1),
             ("GEMM_STAGES_W2", STAGES_W2),
+            ("GEMM_EPI_SLAB", EPI_SLAB),
         ] {
             assert_eq!(cuh_int(Header::Fp8Gemm, name), mirror, "{name}");
         }
@@ -181,9 +186,9 @@ mod tests {
             assert!(k.smem_bytes() <= 232_448, "{k:?}: {}", k.smem_bytes());
         }
         let w2 = Fp8Gemm { out: Float::BF16, waves: 2, b_scales: BScales::Tile128, grouping: Grouping::Dense };
-        assert_eq!(w2.smem_bytes(), 1024 + 4 * 48 * 1024 + 4 * 256 * 4 + 128);
+        assert_eq!(w2.smem_bytes(), 1024 + 4 * 48 * 1024 + 4 * 256 * 4 + 128 + 8 * 2048);
         let rows = Fp8Gemm { waves: 1, grouping: Grouping::Rows, ..w2 };
-        assert_eq!(rows.smem_bytes(), 1024 + 6 * 32 * 1024 + 6 * 640 + 128);
+        assert_eq!(rows.smem_bytes(), 1024 + 6 * 32 * 1024 + 6 * 640 + 128 + 8 * 2048);
     }
 
     #[test]

@@ -54,14 +54,39 @@ fn fp8_tensor_elem(role: Role) -> Fp8Elem {
 /// fp8_tensor's values, dequantized exactly (a power-of-two scale times an FP8 code is a bf16).
 fn fp8_tensor_emulated(op: Op, t: Tensor, role: Role) -> Result<Tensor> {
     let device = t.device();
-    let (data, scale) = k::fp8_tensor_quantize(op, t, fp8_tensor_elem(role))?;
+    let (data, scale) = k::fp8_tensor_quantize(op, t, fp8_tensor_elem(role), None)?;
     k::fp8_tensor_dequantize(op, data, scale, dense_dtype(device))
 }
 
-/// fp8_tensor's operand of x (m, k) transposed, (k, m): the codes transposed (one pass).
-fn fp8_tensor_cols(op: Op, t: Tensor, role: Role) -> Result<Operand> {
-    let [_, data, scale] = k::fp8_tensor_quantize_rowcol(op, t, fp8_tensor_elem(role), Copies::Cols, None)?;
+/// fp8_tensor's operand of x (m, k) transposed, (k, m): the codes transposed (one pass); `amax`:
+/// x's, where the caller has it (else reduced here).
+fn fp8_tensor_cols(op: Op, t: Tensor, role: Role, amax: Option<Tensor>) -> Result<Operand> {
+    let [_, data, scale] = k::fp8_tensor_quantize_rowcol(op, t, fp8_tensor_elem(role), Copies::Cols, amax)?;
     Ok(Operand::Blockwise { data, scale, scaling: ScalingType::TensorWise })
+}
+
+// fp8_tensor's weight operands in the tensor-wise forms (cuBLASLt, sm_89+), from W's amax where the
+// caller has it: the deepwell backend reduces it once per step in the graph, and the forward and
+// the backward both read it, so neither makes a pass over W for it. Bit for bit what `along_k`,
+// `weight_dgrad` and `weight_pair` make for these forms (they call these with None).
+
+/// W (N, K) along K: the fprop operand, codes in W's layout.
+pub fn fp8_tensor_weight_fprop(op: Op, w: Tensor, amax: Option<Tensor>) -> Result<Operand> {
+    let (data, scale) = k::fp8_tensor_quantize(op, w, fp8_tensor_elem(Role::Weight), amax)?;
+    Ok(Operand::Blockwise { data, scale, scaling: ScalingType::TensorWise })
+}
+
+/// W^T (K, N): the dgrad operand, W's codes transposed.
+pub fn fp8_tensor_weight_dgrad(op: Op, w: Tensor, amax: Option<Tensor>) -> Result<Operand> {
+    fp8_tensor_cols(op, w, Role::Weight, amax)
+}
+
+/// Both, from one pass over W.
+pub fn fp8_tensor_weight_pair(op: Op, w: Tensor, amax: Option<Tensor>) -> Result<(Operand, Operand)> {
+    let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, w, fp8_tensor_elem(Role::Weight), Copies::Both, amax)?;
+    let scaling = ScalingType::TensorWise;
+    let d = Operand::Blockwise { data: cols, scale: scale.share(op)?, scaling };
+    Ok((Operand::Blockwise { data: rows, scale, scaling }, d))
 }
 
 fn nvfp4_options(role: Role, seed: u64, hadamard: bool) -> Nvfp4Options {
@@ -96,7 +121,7 @@ fn along_last(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: u
         (Form::Emulated, Recipe::Nvfp4) => nvfp4_emulated(op, t, nvfp4_options(role, seed, hadamard)),
         (Form::Emulated, Recipe::Fp8Tensor) => Ok(Operand::Dense(fp8_tensor_emulated(op, t, role)?)),
         (Form::Blockwise(scaling @ ScalingType::TensorWise), _) => {
-            let (data, scale) = k::fp8_tensor_quantize(op, t, fp8_tensor_elem(role))?;
+            let (data, scale) = k::fp8_tensor_quantize(op, t, fp8_tensor_elem(role), None)?;
             Ok(Operand::Blockwise { data, scale, scaling })
         }
         (Form::Blockwise(ScalingType::BlockWise128x128), _) => {
@@ -142,7 +167,7 @@ pub fn along_m(op: Op, recipe: Recipe, form: Form, role: Role, t: Tensor, seed: 
             Ok(Operand::Dense(k::fp8_block_dequantize(op, data, scale, (128, 1), dense_dtype(device))?.t(op)?))
         }
         (Form::Emulated, Recipe::Fp8Tensor) => Ok(Operand::Dense(fp8_tensor_emulated(op, t, role)?.t(op)?)),
-        (Form::Blockwise(ScalingType::TensorWise), _) => fp8_tensor_cols(op, t, role),
+        (Form::Blockwise(ScalingType::TensorWise), _) => fp8_tensor_cols(op, t, role, None),
         (Form::Blockwise(scaling), _) => {
             let (data, scale) = k::fp8_block_quantize_transposed(op, t, k::Transposed::Cols)?;
             Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling }) // stored M-major
@@ -244,11 +269,7 @@ pub fn weight_pair(op: Op, recipe: Recipe, fprop: Form, dgrad: Form, w: Tensor) 
     let tensorwise = Form::Blockwise(ScalingType::TensorWise);
     if (fprop, dgrad) == (tensorwise, tensorwise) {
         // fp8_tensor: W's codes and W^T's (its codes transposed) from one pass.
-        let [rows, cols, scale] =
-            k::fp8_tensor_quantize_rowcol(op, w, fp8_tensor_elem(Role::Weight), Copies::Both, None)?;
-        let scaling = ScalingType::TensorWise;
-        let d = Operand::Blockwise { data: cols, scale: scale.share(op)?, scaling };
-        return Ok((Operand::Blockwise { data: rows, scale, scaling }, d));
+        return fp8_tensor_weight_pair(op, w, None);
     }
     let f = along_k(op, recipe, fprop, Role::Weight, w.share(op)?, 0)?;
     let d = match dgrad_from_fprop(op, recipe, &f, fprop, dgrad)? {
@@ -334,7 +355,7 @@ fn dgrad_alone(op: Op, recipe: Recipe, dgrad: Form, w: Tensor) -> Result<Operand
         return along_m(op, recipe, dgrad, Role::Weight, w, 0);
     }
     if dgrad == Form::Blockwise(ScalingType::TensorWise) {
-        return fp8_tensor_cols(op, w, Role::Weight);
+        return fp8_tensor_weight_dgrad(op, w, None);
     }
     if let Form::Blockwise(scaling @ ScalingType::BlockWise128x128) = dgrad {
         let (data, scale) = k::fp8_block_quantize_transposed(op, w, k::Transposed::TileT)?;

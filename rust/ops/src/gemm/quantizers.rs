@@ -58,8 +58,8 @@ pub fn fp8_block_dequantize(op: Op, data: Tensor, scale: Tensor, block: (i64, i6
 }
 
 /// FP8 with one power-of-two scale for the whole tensor: (codes in x's layout, 0-d scale_inv).
-pub fn fp8_tensor_quantize(op: Op, x: Tensor, elem: Fp8Elem) -> Result<(Tensor, Tensor)> {
-    let [data, scale] = fp8_tensor::quantize(op, on(op, &x)?, x, elem)?;
+pub fn fp8_tensor_quantize(op: Op, x: Tensor, elem: Fp8Elem, amax: Option<Tensor>) -> Result<(Tensor, Tensor)> {
+    let [data, scale] = fp8_tensor::quantize(op, on(op, &x)?, x, elem, amax)?;
     Ok((data, scale))
 }
 

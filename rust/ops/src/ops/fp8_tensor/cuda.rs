@@ -1,6 +1,6 @@
 //! CUDA kernels of the fp8_tensor ops (cuda/fp8_tensor.cuh), bit-exact with `cpu.rs`. The amax is
 //! nvfp4.cuh's device-side reduction into a zeroed word, read by the cast kernels on the device:
-//! no host synchronisation; or, for `quantize_rowcol`, the caller's amax tensor, read in place.
+//! no host synchronisation; or the caller's amax tensor, read in place.
 
 use deepwell_core::Fp8Elem;
 use deepwell_gpu::kernels::{Fp8Tensor, Matrix, Nvfp4};
@@ -16,8 +16,13 @@ fn e5m2(elem: Fp8Elem) -> bool {
     elem == Fp8Elem::E5M2
 }
 
-/// x's NaN-propagating amax as fp32 bits in a fresh 4-byte tensor (x contiguous).
+/// x's NaN-propagating amax as fp32 bits: the caller's amax tensor, read in place (its fp32 bits
+/// are what the amax kernel would have written), or a fresh 4-byte tensor the kernel reduces into
+/// (x contiguous).
 fn amax(op: Op, launch: &Launch, q: &Quantize, x: &Tensor) -> Result<Tensor> {
+    if let Some(a) = &q.amax {
+        return a.share(op);
+    }
     let bits = Tensor::empty(op, &[1], DType::I32, q.device)?;
     let n = x.numel() as u64;
     let p = Params::new().ptr(ptr(x)).i64(n as i64).ptr(ptr(&bits));
@@ -49,11 +54,7 @@ pub(super) fn quantize_rowcol(op: Op, rc: RowCol) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let (m, k) = q.matrix();
     let x = cuda::contiguous(op, q.x.share(op)?)?;
-    // A given amax is read in place: its fp32 bits are what the amax kernel would have written.
-    let bits = match &q.amax {
-        Some(a) => a.share(op)?,
-        None => amax(op, &launch, q, &x)?,
-    };
+    let bits = amax(op, &launch, q, &x)?;
     let both = rc.copies == Copies::Both;
     let row_shape: Vec<i64> = if both { vec![m, k] } else { vec![0] };
     let rows = Tensor::empty(op, &row_shape, code_dtype(q.elem), q.device)?;

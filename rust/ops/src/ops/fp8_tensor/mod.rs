@@ -55,9 +55,10 @@ pub fn code_dtype(elem: Fp8Elem) -> DType {
 // ---------------------------------------------------------------------------------------------
 // The typed API: validates, then runs on `on` (the CPU reference or the CUDA kernels).
 
-/// `fp8_tensor_quantize`: x's codes in its own layout and the 0-d fp32 `scale_inv`.
-pub fn quantize(op: Op, on: Backend, x: Tensor, elem: Fp8Elem) -> Result<[Tensor; 2]> {
-    let q = Quantize::new(op, on, x, elem, None)?;
+/// `fp8_tensor_quantize`: x's codes in its own layout and the 0-d fp32 `scale_inv`. `amax`: as
+/// for [`quantize_rowcol`].
+pub fn quantize(op: Op, on: Backend, x: Tensor, elem: Fp8Elem, amax: Option<Tensor>) -> Result<[Tensor; 2]> {
+    let q = Quantize::new(op, on, x, elem, amax)?;
     run_on(op, on, q, cpu::quantize, cuda::quantize)
 }
 
@@ -105,7 +106,7 @@ fn elem_arg(a: &mut Args) -> Result<Fp8Elem> {
 
 fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (x, elem) = (a.tensor("x")?, elem_arg(a)?);
-    Ok(quantize(a.op(), on, x, elem)?.into())
+    Ok(quantize(a.op(), on, x, elem, None)?.into())
 }
 
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
@@ -149,7 +150,7 @@ impl Quantize {
 }
 
 /// An amax argument: a 0-d fp32 tensor on the device of the tensor it is the amax of (shared by
-/// `fp8_tensor_linear_backward`'s `grad_amax`).
+/// the fp8_tensor linear ops' `grad_amax` and `weight_amax`).
 pub(crate) fn check_amax(
     op: Op,
     arg: &'static str,

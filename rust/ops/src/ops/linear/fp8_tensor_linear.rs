@@ -19,7 +19,9 @@
 //!
 //! The backward's optional `grad_amax` is dy's amax, reduced by the autograd formula as a torch op
 //! so that Inductor fuses it into dy's producer; dy's one rowcol pass reads it instead of reducing
-//! dy itself (`gemm::quantize::gradient_pair`).
+//! dy itself (`gemm::quantize::gradient_pair`). `weight_amax` (from_codes and the backward) is W's,
+//! reduced once per step in the backend's graph: W's fprop cast and its dgrad transposing cast
+//! read it, so W is read twice per step, not four times.
 
 use deepwell_core::policy::{Pass, Recipe};
 
@@ -53,6 +55,7 @@ pub static BACKWARD: OpSpec = OpSpec {
         ("need_input", Kind::Bool),
         ("need_weight", Kind::Bool),
         ("grad_amax", Kind::OptTensor),
+        ("weight_amax", Kind::OptTensor),
     ],
     returns: 2,
 };
@@ -67,6 +70,7 @@ pub static FROM_CODES: OpSpec = OpSpec {
         ("weight", Kind::Tensor),
         ("bias", Kind::OptTensor),
         ("recipe", Kind::Str),
+        ("weight_amax", Kind::OptTensor),
     ],
     returns: 1,
 };
@@ -115,6 +119,7 @@ fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
         (a.tensor("x")?, a.tensor("x_codes")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv")?);
     let (weight, bias) = (a.tensor("weight")?, a.opt_tensor("bias")?);
     let recipe_arg = a.str("recipe")?;
+    let w_amax = a.opt_tensor("weight_amax")?;
     check_recipe(op, parse_recipe(op, &recipe_arg)?.0, &recipe_arg)?;
     let mut others = vec![("x_codes", &codes), ("x_codes_t", &codes_t), ("x_scale_inv", &scale)];
     others.extend(bias.iter().map(|b| ("bias", b)));
@@ -128,9 +133,13 @@ fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
     check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
     check::dtype_in(op, "x_scale_inv", &scale, &[DType::F32])?;
     check::shape_eq(op, "x_scale_inv", &scale, &[])?;
+    if let Some(amax) = &w_amax {
+        check_amax(op, "weight_amax", amax, check::Backend::of(op, p.device)?, ("weight", &layer.weight))?;
+    }
     let backend = p.choice(Pass::Fprop).backend;
     let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, aten::contiguous(op, codes)?, scale)?;
-    let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
+    let wb = layer.weight_operand_from(op, Want::Fprop, w_amax)?;
+    let y = gemm::run::run(op, backend, xa, wb, bias, p.x.dtype())?;
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
 }
 
@@ -177,15 +186,19 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
         (a.tensor("grad_out")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv")?, a.tensor("weight")?);
     let recipe_arg = a.str("recipe")?;
     let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
-    let dy_amax = a.opt_tensor("grad_amax")?;
+    let (dy_amax, w_amax) = (a.opt_tensor("grad_amax")?, a.opt_tensor("weight_amax")?);
     let layer = saved_layer(op, &dy, codes, &scale, weight, &recipe_arg)?;
     let p = &layer.p;
+    let on = check::Backend::of(op, dy.device())?;
     if let Some(amax) = &dy_amax {
-        check_amax(op, "grad_amax", amax, check::Backend::of(op, dy.device())?, ("grad_out", &dy))?;
+        check_amax(op, "grad_amax", amax, on, ("grad_out", &dy))?;
+    }
+    if let Some(amax) = &w_amax {
+        check_amax(op, "weight_amax", amax, on, ("weight", &layer.weight))?;
     }
     let dtypes = (dy.dtype(), layer.weight.dtype());
     let codes = aten::view_dtype(op, aten::contiguous(op, p.x.share(op)?)?, DType::E4M3)?;
-    let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
+    let dgrad_weight = || layer.weight_operand_from(op, Want::Dgrad, w_amax);
     let x_wgrad = |form| quantize::fp8_tensor_cols_from_codes(op, form, codes, scale);
     // fp8_tensor rounds gradients to nearest: no stochastic-rounding seed.
     run_backward(op, p, (dy, dy_amax), 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)

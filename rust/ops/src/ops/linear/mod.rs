@@ -22,7 +22,7 @@ pub mod weight_cache;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe};
+use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Recipe, ScalingType};
 use serde_json::Value;
 
 use crate::aten;
@@ -237,16 +237,31 @@ impl Layer {
     /// The weight's fprop or dgrad operand: made for this call, or reused inside a reuse scope
     /// (`weight_cache.rs` says exactly when).
     fn weight_operand(&self, op: Op, want: Want) -> Result<gemm::Operand> {
+        self.weight_operand_from(op, want, None)
+    }
+
+    /// `weight_operand`, given W's amax (the fp8_tensor ops' `weight_amax`: reduced once per step
+    /// in the backend's graph, read by the forward and the backward). Only the tensor-wise forms
+    /// (sm_89+) read it; the emulated ones reduce their own, the same value.
+    fn weight_operand_from(&self, op: Op, want: Want, amax: Option<Tensor>) -> Result<gemm::Operand> {
         let fprop = Form::of(self.p.choice(Pass::Fprop).backend).1;
         let dgrad = Form::of(self.p.choice(Pass::Dgrad).backend).1;
+        let tensorwise = Form::Blockwise(ScalingType::TensorWise);
+        let amax = amax.filter(|_| (fprop, dgrad) == (tensorwise, tensorwise));
         let (recipe, w) = (self.p.recipe, &self.weight);
         let contiguous = || aten::contiguous(op, w.share(op)?);
-        let make_one = || match want {
-            Want::Fprop => quantize::along_k(op, recipe, fprop, Role::Weight, contiguous()?, 0),
-            Want::Dgrad => quantize::weight_dgrad(op, recipe, fprop, dgrad, contiguous()?),
+        let given = || amax.as_ref().map(|a| a.share(op)).transpose();
+        let make_one = || match (want, amax.is_some()) {
+            (Want::Fprop, true) => quantize::fp8_tensor_weight_fprop(op, contiguous()?, given()?),
+            (Want::Dgrad, true) => quantize::fp8_tensor_weight_dgrad(op, contiguous()?, given()?),
+            (Want::Fprop, false) => quantize::along_k(op, recipe, fprop, Role::Weight, contiguous()?, 0),
+            (Want::Dgrad, false) => quantize::weight_dgrad(op, recipe, fprop, dgrad, contiguous()?),
         };
         let make_pair = || {
-            let (fprop, dgrad) = quantize::weight_pair(op, recipe, fprop, dgrad, contiguous()?)?;
+            let (fprop, dgrad) = match amax.is_some() {
+                true => quantize::fp8_tensor_weight_pair(op, contiguous()?, given()?)?,
+                false => quantize::weight_pair(op, recipe, fprop, dgrad, contiguous()?)?,
+            };
             Ok(WeightOperands { fprop, dgrad })
         };
         weight_cache::operand(op, w, recipe, (fprop, dgrad), want, make_one, make_pair)
