@@ -91,6 +91,9 @@ def _worker(args) -> None:
     plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=args.precision,
                              tensor_parallel=tensor if tensor > 1 else None, fp8_all_gather=args.fp8_all_gather,
                              sequence_parallel=sequence)
+    for key in ("forward_prefetch", "blocks_per_unit"):  # the plan's, unless given (to measure others)
+        if getattr(args, key) is not None:
+            plan.sharding[key] = getattr(args, key)
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     # Fused AdamW takes one kind of tensor per call: tensor parallelism leaves the embeddings, norms
@@ -127,8 +130,11 @@ def _worker(args) -> None:
         step()
     sync()
     ms = (time.perf_counter() - t0) / args.steps * 1e3
+    from bench_train_step import host_ms
+
+    host = host_ms(step)[0] if cuda else None  # before any profiler (host_ms says why)
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
-    kernels = _kernel_split(step, sync, 3) if args.profile and cuda else {}
+    kernels = _kernel_split(step, sync, 3, args.trace if rank == 0 else None) if args.profile and cuda else {}
 
     # The global loss of each step: the ranks' means over equal row counts, averaged (tensor ranks
     # of one data rank hold the same rows, so their mean is that data rank's loss).
@@ -143,7 +149,7 @@ def _worker(args) -> None:
     if rank == 0:
         out = {
             "config": args.config, "processes": procs, "global_rows": rows, "tensor": tensor, "seq": seq,
-            "tokens_per_step": rows * seq, "step_ms": ms, "tokens_per_s": rows * seq / ms * 1e3,
+            "tokens_per_step": rows * seq, "step_ms": ms, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
             "first_call_s": first_s, "peak_bytes_per_rank": [int(p) for p in peaks.tolist()],
             "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
@@ -157,10 +163,11 @@ def _worker(args) -> None:
         dist.destroy_process_group()
 
 
-def _kernel_split(step, sync, steps: int) -> dict[str, float]:
+def _kernel_split(step, sync, steps: int, trace: str | None = None) -> dict[str, float]:
     """Kernel ms per step on this rank's GPU by kind (bench_train_step's kinds plus NCCL's
     collectives), and "busy": the union of all kernel intervals, so step - busy is the time the GPU
-    waited (on the host, or on a collective's peer)."""
+    waited (on the host, or on a collective's peer). `trace`: also write the profile there (Chrome's
+    trace format, gzipped when the name ends in .gz)."""
     from torch.profiler import ProfilerActivity, profile
 
     from bench_train_step import kind_of
@@ -169,6 +176,8 @@ def _kernel_split(step, sync, steps: int) -> dict[str, float]:
         for _ in range(steps):
             step()
         sync()
+    if trace:
+        prof.export_chrome_trace(trace)
     kinds: dict[str, float] = {}
     spans = []
     for e in prof.events():
@@ -198,6 +207,9 @@ def _launch(args, config: str, out: str) -> dict:
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
+    for flag in ("forward_prefetch", "blocks_per_unit"):
+        cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    cmd += ["--trace", args.trace] if args.trace else []
     env = {**os.environ, **NO_MULTICAST, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
@@ -218,6 +230,11 @@ def main() -> None:
                    help="SMs torch's GEMMs leave free for NCCL (default: the plan's sm_carveout; 0 for none)")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
     p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
+    p.add_argument("--trace", default=None, help="with --profile: rank 0's profiled steps as a Chrome trace to this file")
+    p.add_argument("--forward-prefetch", type=int, default=None,
+                   help="FSDP units whose all-gathers each unit's forward starts (default: the plan's forward_prefetch)")
+    p.add_argument("--blocks-per-unit", type=int, default=None,
+                   help="consecutive blocks FSDP gathers as one unit (default: the plan's blocks_per_unit)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
@@ -251,6 +268,8 @@ def main() -> None:
               f"{r['predicted_peak_bytes_per_rank'] / gib:10.2f} {err * 100:+5.1f}% {r['first_call_s']:8.1f}  "
               f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
         r["dryrun_error"] = err
+        if r.get("host_ms"):
+            print(f"{'':<8} host: {r['host_ms']:.1f} ms to launch a step")
         if r["kernel_ms"]:
             print(f"{'':<8} kernel ms per step on rank 0: " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_ms"].items())))
     summary = []

@@ -10,7 +10,8 @@ FP8 all-gather (tests/test_fp8_all_gather.py): DEEPWELL_TEST_FP8_ALL_GATHER=1 pl
 autoplan's fp8_all_gather=True; DEEPWELL_TEST_MODE=eager runs the loop without torch.compile, the
 planned sites' nn.Linear forwards calling deepwell.scaled_linear; DEEPWELL_TEST_GRADS=1 saves each
 rank's loss and gradient shards of every step to OUT.rank<r>.pt; DEEPWELL_TEST_DTYPE=bfloat16 trains
-a bf16 model; DEEPWELL_TEST_DIM sets the model width (256).
+a bf16 model; DEEPWELL_TEST_DIM sets the model width (256). DEEPWELL_TEST_UNITS=N gathers N blocks
+per FSDP unit and keeps them gathered for the backward (the plan a GPU with room gets).
 
 Checkpoints of the trainer mode: DEEPWELL_TEST_CKPT_FORMAT (full | sharded; unset: the Trainer's
 default) into ckpt-world<WORLD><DEEPWELL_TEST_CKPT_TAG> beside OUT. CROSS_RESUME: checkpoints
@@ -69,6 +70,22 @@ def _eager(ir, plan):
     return shard(ir.model, plan.parallelism, plan.sharding, recipe_of)
 
 
+def _units(model: torch.nn.Module) -> list[list[str]]:
+    """The modules of each FSDP2 unit below the root (each a unit's state's modules), in the order
+    the units' states are first met."""
+    from torch.distributed.fsdp import FSDPModule
+
+    names = {id(m): n for n, m in model.named_modules()}
+    units, seen = [], set()
+    for name, module in model.named_modules():
+        if name and isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            if id(state) not in seen:
+                seen.add(id(state))
+                units.append([names[id(m)] for m in state._modules])
+    return units
+
+
 def main() -> None:
     rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     deepwell.plan.backend.ensure_registered()  # (an installed deepwell registers it by entry point)
@@ -88,6 +105,8 @@ def main() -> None:
     tp = tensor if tensor > 1 else None
     plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER,
                              sequence_parallel=os.environ.get("DEEPWELL_TEST_SP") == "1")
+    if os.environ.get("DEEPWELL_TEST_UNITS"):  # the GPU plan's FSDP layout, which the CPU's never picks
+        plan.sharding.update(blocks_per_unit=int(os.environ["DEEPWELL_TEST_UNITS"]), reshard_after_forward=False)
     engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine) if MODE != "eager" else None
     saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)
@@ -158,6 +177,8 @@ def main() -> None:
         "local_types": {n: type(getattr(p, "_local_tensor", p)).__name__ for n, p in model.named_parameters()},
         "state_dict_types": {n: type(getattr(t, "_local_tensor", t)).__name__ for n, t in model.state_dict().items()},
         "sharded": type(model).__name__,
+        # FSDP2's units below the root, as the names of the modules of each (forward order).
+        "units": _units(model),
         "heads": [layer.attention.heads for layer in model.layers],
         "wq_placements": [repr(p) for p in getattr(model.layers[0].attention.wq.weight, "placements", ())],
         "embedding_placements": [repr(p) for p in getattr(model.tok_embeddings.weight, "placements", ())],

@@ -81,17 +81,31 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
     before = torch._C._get_sm_carveout_experimental()
     try:
         torch._C._set_sm_carveout_experimental(None)
-        leave_sms_to_collectives(torch.device("cpu"), 16)
+        assert leave_sms_to_collectives(torch.device("cpu"), 16) == 0
         assert torch._C._get_sm_carveout_experimental() is None
-        leave_sms_to_collectives(torch.device("cuda", 0), 0)
+        assert leave_sms_to_collectives(torch.device("cuda", 0), 0) == 0
         assert torch._C._get_sm_carveout_experimental() is None
-        leave_sms_to_collectives(torch.device("cuda", 0), 16)
+        assert leave_sms_to_collectives(torch.device("cuda", 0), 16) == 16
         assert torch._C._get_sm_carveout_experimental() == 16
         torch._C._set_sm_carveout_experimental(4)  # the user's own
-        leave_sms_to_collectives(torch.device("cuda", 0), 16)
+        assert leave_sms_to_collectives(torch.device("cuda", 0), 16) == 4
         assert torch._C._get_sm_carveout_experimental() == 4
     finally:
         torch._C._set_sm_carveout_experimental(before)
+
+
+def test_nccl_runs_on_as_many_ctas_as_the_sms_left_to_it():
+    """The data ranks' NCCL group is built with max_ctas = the collectives' SMs (the mesh's
+    backend_override), so a collective fits beside a GEMM that leaves that many; nothing is
+    overridden off the GPU or without a carveout."""
+    from deepwell.plan.shard import nccl_ctas
+
+    assert nccl_ctas(torch.device("cpu"), 8) == {}
+    assert nccl_ctas(torch.device("cuda", 0), 0) == {}
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    (name, (backend, options)), = nccl_ctas(torch.device("cuda", 0), 8)["backend_override"].items()
+    assert (name, backend, options.config.max_ctas) == ("data", "nccl", 8)
 
 
 def _site(name: str) -> Site:
@@ -143,6 +157,21 @@ def test_fsdp2_on_two_processes_matches_one(tmp_path):
     assert set(two["ran"]) == {"fp8_block"} and one["ran"].count("fp8_block") == 2 * len(two["ran"])
     assert trains_alike(one["losses"], two["losses"]), (one["losses"], two["losses"])
     assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]
+
+
+def test_fsdp2_units_follow_the_plan_and_train_like_one_process(tmp_path):
+    """FSDP's units are the embedding, the plan's blocks_per_unit blocks each, and the final norm
+    with the LM head (plan/parallel.py fsdp_units), each forward prefetching the next unit: 2 gloo
+    ranks give one process's losses with units of one block (the CPU's plan: memory unknown,
+    resharded) and of two blocks kept gathered (a GPU's plan with room)."""
+    one = _run(tmp_path, 1)
+    two = _run(tmp_path, 2)
+    assert two["sharding"]["forward_prefetch"] == 1 and two["sharding"]["blocks_per_unit"] == 1
+    assert two["units"] == [["tok_embeddings"], ["layers.0"], ["layers.1"], ["norm", "output"]], two["units"]
+    grouped = _run(tmp_path, 2, tag="-units2", DEEPWELL_TEST_UNITS="2")
+    assert grouped["units"] == [["tok_embeddings"], ["layers.0", "layers.1"], ["norm", "output"]], grouped["units"]
+    for run in (two, grouped):
+        assert trains_alike(one["losses"], run["losses"]), (one["losses"], run["losses"])
 
 
 def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp_path):
@@ -223,3 +252,38 @@ def test_main_job_under_torchrun_with_fp8_all_gather(tmp_path):
     assert "FP8 all-gather (fp8_block codes + tile scales) for 24 weights" in out
     assert "layers.0.attention.wq (recipe bf16)" in out  # the first site, bf16 by the policy
     assert "steps 3..4 bit-identical to the first run" in out
+
+
+def test_fsdp_units_are_the_ends_and_groups_of_blocks_in_forward_order():
+    """parallel.fsdp_units: the modules before the blocks, the blocks in groups, those after, along
+    the path to the blocks (Hugging Face nests them in `model`); tied ends stay with the root."""
+    from deepwell.models import Llama
+    from deepwell.plan.parallel import fsdp_units
+
+    def names(model, units):
+        of = {id(m): n for n, m in model.named_modules()}
+        return [[of[id(m)] for m in unit] for unit in units]
+
+    llama = Llama(64, 32, 5, 2, 64, max_seq=16)
+    assert names(llama, fsdp_units(llama, 2)) == [
+        ["tok_embeddings"], ["layers.0", "layers.1"], ["layers.2", "layers.3"], ["layers.4"], ["norm", "output"]]
+    tied = Llama(64, 32, 2, 2, 64, max_seq=16, tied=True)
+    assert names(tied, fsdp_units(tied)) == [["layers.0"], ["layers.1"]]
+
+    class Inner(torch.nn.Module):  # Hugging Face's layout: model.embed_tokens, model.layers, model.norm
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(64, 32)
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(3))
+            self.rotary = torch.nn.Identity()  # no parameters: no unit
+            self.norm = torch.nn.LayerNorm(32)
+
+    class CausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+            self.lm_head = torch.nn.Linear(32, 64)
+
+    hf = CausalLM()
+    assert names(hf, fsdp_units(hf, 1)) == [
+        ["model.embed_tokens"], ["model.layers.0"], ["model.layers.1"], ["model.layers.2"], ["model.norm", "lm_head"]]

@@ -268,6 +268,6 @@ pub fn parallel_plan_entry(req: &Value) -> Answer {
     let p = parallel::plan(&cluster, &model);
     Ok(json!({
         "data": p.data, "tensor": p.tensor, "fsdp": p.fsdp, "reshard_after_forward": p.reshard_after_forward, "sm_carveout": p.sm_carveout,
-        "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
+        "blocks_per_unit": p.blocks_per_unit, "forward_prefetch": p.forward_prefetch, "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
     }))
 }

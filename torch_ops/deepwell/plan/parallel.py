@@ -23,6 +23,49 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [b for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m]
 
 
+def fsdp_units(model: torch.nn.Module, blocks_per_unit: int = 1) -> list[list[torch.nn.Module]]:
+    """FSDP's units in forward order: the modules registered before the blocks (the embedding), the
+    blocks in groups of `blocks_per_unit`, and those registered after them (the final norm and the
+    LM head). Whatever a unit does not hold (the root's own parameters, and both ends when they share
+    a parameter: tied embeddings) stays with the root's unit. Before and after are read off
+    registration order along the path from the root to the blocks' ModuleList, which is forward order
+    in the LLaMA layouts (deepwell.models, Hugging Face's `model.embed_tokens ... model.norm, lm_head`).
+    Their own units let the LM head's gather overlap the blocks' forward and its gradients' reduction
+    overlap their backward, where the root's would wait for the whole step."""
+    every = blocks(model)
+    per_unit = max(int(blocks_per_unit), 1)
+    groups = [every[i:i + per_unit] for i in range(0, len(every), per_unit)]
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]  # blocks' first
+    if not lists:
+        return groups
+    ids = {id(b) for b in every}
+    path = _path_to(model, lists[0])
+    before, after = [], []  # after: per level, the innermost level's modules run first
+    for parent, child in zip(path, path[1:]):
+        seen, level = False, []
+        for sibling in parent.children():
+            if sibling is child:
+                seen = True
+            elif any(True for _ in sibling.parameters()) and not any(id(m) in ids for m in sibling.modules()):
+                (level if seen else before).append(sibling)
+        after[:0] = level
+    params = [{id(p) for m in end for p in m.parameters()} for end in (before, after)]
+    if params[0] & params[1]:
+        return groups
+    return ([before] if before else []) + groups + ([after] if after else [])
+
+
+def _path_to(root: torch.nn.Module, target: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules from `root` down to `target` (both included)."""
+    for child in root.children():
+        if child is target:
+            return [root, child]
+        path = _path_to(child, target)
+        if path:
+            return [root, *path]
+    return []
+
+
 def nbytes(params) -> int:
     """Bytes of `params` at their global sizes (a DTensor counts whole)."""
     return sum(p.numel() * p.element_size() for p in params)
@@ -32,7 +75,8 @@ def plan_parallelism(
     model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int, quantized: bool | None = None,
     codes: dict[str, str] | None = None
 ) -> dict:
-    """{data, tensor, fsdp, reshard_after_forward, sm_carveout, per_rank_bytes, reason, saved} for `world`
+    """{data, tensor, fsdp, reshard_after_forward, sm_carveout, blocks_per_unit, forward_prefetch,
+    per_rank_bytes, reason, saved} for `world`
     processes; `saved`: `memory.saved_activation_bytes`'s (total, largest, output bytes, output elements), measured before
     sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
     is one rank's micro-batch; `hw` the node's devices (None: unknown memory); `quantized`: whether
@@ -98,4 +142,5 @@ def force_tensor_degree(par: dict, tensor: int) -> dict:
     )
     carveout = par["sm_carveout"] if data > 1 else 0  # only FSDP's collectives overlap the GEMMs
     return {**par, "data": data, "tensor": tensor, "fsdp": data > 1, "sm_carveout": carveout, "per_rank_bytes": 0,
+            "blocks_per_unit": par["blocks_per_unit"] if data > 1 else 1, "forward_prefetch": int(data > 1),
             "reason": reason}

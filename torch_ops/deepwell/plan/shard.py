@@ -1,14 +1,17 @@
 """Applies a plan's parallel degrees with PyTorch's own engines. Tensor parallelism first (degree
 `tensor` > 1): Megatron's layout on the LLaMA blocks through DTensor's `parallelize_module`
 (`tensor_parallel.py`; the deepwell ops run each rank's shard through their DTensor sharding rules,
-ops/sharding.py). Then FSDP2's `fully_shard` on every block and the root over the data ranks
-(weights, gradients and AdamW states sharded; the deepwell ops see each block's gathered weights,
-and the weight cache keys them like any other tensor). Both: a 2-D mesh ("data", "tensor"), the
-tensor ranks of a data rank adjacent (rank = data_rank * tensor + tensor_rank), as torchtitan lays
-them out so that the per-layer all-reduces stay within a node; `autoplan(..., sequence_parallel=True)`
-splits the residual stream along the sequence too. With `autoplan(...,
-fp8_all_gather=True)` the plan's fp8_block weights that split into whole 128x128 tiles are gathered
-as FP8 codes and tile scales instead (fp8_all_gather.py; the others as before)."""
+ops/sharding.py). Then FSDP2's `fully_shard` over the data ranks on each unit (`blocks_per_unit`
+blocks, the embedding, the final norm with the LM head: parallel.py `fsdp_units`) and the root
+(weights, gradients and AdamW states sharded; the deepwell ops see each unit's gathered weights, and
+the weight cache keys them like any other tensor), each unit's forward prefetching the next
+`forward_prefetch` units' weights, the collectives given `sm_carveout` SMs beside the GEMMs
+(rust/core/src/policy/parallel.rs says why for each). Both: a 2-D mesh ("data", "tensor"), the tensor
+ranks of a data rank adjacent (rank = data_rank * tensor + tensor_rank), as torchtitan lays them out
+so that the per-layer all-reduces stay within a node; `autoplan(..., sequence_parallel=True)` splits
+the residual stream along the sequence too. With `autoplan(..., fp8_all_gather=True)` the plan's
+fp8_block weights that split into whole 128x128 tiles are gathered as FP8 codes and tile scales
+instead (fp8_all_gather.py; the others as before)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import fp8_all_gather, tensor_parallel
-from .parallel import blocks, world_size
+from .parallel import fsdp_units, world_size
 
 
 def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: dict[str, str] | None = None) -> torch.nn.Module:
@@ -42,9 +45,12 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     from torch.distributed.fsdp import fully_shard
 
     device = next(model.parameters()).device
+    # Only FSDP's collectives overlap the GEMMs: tensor parallelism's all-reduces run between them.
+    sms = leave_sms_to_collectives(device, sharding.get("sm_carveout", 0)) if data > 1 else 0
     # A mesh dimension only for a degree above 1 (a data-parallel run keeps its 1-D mesh).
     names = tuple(n for n, d in (("data", data), ("tensor", tensor)) if d > 1)
-    mesh = init_device_mesh(device.type, tuple(d for d in (data, tensor) if d > 1), mesh_dim_names=names)
+    mesh = init_device_mesh(device.type, tuple(d for d in (data, tensor) if d > 1), mesh_dim_names=names,
+                            **nccl_ctas(device, sms))
     if tensor > 1:
         tensor_parallel.apply(model, mesh["tensor"], tensor, sequence)
     if data == 1:
@@ -52,18 +58,48 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     reshard = sharding["reshard_after_forward"]
     # Before fully_shard, which shards the FP8 path's parameters like any other (fp8_all_gather.py).
     fp8_all_gather.apply(model, sharding.get("fp8_gathered") or [], data)
-    for block in blocks(model):
-        fully_shard(block, mesh=mesh["data"], reshard_after_forward=reshard)
+    units = fsdp_units(model, sharding.get("blocks_per_unit", 1))
+    for unit in units:
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh["data"], reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)
-    leave_sms_to_collectives(device, sharding.get("sm_carveout", 0))
+    prefetch_forward([unit[0] for unit in units], sharding.get("forward_prefetch", 0))
     return model
 
 
-def leave_sms_to_collectives(device: torch.device, sms: int) -> None:
-    """Has torch's GEMMs target all but `sms` SMs (the plan's `sm_carveout`; the reason is
-    `COMM_SMS` in rust/core/src/policy/parallel.rs), so that FSDP's all-gathers and reduce-scatters
-    find SMs beside a persistent GEMM. Process-wide, as torch's setting is; a carveout the user set
-    (torch._C._set_sm_carveout_experimental) is kept."""
-    if device.type != "cuda" or sms <= 0 or torch._C._get_sm_carveout_experimental() is not None:
+def prefetch_forward(units: list[torch.nn.Module], depth: int) -> None:
+    """Has each FSDP unit's forward (`units`: each unit's first module, in forward order) start the
+    all-gathers of the next `depth` units. FSDP2 issues a unit's all-gather when the host reaches
+    that unit's forward, so without this the gathers overlap compute only as far as the host runs
+    ahead of the GPU; the backward prefetches one unit by itself."""
+    if depth <= 0:
         return
-    torch._C._set_sm_carveout_experimental(sms)
+    for i, unit in enumerate(units[:-1]):
+        unit.set_modules_to_forward_prefetch(units[i + 1:i + 1 + depth])
+
+
+def leave_sms_to_collectives(device: torch.device, planned: int) -> int:
+    """Has torch's GEMMs target all but `planned` SMs (the plan's `sm_carveout`; the reason is
+    `COMM_SMS` in rust/core/src/policy/parallel.rs), so that FSDP's all-gathers and reduce-scatters
+    find SMs beside a persistent GEMM, and returns the SMs the collectives get: a carveout the user
+    set (torch._C._set_sm_carveout_experimental) is kept and wins; 0 off the GPU. Process-wide, as
+    torch's setting is."""
+    if device.type != "cuda":
+        return 0
+    own = torch._C._get_sm_carveout_experimental()
+    if own is not None:
+        return max(int(own), 0)
+    if planned > 0:
+        torch._C._set_sm_carveout_experimental(planned)
+    return max(int(planned), 0)
+
+
+def nccl_ctas(device: torch.device, sms: int) -> dict:
+    """init_device_mesh's arguments that run the data ranks' NCCL collectives on at most `sms` CTAs
+    (NCCL's `max_ctas`), so they fit in the SMs the GEMMs leave them; none for no carveout."""
+    if device.type != "cuda" or sms <= 0:
+        return {}
+    from torch.distributed import ProcessGroupNCCL
+
+    options = ProcessGroupNCCL.Options()
+    options.config.max_ctas = sms
+    return {"backend_override": {"data": ("nccl", options)}}

@@ -14,14 +14,26 @@
 /// Share of a device's memory a plan may use (the rest: allocator fragmentation, NCCL, CUDA context).
 pub const HEADROOM: f64 = 0.9;
 
-/// SMs the GEMMs leave to NCCL when FSDP's collectives overlap compute on GPUs (torch's SM
-/// carveout, which sets cuBLASLt's SM count target). cuBLASLt's FP8 GEMMs on Hopper are persistent
-/// kernels sized to every SM: a collective launched next to one gets its SMs only as the GEMM's
-/// CTAs retire, the peer's collective waits on it, and the GEMMs queued behind run in two waves.
-/// Measured on 2 H200s (benchmarks/results/bench_parallel-*): the 0.95B LLaMA, fp8_block, FSDP over
-/// 2 ranks, 4x2048 tokens each: NCCL kernels 76 ms per 115 ms step without a carveout, the GPU
-/// busy ~101 ms per step with 8, 16 or 32 SMs left free (bf16 GEMMs scaled 1.84x without one).
-pub const COMM_SMS: u32 = 16;
+/// SMs given to FSDP's collectives on GPUs: torch's GEMMs leave them free (torch's SM carveout,
+/// which sets cuBLASLt's SM count target) and NCCL runs on at most that many CTAs (its `max_ctas`),
+/// so a collective always finds its SMs. cuBLASLt's FP8 GEMMs on Hopper are persistent kernels
+/// sized to every SM: a collective launched next to one gets its SMs only as the GEMM's CTAs
+/// retire, the peer's collective waits on it, and the GEMMs queued behind run in two waves.
+/// Measured (benchmarks/results/bench_parallel-*), the 0.95B LLaMA, fp8_block, FSDP over 2 ranks,
+/// 4x2048 tokens each: on 2 H200s, NCCL kernels 76 ms per 115 ms step with no carveout; on 2 H100s,
+/// 112.1 ms per step with 16 SMs left and NCCL's own CTA count, 108.1 ms with 8 SMs and 8 CTAs
+/// (a carveout costs the GEMMs its share of SMs; 8 CTAs still move a 2-rank all-gather at ~100 GB/s).
+pub const COMM_SMS: u32 = 8;
+
+/// Transformer blocks per FSDP unit when the gathered weights stay for the backward. Each unit costs
+/// host time every step (FSDP2's pre/post-forward and post-backward hooks, one all-gather and one
+/// reduce-scatter call), and the 2-rank step above is close to bound by its host: 2 blocks per unit
+/// took it from 109.0 to 102.2 ms on 2 H100s (4 blocks: 101.5, one run each), its host time from
+/// 85.7 to 83.0 ms.
+/// More blocks per unit leave more communication exposed where nothing overlaps it: the first
+/// unit's all-gather and the last unit's reduce-scatter. When weights are re-gathered for the
+/// backward a unit stays one block: two gathered units at a time is the memory the plan counted.
+pub const BLOCKS_PER_KEPT_UNIT: u32 = 2;
 
 /// The processes of the job and their devices.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -60,9 +72,17 @@ pub struct ParallelPlan {
     pub reshard_after_forward: bool,
     /// Predicted bytes per rank (the model above; 0 for one process: dryrun's figure applies).
     pub per_rank_bytes: u64,
-    /// SMs the GEMMs leave free for FSDP's overlapped collectives (`COMM_SMS` on GPUs with data
-    /// parallelism, else 0: tensor parallelism's all-reduces run between GEMMs, not beside them).
+    /// SMs the GEMMs leave free for FSDP's overlapped collectives, and the CTAs NCCL may use for
+    /// them (`COMM_SMS` on GPUs with data parallelism, else 0: tensor parallelism's all-reduces run
+    /// between GEMMs, not beside them).
     pub sm_carveout: u32,
+    /// Consecutive blocks FSDP gathers as one unit (`BLOCKS_PER_KEPT_UNIT` when the weights stay
+    /// gathered, else 1).
+    pub blocks_per_unit: u32,
+    /// Units ahead whose all-gathers each unit's forward starts (1 with data parallelism, else 0):
+    /// FSDP2 starts a unit's all-gather when the host reaches it, so without this the gathers
+    /// overlap compute only as far as the host runs ahead of the GPU.
+    pub forward_prefetch: u32,
     pub reason: String,
 }
 
@@ -93,6 +113,8 @@ pub fn plan(c: &Cluster, m: &ModelSize) -> ParallelPlan {
             reshard_after_forward: false,
             per_rank_bytes: 0,
             sm_carveout: 0,
+            blocks_per_unit: 1,
+            forward_prefetch: 0,
             reason: "one process: no sharding (launch with torchrun --nproc-per-node N to use N GPUs)".into(),
         };
     }
@@ -132,9 +154,24 @@ pub fn plan(c: &Cluster, m: &ModelSize) -> ParallelPlan {
     // Memory known: the processes have GPUs (CPU processes report 0).
     let sm_carveout = if data > 1 && c.memory_bytes != 0 { COMM_SMS } else { 0 };
     if sm_carveout > 0 {
-        reason += &format!("; GEMMs leave {sm_carveout} SMs to the collectives they overlap");
+        reason +=
+            &format!("; GEMMs leave {sm_carveout} SMs to the collectives they overlap, NCCL runs on as many CTAs");
     }
-    ParallelPlan { data, tensor, fsdp: data > 1, reshard_after_forward: !keep, per_rank_bytes, sm_carveout, reason }
+    let blocks_per_unit = if keep && data > 1 { BLOCKS_PER_KEPT_UNIT } else { 1 };
+    if blocks_per_unit > 1 {
+        reason += &format!("; {blocks_per_unit} blocks per FSDP unit (fewer hooks on the host)");
+    }
+    ParallelPlan {
+        data,
+        tensor,
+        fsdp: data > 1,
+        reshard_after_forward: !keep,
+        per_rank_bytes,
+        sm_carveout,
+        blocks_per_unit,
+        forward_prefetch: u32::from(data > 1),
+        reason,
+    }
 }
 
 #[cfg(test)]
@@ -172,6 +209,8 @@ mod tests {
         // 8 GiB of state / 2 + 10 GiB + 2 x 1/8 GiB = 14.25 GiB; keeping 1 GiB more gathered fits.
         assert!(!p.reshard_after_forward);
         assert_eq!(p.per_rank_bytes, 4 * GIB + 10 * GIB + GIB / 4 + GIB);
+        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (BLOCKS_PER_KEPT_UNIT, 1));
+        assert!(p.reason.contains("blocks per FSDP unit"), "{}", p.reason);
     }
 
     #[test]
@@ -203,6 +242,8 @@ mod tests {
         assert_eq!((p.data, p.tensor), (8, 1));
         assert!(p.reshard_after_forward);
         assert_eq!(p.per_rank_bytes, 32 * GIB + 20 * GIB + GIB / 4);
+        // Re-gathered units stay one block each: the plan counted two of them in flight.
+        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 1));
     }
 
     #[test]
@@ -223,5 +264,9 @@ mod tests {
         assert_eq!(plan(&cluster(1, 80), &model(10)).sm_carveout, 0);
         let p = plan(&cluster(2, 80), &model(100));
         assert_eq!((p.data, p.tensor, p.sm_carveout), (1, 2, 0));
+        // No data parallelism: no FSDP units to group or prefetch.
+        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 0));
+        let p = plan(&cluster(1, 80), &model(10));
+        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 0));
     }
 }
