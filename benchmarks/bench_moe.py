@@ -1,6 +1,8 @@
 """One MoE layer's forward + backward, side by side, on the GPU: the Hugging Face eager expert loop,
 Hugging Face's `torch._grouped_mm` path, and deepwell.DeepwellMoE in bf16 and fp8_block (and the
-emulated recipes with --all-recipes); then the grouped GEMMs alone in TFLOP/s, the router ops, and
+emulated recipes with --all-recipes), and fp8_block once more with the experts' FP8 weights from the
+weight cache (`deepwell.microbatches()`: what micro-batches after the first of a gradient-accumulation
+step pay; timed alone, after the others); then the grouped GEMMs alone in TFLOP/s, the router ops, and
 (with transformers installed) a Mixtral-style model's training step vs torch.compile bf16.
 
 Shapes (tokens T = 8192 by default, bf16):
@@ -121,6 +123,22 @@ def layer_rows(name, e, d, f, k, tokens, recipes_) -> list[dict]:
         for label, fn in variants:
             if label in runs:
                 runs[label].append(time_ms(lambda: step(fn, x, params_of(fn), dy), warmup=1, iters=5, reps=1))
+    # fp8_block with the experts' FP8 weights from the weight cache (`deepwell.microbatches()`): what
+    # micro-batches 2..n of a gradient-accumulation step pay. The scope is process-wide (it would cache
+    # the other variants' weights too), so this variant is timed after the round-robin, alone.
+    cached = dict(variants).get("deepwell fp8_block")
+    if cached is not None and "deepwell fp8_block" in runs:
+        label = "fp8_block cached W"
+        stats = lambda: deepwell._native.call("weight_cache_stats")  # noqa: E731
+        with deepwell.microbatches():
+            time_ms(lambda: step(cached, x, params_of(cached), dy), warmup=2, iters=1, reps=1)
+            before = stats()
+            runs[label] = [time_ms(lambda: step(cached, x, params_of(cached), dy), warmup=1, iters=5, reps=1)
+                           for _ in range(ROUNDS)]
+            after = stats()
+        hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+        print(f"{name:>10} {label:>18} weight cache while timed: {hits} hits, {misses} misses")
+        variants.append((label, cached))
     rows, base = [], {}
     for label, fn in variants:
         if label not in runs:
