@@ -94,6 +94,24 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
         torch._C._set_sm_carveout_experimental(before)
 
 
+def test_a_forced_tensor_degree_is_planned_in_rust():
+    """autoplan's tensor_parallel= goes to Rust's planner ("tensor"), which plans the carveout,
+    units, prefetch and per-rank bytes for the forced degrees (forcing data parallelism where the
+    planner chose tensor parallelism gets the collectives' SMs); a bad degree is an error naming
+    the field."""
+    gib = 1 << 30
+    model = {"weight_bytes": 2 * gib, "gradient_bytes": 2 * gib, "optimizer_bytes": 4 * gib,
+             "activation_bytes": 100 * gib, "largest_unit_bytes": gib // 8}
+    cluster = {"world_size": 2, "devices_per_node": 2, "memory_bytes": 80 * gib, "peer_access": True}
+    own = _native.call("parallel_plan", {"cluster": cluster, "model": model})
+    forced = _native.call("parallel_plan", {"cluster": cluster, "model": model, "tensor": 1})
+    assert (own["data"], own["tensor"], own["sm_carveout"]) == (1, 2, 0)
+    assert (forced["data"], forced["tensor"], forced["forward_prefetch"]) == (2, 1, 1) and forced["sm_carveout"] > 0
+    assert forced["per_rank_bytes"] > 0 and "forced by tensor_parallel=1" in forced["reason"]
+    with pytest.raises(ValueError, match="field 'tensor' must be a positive divisor of world_size 2, got 3"):
+        _native.call("parallel_plan", {"cluster": cluster, "model": model, "tensor": 3})
+
+
 def test_nccl_runs_on_as_many_ctas_as_the_sms_left_to_it():
     """The data ranks' NCCL group is built with max_ctas = the collectives' SMs (the mesh's
     backend_override), so a collective fits beside a GEMM that leaves that many; nothing is

@@ -265,7 +265,17 @@ pub fn parallel_plan_entry(req: &Value) -> Answer {
         activation_bytes: bytes(m, "activation_bytes")?,
         largest_unit_bytes: bytes(m, "largest_unit_bytes")?,
     };
-    let p = parallel::plan(&cluster, &model);
+    let forced = optional(req, "tensor", Value::as_u64, "a positive integer")?;
+    if let Some(t) = forced {
+        if t == 0 || u64::from(cluster.world_size.max(1)) % t != 0 {
+            return Err(format!(
+                "field 'tensor' must be a positive divisor of world_size {}, got {t}",
+                cluster.world_size
+            )
+            .into());
+        }
+    }
+    let p = parallel::plan_with_tensor(&cluster, &model, forced.map(|t| t as u32));
     Ok(json!({
         "data": p.data, "tensor": p.tensor, "fsdp": p.fsdp, "reshard_after_forward": p.reshard_after_forward, "sm_carveout": p.sm_carveout,
         "blocks_per_unit": p.blocks_per_unit, "forward_prefetch": p.forward_prefetch, "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,

@@ -19,7 +19,7 @@ import torch
 from .fp8_all_gather import choose as fp8_all_gather_choose
 from .hardware import Hardware
 from .memory import codes_of
-from .parallel import force_tensor_degree, plan_parallelism, with_tensor_share
+from .parallel import check_tensor_degree, plan_parallelism, with_tensor_share
 from .parallel import world_size as current_world_size
 from .policy import PrecisionPolicy
 from .shard import shard
@@ -116,9 +116,10 @@ def autoplan(
     arch = arch or (hw.arch if hw is not None else None)
     plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)
     quantized = any(s.recipe != "bf16" for s in plan.sites)
-    par = plan_parallelism(ir.model, ir.example_inputs, hw, world_size or current_world_size(), quantized, codes_of(plan))
+    world = world_size or current_world_size()
     if tensor_parallel is not None:
-        par = force_tensor_degree(par, tensor_parallel)
+        check_tensor_degree(world, tensor_parallel)
+    par = plan_parallelism(ir.model, ir.example_inputs, hw, world, quantized, codes_of(plan), tensor_parallel)
     sequence = bool(sequence_parallel) and par["tensor"] > 1
     if sequence:
         from . import tensor_parallel

@@ -73,7 +73,7 @@ def nbytes(params) -> int:
 
 def plan_parallelism(
     model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int, quantized: bool | None = None,
-    codes: dict[str, str] | None = None
+    codes: dict[str, str] | None = None, tensor: int | None = None
 ) -> dict:
     """{data, tensor, fsdp, reshard_after_forward, sm_carveout, blocks_per_unit, forward_prefetch,
     per_rank_bytes, reason, saved} for `world`
@@ -81,7 +81,8 @@ def plan_parallelism(
     sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
     is one rank's micro-batch; `hw` the node's devices (None: unknown memory); `quantized`: whether
     the plan has deepwell GEMMs (plan/memory.py; None: eager autograd's saved tensors); `codes`: its
-    fp8_tensor sites (name -> recipe), which save x's codes."""
+    fp8_tensor sites (name -> recipe), which save x's codes; `tensor`: a tensor degree the caller
+    fixed (`check_tensor_degree`), for which Rust plans the rest."""
     weights = nbytes(model.parameters())
     units = blocks(model)
     largest = max((nbytes(b.parameters()) for b in units), default=weights)
@@ -100,7 +101,8 @@ def plan_parallelism(
         "activation_bytes": saved[0],
         "largest_unit_bytes": largest,
     }
-    return {**_native.call("parallel_plan", {"cluster": cluster, "model": sizes}, "deepwell.autoplan"), "saved": saved}
+    request = {"cluster": cluster, "model": sizes, **({"tensor": tensor} if tensor is not None else {})}
+    return {**_native.call("parallel_plan", request, "deepwell.autoplan"), "saved": saved}
 
 
 def with_tensor_share(model: torch.nn.Module, example_inputs: tuple, par: dict, quantized: bool | None,
@@ -121,26 +123,10 @@ def with_tensor_share(model: torch.nn.Module, example_inputs: tuple, par: dict, 
     return {**par, "saved": saved_activation_bytes(model, example_inputs, quantized, tensor, sequence)}
 
 
-def force_tensor_degree(par: dict, tensor: int) -> dict:
-    """`plan_parallelism`'s result with the tensor degree set to `tensor` (autoplan's
-    `tensor_parallel=`): the data degree takes the rest of the world, and the reason says what the
-    planner had chosen. Its per-rank bytes are for its own choice, so they are dropped (0: not
-    predicted); dryrun still reports per-rank memory from the degrees."""
-    world = par["data"] * par["tensor"]
+def check_tensor_degree(world: int, tensor) -> None:
+    """autoplan's `tensor_parallel=`: a positive integer dividing the world size, or RuntimeError."""
     if not isinstance(tensor, int) or isinstance(tensor, bool) or tensor < 1 or world % tensor:
         raise RuntimeError(
             f"deepwell.autoplan: tensor_parallel must be a positive integer dividing the world size {world}, "
             f"got {tensor!r}"
         )
-    if tensor == par["tensor"]:
-        return par
-    data = world // tensor
-    fsdp = f" x FSDP over {data} data ranks" if data > 1 else ", no data parallelism"
-    reason = (
-        f"{world} processes: tensor parallel {tensor}{fsdp}, forced by "
-        f"tensor_parallel={tensor} (the planner chose data {par['data']} x tensor {par['tensor']}: {par['reason']})"
-    )
-    carveout = par["sm_carveout"] if data > 1 else 0  # only FSDP's collectives overlap the GEMMs
-    return {**par, "data": data, "tensor": tensor, "fsdp": data > 1, "sm_carveout": carveout, "per_rank_bytes": 0,
-            "blocks_per_unit": par["blocks_per_unit"] if data > 1 else 1, "forward_prefetch": int(data > 1),
-            "reason": reason}

@@ -104,6 +104,13 @@ fn per_rank(m: &ModelSize, d: u32, t: u32) -> (u64, u64) {
 
 /// The degrees for `c` and `m` (see the module docs).
 pub fn plan(c: &Cluster, m: &ModelSize) -> ParallelPlan {
+    plan_with_tensor(c, m, None)
+}
+
+/// `plan`, with the tensor degree fixed to `forced` when given (autoplan's `tensor_parallel=`; the
+/// caller checks that it divides the world size): the data degree takes the rest, and the memory,
+/// the carveout, the units and the prefetch follow from those degrees as for the planner's own.
+pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> ParallelPlan {
     let world = c.world_size.max(1);
     if world == 1 {
         return ParallelPlan {
@@ -126,25 +133,37 @@ pub fn plan(c: &Cluster, m: &ModelSize) -> ParallelPlan {
         .filter(|&t| world % t == 0 && t <= c.devices_per_node.max(1) && (t == 1 || c.peer_access))
         .collect();
     let chosen = degrees.iter().copied().find(|&t| fits(per_rank(m, world / t, t).0));
-    let (tensor, fitted) = match chosen {
+    let (own, own_fits) = match chosen {
         Some(t) => (t, true),
         None => (*degrees.last().unwrap_or(&1), false),
     };
+    let tensor = forced.unwrap_or(own).max(1);
+    let fitted = if forced.is_some() { fits(per_rank(m, world / tensor, tensor).0) } else { own_fits };
     let data = world / tensor;
     let (resharded, kept) = per_rank(m, data, tensor);
     let keep = fits(kept) && c.memory_bytes != 0;
     let per_rank_bytes = if keep { kept } else { resharded };
     let memory = if c.memory_bytes == 0 { "device memory unknown".to_string() } else { gib(budget) + " usable" };
-    let mut reason = format!(
-        "{world} processes: FSDP over {data} data ranks{}, {} per rank ({memory})",
-        if tensor > 1 { format!(" x tensor parallel {tensor}") } else { String::new() },
-        gib(per_rank_bytes),
-    );
-    if tensor > 1 && fitted {
+    let head = match (data, tensor) {
+        (_, 1) => format!("FSDP over {data} data ranks"),
+        (1, _) => format!("tensor parallel {tensor}, no data parallelism"),
+        _ => format!("FSDP over {data} data ranks x tensor parallel {tensor}"),
+    };
+    let mut reason = format!("{world} processes: {head}, {} per rank ({memory})", gib(per_rank_bytes));
+    if forced.is_some_and(|t| t != own) {
+        reason += &format!(
+            "; tensor degree forced by tensor_parallel={tensor} (the planner chose data {} x tensor {own})",
+            world / own
+        );
+    } else if tensor > 1 && fitted {
         reason += &format!("; data parallel alone needs {} per rank", gib(per_rank(m, world, 1).0));
     }
     if !fitted {
-        reason += "; does not fit even at the largest tensor degree this cluster allows";
+        reason += if forced.is_some() {
+            "; does not fit at this tensor degree"
+        } else {
+            "; does not fit even at the largest tensor degree this cluster allows"
+        };
     }
     reason += if keep {
         "; weights stay gathered between forward and backward (fits)"
@@ -268,5 +287,32 @@ mod tests {
         assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 0));
         let p = plan(&cluster(1, 80), &model(10));
         assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 0));
+    }
+
+    #[test]
+    fn a_forced_tensor_degree_plans_everything_else_for_its_degrees() {
+        // The planner picks data 2; forced tensor 2 leaves no data parallelism: no carveout, units
+        // or prefetch, and the rank's bytes are predicted for the split (not dropped).
+        let p = plan_with_tensor(&cluster(2, 80), &model(10), Some(2));
+        assert_eq!(
+            (p.data, p.tensor, p.fsdp, p.sm_carveout, p.blocks_per_unit, p.forward_prefetch),
+            (1, 2, false, 0, 1, 0)
+        );
+        assert_eq!(p.per_rank_bytes, 4 * GIB + 5 * GIB + GIB / 8);
+        assert!(
+            p.reason.contains("forced by tensor_parallel=2") && p.reason.contains("data 2 x tensor 1"),
+            "{}",
+            p.reason
+        );
+        // The planner picks tensor 2 (activations do not fit); forced data parallelism gets the
+        // collectives' SMs it would have had, and the plan says the degree does not fit.
+        let p = plan_with_tensor(&cluster(2, 80), &model(100), Some(1));
+        assert_eq!((p.data, p.tensor, p.sm_carveout, p.forward_prefetch), (2, 1, COMM_SMS, 1));
+        assert!(p.reason.contains("does not fit at this tensor degree"), "{}", p.reason);
+        // data 2 x tensor 2: FSDP over the data ranks, with its carveout and prefetch.
+        let p = plan_with_tensor(&cluster(4, 80), &model(10), Some(2));
+        assert_eq!((p.data, p.tensor, p.sm_carveout, p.forward_prefetch), (2, 2, COMM_SMS, 1));
+        // Forcing the planner's own degree changes nothing.
+        assert_eq!(plan_with_tensor(&cluster(2, 80), &model(10), Some(1)), plan(&cluster(2, 80), &model(10)));
     }
 }
