@@ -61,7 +61,7 @@ def _worker(args) -> None:
     from deepwell.train.distributed import shard_rows
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_train_step import MODELS, VOCAB
+    from bench_train_step import MODELS, VOCAB, host_ms
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = args.device == "cuda"
@@ -130,8 +130,6 @@ def _worker(args) -> None:
         step()
     sync()
     ms = (time.perf_counter() - t0) / args.steps * 1e3
-    from bench_train_step import host_ms
-
     host = host_ms(step)[0] if cuda else None  # before any profiler (host_ms says why)
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
     kernels = _kernel_split(step, sync, 3, args.trace if rank == 0 else None) if args.profile and cuda else {}

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from deepwell.ops.fp8_tensor import amax_of
+
 
 def _x(*shape, dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g).to(dtype)
-
-
-def _amax(x):
-    """x's amax as the fp8_tensor ops' amax arguments take it (ops/fp8_tensor.py amax_of)."""
-    return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32)
 
 
 def _mx(x, **kw):
@@ -117,7 +114,7 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
               _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90"), {}),
             ((_p(64, 64, dtype=torch.float32), *torch.ops.deepwell.fp8_tensor_quantize_rowcol(_x(64, 64, dtype=torch.float32)),
               _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90",
-              _amax(_x(32, 64, seed=1, dtype=torch.float32))), {}),
+              amax_of(_x(32, 64, seed=1, dtype=torch.float32))), {}),
         ],
         "fp8_tensor_linear_backward": [
             ((_x(2, 40, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(2, 40, 48), _x(32, 48, seed=1), None)[1:],
@@ -125,7 +122,7 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(64, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(64, 48), _x(32, 48, seed=2), None)[1:],
               _x(32, 48, seed=2), "fp8_tensor@sm_90", False, True), {}),
             ((_x(64, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(64, 48), _x(32, 48, seed=2), None)[1:],
-              _x(32, 48, seed=2), "fp8_tensor@sm_90", True, True, _amax(_x(64, 32)), _amax(_x(32, 48, seed=2))), {}),
+              _x(32, 48, seed=2), "fp8_tensor@sm_90", True, True, amax_of(_x(64, 32)), amax_of(_x(32, 48, seed=2))), {}),
         ],
         "mxfp8_linear": [
             ((_p(2, 3, 64), _p(32, 64, seed=1)), {}),

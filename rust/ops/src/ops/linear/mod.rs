@@ -258,9 +258,10 @@ impl Layer {
             (Want::Dgrad, false) => quantize::weight_dgrad(op, recipe, fprop, dgrad, contiguous()?),
         };
         let make_pair = || {
-            let (fprop, dgrad) = match amax.is_some() {
-                true => quantize::fp8_tensor_weight_pair(op, contiguous()?, given()?)?,
-                false => quantize::weight_pair(op, recipe, fprop, dgrad, contiguous()?)?,
+            let (fprop, dgrad) = if amax.is_some() {
+                quantize::fp8_tensor_weight_pair(op, contiguous()?, given()?)?
+            } else {
+                quantize::weight_pair(op, recipe, fprop, dgrad, contiguous()?)?
             };
             Ok(WeightOperands { fprop, dgrad })
         };
