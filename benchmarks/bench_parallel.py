@@ -2,7 +2,11 @@
 deepwell.autoplan picks (FSDP2 over the data ranks; `--configs` adds tensor parallelism), through
 torchrun. Per run: tokens/s, peak memory per rank against dryrun's per-rank prediction, and the loss
 at every step, so 2 GPUs can be checked against 1 for the same global batch (loss parity) and for
-the same per-GPU batch (weak scaling).
+the same per-GPU batch (weak scaling). On GPUs also the spread of step times, the host's time to
+launch a step and, per phase (forward, backward, optimizer), its host and GPU time and how far the
+GPU trails the host (`phase_lag`: whether the host sets the pace); `--profile` adds a CPU-only
+profile of FSDP2's regions on the host and the kernel time by kind. Python's garbage collection
+runs as deepwell.Trainer runs it (`--gc-every`).
 
 A config is "<processes>x<global batch rows>[tp]": "1x4" one GPU with 4 rows of SEQ tokens, "2x8" two
 processes with 4 rows each (FSDP2), "2x4tp" two processes splitting every layer (tensor parallel 2)
@@ -10,7 +14,7 @@ over the same 4 rows, "2x4sp" the same with sequence parallelism. Each config ru
 the same initial weights (seed 0) on the same batch every step.
 
 - scaling = tokens/s of "2xB" / tokens/s of "1x(B/2)": each GPU keeps its batch (weak scaling, the
-  issue's >= 1.8x target); "vs 1 GPU same batch" divides by "1xB" instead.
+  issue's >= 1.8x target); scaling_by_median the same from the median step times; "vs 1 GPU same batch" divides by "1xB" instead.
 - parity = the largest |loss difference| over the steps between "2xB" and "1xB" (same global batch):
   FSDP2 reduces gradients in bf16 across ranks and the GEMMs see half the rows, so the last bits
   differ; it is printed next to the loss's own drop over the run, for scale.
@@ -25,8 +29,10 @@ multi-GPU machines require it, and FSDP2 does not need it.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,7 +75,7 @@ def _worker(args) -> None:
     if cuda:
         torch.cuda.set_device(device)
     if world > 1:
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     rank = dist.get_rank() if world > 1 else 0
     deepwell.plan.backend.ensure_registered()
     if args.sm_carveout is not None:
@@ -91,9 +97,12 @@ def _worker(args) -> None:
     plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=args.precision,
                              tensor_parallel=tensor if tensor > 1 else None, fp8_all_gather=args.fp8_all_gather,
                              sequence_parallel=sequence)
-    for key in ("forward_prefetch", "blocks_per_unit"):  # the plan's, unless given (to measure others)
-        if getattr(args, key) is not None:
-            plan.sharding[key] = getattr(args, key)
+    if args.forward_prefetch is not None:  # the plan's, unless given (to measure others)
+        plan.sharding["forward_prefetch"] = args.forward_prefetch
+    if args.unit_blocks is not None:
+        plan.sharding["unit_blocks"] = [int(n) for n in args.unit_blocks.split(",")]
+        if len(plan.sharding["unit_blocks"]) == 1:  # "2": units of 2 blocks
+            plan.sharding["unit_blocks"] = plan.sharding["unit_blocks"][0]
     engine = deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine)
     # Fused AdamW takes one kind of tensor per call: tensor parallelism leaves the embeddings, norms
@@ -104,16 +113,41 @@ def _worker(args) -> None:
     opts = [torch.optim.AdamW(params, lr=1e-4, fused=True) for params in kinds if params]
     losses = []
 
-    def step():
+    def forward():
         logits = engine(mine)
         loss = F.cross_entropy(logits.view(-1, VOCAB).float(), my_targets.reshape(-1))
         losses.append(loss.detach())
-        loss.backward()
+        return loss
+
+    def update():
         for opt in opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
+    steps_run = [0]
+
+    def step():
+        forward().backward()
+        update()
+        steps_run[0] += 1
+        if args.gc_every and steps_run[0] % args.gc_every == 0:
+            gc.collect(1)  # the young generations only, at the same step on every rank
+
+    if args.gc_every is None:  # as deepwell.Trainer does (train/trainer.py GC_EVERY says why)
+        from deepwell.train.trainer import GC_EVERY
+
+        args.gc_every = GC_EVERY if world > 1 else 0
+    if args.gc_every:
+        gc.disable()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def settle():
+        """Every rank idle and at the same point: a measurement that starts with a peer still busy
+        counts its wait for that peer."""
+        sync()
+        if world > 1:
+            dist.barrier()
+        sync()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -122,16 +156,27 @@ def _worker(args) -> None:
     first_s = time.perf_counter() - t0
     for _ in range(args.warmup):
         step()
-    sync()
-    if world > 1:
-        dist.barrier()
+    settle()
+    allocator = _allocator_calls(device) if cuda else {}
+    ends = []  # an event at each step's end: the spread of step times, without syncing between them
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
+        if cuda:
+            ends.append(torch.cuda.Event(enable_timing=True))
+            ends[-1].record()
     sync()
     ms = (time.perf_counter() - t0) / args.steps * 1e3
-    host = host_ms(step)[0] if cuda else None  # before any profiler (host_ms says why)
+    each = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
+    allocator = {k: v - allocator[k] for k, v in _allocator_calls(device).items()} if cuda else {}
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+    settle()
+    host = host_ms(step)[0] if cuda else None  # before any profiler (host_ms says why)
+    settle()
+    phases = phase_lag(forward, update) if cuda else {}
+    settle()
+    host_regions = _host_regions(step, sync) if args.profile and cuda else {}
+    settle()
     kernels = _kernel_split(step, sync, 3, args.trace if rank == 0 else None) if args.profile and cuda else {}
 
     # The global loss of each step: the ranks' means over equal row counts, averaged (tensor ranks
@@ -147,18 +192,90 @@ def _worker(args) -> None:
     if rank == 0:
         out = {
             "config": args.config, "processes": procs, "global_rows": rows, "tensor": tensor, "seq": seq,
-            "tokens_per_step": rows * seq, "step_ms": ms, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
+            "tokens_per_step": rows * seq, "step_ms": ms, "step_ms_each": each, "allocator_calls": allocator, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
             "first_call_s": first_s, "peak_bytes_per_rank": [int(p) for p in peaks.tolist()],
             "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
-            "parallelism": plan.parallelism, "reason": plan.sharding["reason"],
+            "parallelism": plan.parallelism, "unit_blocks": plan.sharding.get("unit_blocks"), "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
-            "estimate": str(estimate), "kernel_ms": kernels, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
+            "estimate": str(estimate), "kernel_ms": kernels,
+            "phases": phases, "host_regions_ms": host_regions, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
         }
         with open(args.out, "w") as f:
             json.dump(out, f)
     if world > 1:
         dist.destroy_process_group()
+
+
+def _allocator_calls(device) -> dict[str, int]:
+    """The caching allocator's counts of what costs the host or stalls the GPU: cudaMalloc and
+    cudaFree calls (cudaFree synchronizes the device), retries after a failed allocation, and
+    syncs of all streams."""
+    stats = torch.cuda.memory_stats(device)
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+    return {k: int(stats.get(k, 0)) for k in keys}
+
+
+def phase_lag(forward, update, steps: int = 3) -> dict[str, dict[str, float]]:
+    """Whether the host or the GPU sets the pace, phase by phase (forward, backward, optimizer),
+    without a profiler: a CUDA event on the compute stream at the end of each phase's launch, timed
+    on the GPU from an event recorded when the GPU was idle. Per phase, averaged over `steps`: "host"
+    ms to launch it, "gpu" ms the compute stream took for it, and "lag" ms the GPU was behind the
+    host when the host finished launching it. A lag near 0 means the GPU ran each command as soon
+    as it arrived (the host set the pace); a lag that grows means the host ran ahead."""
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+    h0 = time.perf_counter()
+    marks = []
+
+    def mark(name):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        marks.append((name, event, time.perf_counter()))
+
+    for _ in range(steps):
+        loss = forward()
+        mark("forward")
+        loss.backward()
+        mark("backward")
+        update()
+        mark("optimizer")
+    torch.cuda.synchronize()
+    out: dict[str, dict[str, float]] = {}
+    prev_gpu, prev_host = 0.0, 0.0
+    for name, event, h in marks:
+        gpu, host = start.elapsed_time(event), (h - h0) * 1e3
+        row = out.setdefault(name, {"host": 0.0, "gpu": 0.0, "lag": 0.0})
+        row["host"] += (host - prev_host) / steps
+        row["gpu"] += (gpu - prev_gpu) / steps
+        row["lag"] += (gpu - host) / steps
+        prev_gpu, prev_host = gpu, host
+    return out
+
+
+def _host_regions(step, sync, steps: int = 3, top: int = 20) -> dict[str, float]:
+    """Host ms per step in the regions torch labels, from a CPU-only profile (no CUDA activity
+    tracing, which would slow the launches it measures; so this runs before `_kernel_split`): every
+    FSDP2 region ("FSDP::..."), every wait for the GPU ("...Synchronize"), and the `top` costliest
+    others (the compiled graphs "CompiledFunction..." / "Torch-Compiled Region", the optimizer
+    "Optimizer.step#...", each deepwell op). Regions nest, so the values do not add up to the step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    # FSDP2 names its regions per unit ("FSDP::pre_forward (layers.0)"): summed over the units.
+    totals: dict[str, float] = {}
+    for e in prof.key_averages():
+        fsdp = e.key.lower().startswith("fsdp")
+        key = e.key.split(" (")[0].split(" for ")[0] if fsdp else e.key
+        totals[key] = totals.get(key, 0.0) + e.cpu_time_total / steps / 1e3
+    keys = sorted(totals, key=lambda k: -totals[k])
+    keep = [k for k in keys if k.lower().startswith("fsdp") or "Synchronize" in k]
+    keep += [k for k in keys if k not in keep][:top]
+    return {k: totals[k] for k in keep}
 
 
 def _kernel_split(step, sync, steps: int, trace: str | None = None) -> dict[str, float]:
@@ -205,9 +322,10 @@ def _launch(args, config: str, out: str) -> dict:
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
-    for flag in ("forward_prefetch", "blocks_per_unit"):
+    for flag in ("forward_prefetch", "unit_blocks"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     cmd += ["--trace", args.trace] if args.trace else []
+    cmd += [] if args.gc_every is None else ["--gc-every", str(args.gc_every)]
     env = {**os.environ, **NO_MULTICAST, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(cmd, env=env)
     if done.returncode != 0:
@@ -231,8 +349,11 @@ def main() -> None:
     p.add_argument("--trace", default=None, help="with --profile: rank 0's profiled steps as a Chrome trace to this file")
     p.add_argument("--forward-prefetch", type=int, default=None,
                    help="FSDP units whose all-gathers each unit's forward starts (default: the plan's forward_prefetch)")
-    p.add_argument("--blocks-per-unit", type=int, default=None,
-                   help="consecutive blocks FSDP gathers as one unit (default: the plan's blocks_per_unit)")
+    p.add_argument("--unit-blocks", default=None,
+                   help="blocks per FSDP unit, '2' for all or '1,2,4,8,1' in forward order (default: the plan's unit_blocks)")
+    p.add_argument("--gc-every", type=int, default=None,
+                   help="Python's automatic garbage collection off, a young-generation collection every N steps "
+                        "instead; 0: automatic (default: deepwell.Trainer's choice, every 50 steps under several processes)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
@@ -266,8 +387,19 @@ def main() -> None:
               f"{r['predicted_peak_bytes_per_rank'] / gib:10.2f} {err * 100:+5.1f}% {r['first_call_s']:8.1f}  "
               f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
         r["dryrun_error"] = err
+        if r.get("step_ms_each"):
+            each = sorted(r["step_ms_each"])
+            print(f"{'':<8} step ms min {each[0]:.1f} median {each[len(each) // 2]:.1f} max {each[-1]:.1f}; "
+                  f"allocator calls while timed: {r['allocator_calls']}")
+        if r.get("unit_blocks"):
+            print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks")
         if r.get("host_ms"):
             print(f"{'':<8} host: {r['host_ms']:.1f} ms to launch a step")
+        for phase, v in (r.get("phases") or {}).items():
+            print(f"{'':<8} {phase:<9}: host {v['host']:6.1f} ms, GPU {v['gpu']:6.1f} ms, GPU behind the host by {v['lag']:6.1f} ms at its end")
+        if r.get("host_regions_ms"):
+            print(f"{'':<8} host ms per step by region on rank 0: "
+                  + "  ".join(f"{k} {v:.1f}" for k, v in r["host_regions_ms"].items()))
         if r["kernel_ms"]:
             print(f"{'':<8} kernel ms per step on rank 0: " + "  ".join(f"{k} {v:.1f}" for k, v in sorted(r["kernel_ms"].items())))
     summary = []
@@ -280,6 +412,10 @@ def main() -> None:
         line = {"config": c}
         if one_gpu_same_per_gpu:
             line["scaling"] = r["tokens_per_s"] / one_gpu_same_per_gpu["tokens_per_s"]
+            if r.get("step_ms_each") and one_gpu_same_per_gpu.get("step_ms_each"):
+                # The same from median steps: robust to the few steps a pause on one rank stretches.
+                rate = [o["tokens_per_step"] / statistics.median(o["step_ms_each"]) for o in (r, one_gpu_same_per_gpu)]
+                line["scaling_by_median"] = rate[0] / rate[1]
         if one_gpu_same_batch:
             line["vs_one_gpu_same_batch"] = r["tokens_per_s"] / one_gpu_same_batch["tokens_per_s"]
             diffs = [abs(a - b) for a, b in zip(r["losses"], one_gpu_same_batch["losses"])]

@@ -106,7 +106,8 @@ def main() -> None:
     plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER,
                              sequence_parallel=os.environ.get("DEEPWELL_TEST_SP") == "1")
     if os.environ.get("DEEPWELL_TEST_UNITS"):  # the GPU plan's FSDP layout, which the CPU's never picks
-        plan.sharding.update(blocks_per_unit=int(os.environ["DEEPWELL_TEST_UNITS"]), reshard_after_forward=False)
+        units = [int(n) for n in os.environ["DEEPWELL_TEST_UNITS"].split(",")]
+        plan.sharding.update(unit_blocks=units, reshard_after_forward=False)
     engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan)
     estimate = deepwell.dryrun(engine) if MODE != "eager" else None
     saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)

@@ -77,6 +77,13 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
     tp = _native.call("parallel_plan", {"cluster": cluster, "model": {**model, "activation_bytes": 100 * gib}})
     assert (tp["tensor"], tp["sm_carveout"]) == (2, 0)
     assert deepwell.autoplan(_ir(), world_size=2).sharding["sm_carveout"] == 0  # the CPU: memory unknown
+    # Weights kept gathered: FSDP units of 1, 2, 4, ... blocks (Rust's unit_blocks); the caller's
+    # block count is optional (none: no block units) and must be a count.
+    assert p["unit_blocks"] == [] and not p["reshard_after_forward"]
+    kept = _native.call("parallel_plan", {"cluster": cluster, "model": {**model, "blocks": 16}})
+    assert kept["unit_blocks"] == [1, 2, 4, 8, 1] and "FSDP units of [1, 2, 4, 8, 1] blocks" in kept["reason"]
+    with pytest.raises(ValueError, match="field 'blocks'"):
+        _native.call("parallel_plan", {"cluster": cluster, "model": {**model, "blocks": -1}})
 
     before = torch._C._get_sm_carveout_experimental()
     try:
@@ -178,13 +185,13 @@ def test_fsdp2_on_two_processes_matches_one(tmp_path):
 
 
 def test_fsdp2_units_follow_the_plan_and_train_like_one_process(tmp_path):
-    """FSDP's units are the embedding, the plan's blocks_per_unit blocks each, and the final norm
+    """FSDP's units are the embedding, groups of the plan's unit_blocks blocks, and the final norm
     with the LM head (plan/parallel.py fsdp_units), each forward prefetching the next unit: 2 gloo
     ranks give one process's losses with units of one block (the CPU's plan: memory unknown,
     resharded) and of two blocks kept gathered (a GPU's plan with room)."""
     one = _run(tmp_path, 1)
     two = _run(tmp_path, 2)
-    assert two["sharding"]["forward_prefetch"] == 1 and two["sharding"]["blocks_per_unit"] == 1
+    assert two["sharding"]["forward_prefetch"] == 1 and two["sharding"]["unit_blocks"] == [1, 1]
     assert two["units"] == [["tok_embeddings"], ["layers.0"], ["layers.1"], ["norm", "output"]], two["units"]
     grouped = _run(tmp_path, 2, tag="-units2", DEEPWELL_TEST_UNITS="2")
     assert grouped["units"] == [["tok_embeddings"], ["layers.0", "layers.1"], ["norm", "output"]], grouped["units"]
@@ -285,6 +292,11 @@ def test_fsdp_units_are_the_ends_and_groups_of_blocks_in_forward_order():
     llama = Llama(64, 32, 5, 2, 64, max_seq=16)
     assert names(llama, fsdp_units(llama, 2)) == [
         ["tok_embeddings"], ["layers.0", "layers.1"], ["layers.2", "layers.3"], ["layers.4"], ["norm", "output"]]
+    assert names(llama, fsdp_units(llama, [1, 2, 2])) == [  # the planner's growing units
+        ["tok_embeddings"], ["layers.0"], ["layers.1", "layers.2"], ["layers.3", "layers.4"], ["norm", "output"]]
+    for wrong in ([1, 2], [1, 2, 4], [0, 5]):
+        with pytest.raises(RuntimeError, match=r"deepwell.compile: the plan's FSDP units of .* do not cover this model's 5 blocks"):
+            fsdp_units(llama, wrong)
     tied = Llama(64, 32, 2, 2, 64, max_seq=16, tied=True)
     assert names(tied, fsdp_units(tied)) == [["layers.0"], ["layers.1"]]
 

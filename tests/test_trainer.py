@@ -103,6 +103,30 @@ def test_a_data_source_without_state_is_fast_forwarded(tmp_path):
     assert resumed.batches_used == 6 and losses(resumed) == losses(straight)
 
 
+def test_gc_every_collects_at_fixed_steps_with_automatic_collection_off():
+    """gc_every=2: inside fit no automatic collection runs (each collection is one of the Trainer's
+    young-generation ones, after steps 2 and 4), and the collector is on again afterwards; the
+    default with one process leaves automatic collection alone."""
+    import gc
+
+    seen = []  # (generation, collector enabled, step) at each collection's start
+
+    def watch(phase, info):
+        if phase == "start":
+            seen.append((info["generation"], gc.isenabled(), t.step))
+
+    torch.manual_seed(0)
+    data = [torch.randn(32, 64) for _ in range(5)]
+    t = Trainer.from_engine(EagerEngine(_Net()), max_steps=5, loss_fn=_square_loss, progress=False, gc_every=2)
+    gc.callbacks.append(watch)
+    try:
+        t.fit(data)
+    finally:
+        gc.callbacks.remove(watch)
+    assert seen == [(1, False, 2), (1, False, 4)] and gc.isenabled()
+    assert Trainer.from_engine(EagerEngine(_Net()), loss_fn=_square_loss).gc_every == 0
+
+
 def test_bad_arguments_say_what_was_expected():
     eng = EagerEngine(_Net())
     with pytest.raises(ValueError, match="grad_accum must be a positive int, got 0"):
@@ -113,6 +137,8 @@ def test_bad_arguments_say_what_was_expected():
         Trainer.from_engine(eng, optimizer=torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1))
     with pytest.raises(ValueError, match="lr_schedule must be"):
         Trainer.from_engine(eng, lr_schedule=3)
+    with pytest.raises(ValueError, match="gc_every must be a non-negative int or None, got -1"):
+        Trainer.from_engine(eng, gc_every=-1)
     with pytest.raises(ValueError, match="resume=True needs a checkpoint_dir"):
         Trainer.from_engine(eng, max_steps=1, loss_fn=_square_loss).fit([torch.ones(2, 64)], resume=True)
     with pytest.raises(ValueError, match=r"training data ran out after 2 batches; max_steps=2 x grad_accum=2 needs 4"):

@@ -264,6 +264,8 @@ pub fn parallel_plan_entry(req: &Value) -> Answer {
         optimizer_bytes: bytes(m, "optimizer_bytes")?,
         activation_bytes: bytes(m, "activation_bytes")?,
         largest_unit_bytes: bytes(m, "largest_unit_bytes")?,
+        blocks: u32::try_from(optional(m, "blocks", Value::as_u64, "a count")?.unwrap_or(0))
+            .map_err(|_| "field 'blocks' is too large")?,
     };
     let forced = optional(req, "tensor", Value::as_u64, "a positive integer")?;
     if let Some(t) = forced {
@@ -278,6 +280,6 @@ pub fn parallel_plan_entry(req: &Value) -> Answer {
     let p = parallel::plan_with_tensor(&cluster, &model, forced.map(|t| t as u32));
     Ok(json!({
         "data": p.data, "tensor": p.tensor, "fsdp": p.fsdp, "reshard_after_forward": p.reshard_after_forward, "sm_carveout": p.sm_carveout,
-        "blocks_per_unit": p.blocks_per_unit, "forward_prefetch": p.forward_prefetch, "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
+        "unit_blocks": p.unit_blocks, "forward_prefetch": p.forward_prefetch, "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
     }))
 }

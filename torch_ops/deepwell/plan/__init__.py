@@ -12,7 +12,7 @@ Rust's (rust/core/src/policy, through the C API); these modules are their typed 
 | `dryrun` | `dryrun(engine)`: predicted peak memory and step time (per rank) |
 | `memory` | the tensors a forward saves for the backward, measured on fake tensors |
 | `parallel` | the data / tensor degrees of a job (Rust's `parallel_plan`) |
-| `shard` | applies them: tensor parallelism, then FSDP2 `fully_shard` per unit (the embedding, `blocks_per_unit` blocks, the norm with the LM head) and at the root |
+| `shard` | applies them: tensor parallelism, then FSDP2 `fully_shard` per unit (the embedding, groups of `unit_blocks` blocks, the norm with the LM head) and at the root |
 | `tensor_parallel` | Megatron's layout on LLaMA blocks through DTensor's `parallelize_module` |
 | `fp8_all_gather` | which fp8_block weights FSDP2 gathers as FP8 codes (`autoplan(..., fp8_all_gather=True)`) |
 | `fp8_weights` | the FSDP2 extension tensors that gather them and run scaled_linear from the codes |

@@ -9,7 +9,7 @@ depend on are freed, so they count only when they outgrow the activations:
   peak = weights + optimizer + quantized weight + gathered + max(activations + transient + loss, gradients)
 With several processes the figures are per rank: FSDP2 shards weights, gradients and AdamW states
 over the ranks (the plan's data x tensor degrees), and gathers a unit's weights at a time (a unit:
-the plan's `blocks_per_unit` blocks, or the embedding, or the final norm and LM head; parallel.py
+a group of the plan's `unit_blocks` blocks, or the embedding, or the final norm and LM head; parallel.py
 `fsdp_units`) (`gathered`: the largest unit twice, the one computing and the one prefetched; with
 reshard_after_forward off, every unit's gathered weights stay until the backward; a weight on the
 FP8 all-gather, `autoplan(..., fp8_all_gather=True)`, counts its E4M3 codes at a byte per element
@@ -42,7 +42,7 @@ from .. import _native
 from .engine import Engine
 from .fp8_all_gather import gathered_bytes
 from .memory import codes_of, saved_activation_bytes
-from .parallel import fsdp_units, nbytes
+from .parallel import fsdp_units, nbytes, unit_blocks_of
 
 
 @dataclass
@@ -114,8 +114,8 @@ def dryrun(engine: Engine) -> Estimate:
         # split them.
         share = sum(local.numel() * local.element_size() for local in map(_local, model.parameters()))
     if ranks > 1:
-        per_unit = plan.sharding.get("blocks_per_unit", 1)
-        units = [gathered_bytes(p for m in unit for p in m.parameters()) for unit in fsdp_units(model, per_unit)]
+        units = [gathered_bytes(p for m in unit for p in m.parameters())
+                 for unit in fsdp_units(model, unit_blocks_of(plan.sharding))]
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
         # Measured by autoplan before sharding, for one rank: under tensor parallelism with the

@@ -23,9 +23,16 @@ def blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [b for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m]
 
 
-def fsdp_units(model: torch.nn.Module, blocks_per_unit: int = 1) -> list[list[torch.nn.Module]]:
+def unit_blocks_of(sharding: dict) -> list[int] | int:
+    """A plan's FSDP block units for `fsdp_units`: the planner's `unit_blocks`, or a block per unit
+    where it planned none (no data parallelism)."""
+    return sharding.get("unit_blocks") or 1
+
+
+def fsdp_units(model: torch.nn.Module, unit_blocks: list[int] | int = 1) -> list[list[torch.nn.Module]]:
     """FSDP's units in forward order: the modules registered before the blocks (the embedding), the
-    blocks in groups of `blocks_per_unit`, and those registered after them (the final norm and the
+    blocks in consecutive groups of `unit_blocks` blocks (the plan's counts, which must cover the
+    blocks; an int: groups of that many), and those registered after them (the final norm and the
     LM head). Whatever a unit does not hold (the root's own parameters, and both ends when they share
     a parameter: tied embeddings) stays with the root's unit. Before and after are read off
     registration order along the path from the root to the blocks' ModuleList, which is forward order
@@ -33,8 +40,14 @@ def fsdp_units(model: torch.nn.Module, blocks_per_unit: int = 1) -> list[list[to
     Their own units let the LM head's gather overlap the blocks' forward and its gradients' reduction
     overlap their backward, where the root's would wait for the whole step."""
     every = blocks(model)
-    per_unit = max(int(blocks_per_unit), 1)
-    groups = [every[i:i + per_unit] for i in range(0, len(every), per_unit)]
+    if isinstance(unit_blocks, int):
+        per_unit = max(unit_blocks, 1)
+        unit_blocks = [per_unit] * (len(every) // per_unit) + [len(every) % per_unit] * bool(len(every) % per_unit)
+    if sum(unit_blocks) != len(every) or min(unit_blocks, default=1) < 1:
+        raise RuntimeError(f"deepwell.compile: the plan's FSDP units of {list(unit_blocks)} blocks do not cover "
+                           f"this model's {len(every)} blocks; plan again for this model (deepwell.autoplan)")
+    starts = [sum(unit_blocks[:i]) for i in range(len(unit_blocks))]
+    groups = [every[a:a + n] for a, n in zip(starts, unit_blocks)]
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]  # blocks' first
     if not lists:
         return groups
@@ -75,7 +88,7 @@ def plan_parallelism(
     model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int, quantized: bool | None = None,
     codes: dict[str, str] | None = None, tensor: int | None = None
 ) -> dict:
-    """{data, tensor, fsdp, reshard_after_forward, sm_carveout, blocks_per_unit, forward_prefetch,
+    """{data, tensor, fsdp, reshard_after_forward, sm_carveout, unit_blocks, forward_prefetch,
     per_rank_bytes, reason, saved} for `world`
     processes; `saved`: `memory.saved_activation_bytes`'s (total, largest, output bytes, output elements), measured before
     sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
@@ -100,6 +113,7 @@ def plan_parallelism(
         "optimizer_bytes": 2 * weights,  # AdamW's two states, in the parameter dtype
         "activation_bytes": saved[0],
         "largest_unit_bytes": largest,
+        "blocks": len(units),
     }
     request = {"cluster": cluster, "model": sizes, **({"tensor": tensor} if tensor is not None else {})}
     return {**_native.call("parallel_plan", request, "deepwell.autoplan"), "saved": saved}

@@ -1,8 +1,8 @@
 """Applies a plan's parallel degrees with PyTorch's own engines. Tensor parallelism first (degree
 `tensor` > 1): Megatron's layout on the LLaMA blocks through DTensor's `parallelize_module`
 (`tensor_parallel.py`; the deepwell ops run each rank's shard through their DTensor sharding rules,
-ops/sharding.py). Then FSDP2's `fully_shard` over the data ranks on each unit (`blocks_per_unit`
-blocks, the embedding, the final norm with the LM head: parallel.py `fsdp_units`) and the root
+ops/sharding.py). Then FSDP2's `fully_shard` over the data ranks on each unit (the embedding,
+groups of `unit_blocks` blocks, the final norm with the LM head: parallel.py `fsdp_units`) and the root
 (weights, gradients and AdamW states sharded; the deepwell ops see each unit's gathered weights, and
 the weight cache keys them like any other tensor), each unit's forward prefetching the next
 `forward_prefetch` units' weights, the collectives given `sm_carveout` SMs beside the GEMMs
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import fp8_all_gather, tensor_parallel
-from .parallel import fsdp_units, world_size
+from .parallel import fsdp_units, unit_blocks_of, world_size
 
 
 def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: dict[str, str] | None = None) -> torch.nn.Module:
@@ -58,7 +58,7 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     reshard = sharding["reshard_after_forward"]
     # Before fully_shard, which shards the FP8 path's parameters like any other (fp8_all_gather.py).
     fp8_all_gather.apply(model, sharding.get("fp8_gathered") or [], data)
-    units = fsdp_units(model, sharding.get("blocks_per_unit", 1))
+    units = fsdp_units(model, unit_blocks_of(sharding))
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh["data"], reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)

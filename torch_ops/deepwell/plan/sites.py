@@ -49,7 +49,7 @@ class Plan:
     sites: list[Site] = field(default_factory=list)
     #: Parallel degrees (single GPU: all 1) and the training shape the plan was made for.
     parallelism: dict = field(default_factory=lambda: {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1})
-    #: How the degrees are applied: {fsdp, reshard_after_forward, sm_carveout, blocks_per_unit,
+    #: How the degrees are applied: {fsdp, reshard_after_forward, sm_carveout, unit_blocks,
     #: forward_prefetch, per_rank_bytes, reason, ...} (autoplan).
     sharding: dict | None = None
     seq_len: int | None = None

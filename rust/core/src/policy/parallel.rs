@@ -25,15 +25,24 @@ pub const HEADROOM: f64 = 0.9;
 /// (a carveout costs the GEMMs its share of SMs; 8 CTAs still move a 2-rank all-gather at ~100 GB/s).
 pub const COMM_SMS: u32 = 8;
 
-/// Transformer blocks per FSDP unit when the gathered weights stay for the backward. Each unit costs
-/// host time every step (FSDP2's pre/post-forward and post-backward hooks, one all-gather and one
-/// reduce-scatter call), and the 2-rank step above is close to bound by its host: 2 blocks per unit
-/// took it from 109.0 to 102.2 ms on 2 H100s (4 blocks: 101.5, one run each), its host time from
-/// 85.7 to 83.0 ms.
-/// More blocks per unit leave more communication exposed where nothing overlaps it: the first
-/// unit's all-gather and the last unit's reduce-scatter. When weights are re-gathered for the
-/// backward a unit stays one block: two gathered units at a time is the memory the plan counted.
-pub const BLOCKS_PER_KEPT_UNIT: u32 = 2;
+/// FSDP units of blocks when the gathered weights stay for the backward: the first unit is one
+/// block and each next one doubles, up to `MAX_BLOCKS_PER_UNIT`. Measured on 2 H100s, the 0.95B
+/// LLaMA at 4x2048 tokens per GPU (benchmarks/results/bench_parallel-1b-{units-*,ab-*}):
+/// - Every unit costs host time each step: FSDP2's hooks took 2-3 ms per unit on rank 0 (CPU-only
+///   profile: post-backward reduce 16.2 ms and pre-forward 7.8 ms a step over 10 units), and with
+///   units of 2 blocks the step is close to bound by its host (launching the forward took 37-44 ms
+///   against 19-24 ms on one GPU).
+/// - Nothing overlaps the first unit's all-gather at the step's start nor the reduce-scatter of the
+///   unit the backward ends with: with units of 8 blocks the host ran 30-50 ms ahead of the GPU,
+///   yet the step took 102.6 ms, a 0.8 GB gather and reduction exposed at the ends.
+///
+/// Doubling keeps one block at each end and 5 block units for 16 blocks; each unit's gather
+/// (prefetched one unit ahead) hides under the previous unit's forward while a block's forward
+/// takes at least twice its gather (~1.7 ms against ~0.5 ms here). Against units of 2, alternated
+/// 3 times in one lease: 101.0-101.3 ms a step against 101.3-101.8 (medians 100.0-100.4 against
+/// 100.4-101.1), a gain inside the run-to-run spread but in every pair. When weights are
+/// re-gathered for the backward a unit stays one block: two gathered units is the memory counted.
+pub const MAX_BLOCKS_PER_UNIT: u32 = 8;
 
 /// The processes of the job and their devices.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -59,6 +68,8 @@ pub struct ModelSize {
     pub activation_bytes: u64,
     /// Weights of the largest sharding unit (a transformer block): FSDP gathers a unit at a time.
     pub largest_unit_bytes: u64,
+    /// Transformer blocks (0 when the caller found none: no block units are planned).
+    pub blocks: u32,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -76,9 +87,10 @@ pub struct ParallelPlan {
     /// them (`COMM_SMS` on GPUs with data parallelism, else 0: tensor parallelism's all-reduces run
     /// between GEMMs, not beside them).
     pub sm_carveout: u32,
-    /// Consecutive blocks FSDP gathers as one unit (`BLOCKS_PER_KEPT_UNIT` when the weights stay
-    /// gathered, else 1).
-    pub blocks_per_unit: u32,
+    /// FSDP's units of consecutive blocks in forward order, as block counts summing to
+    /// `ModelSize::blocks` (`unit_blocks`: 1, 2, 4, ... when the weights stay gathered, else 1
+    /// each); empty without data parallelism.
+    pub unit_blocks: Vec<u32>,
     /// Units ahead whose all-gathers each unit's forward starts (1 with data parallelism, else 0):
     /// FSDP2 starts a unit's all-gather when the host reaches it, so without this the gathers
     /// overlap compute only as far as the host runs ahead of the GPU.
@@ -120,7 +132,7 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
             reshard_after_forward: false,
             per_rank_bytes: 0,
             sm_carveout: 0,
-            blocks_per_unit: 1,
+            unit_blocks: Vec::new(),
             forward_prefetch: 0,
             reason: "one process: no sharding (launch with torchrun --nproc-per-node N to use N GPUs)".into(),
         };
@@ -176,9 +188,11 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
         reason +=
             &format!("; GEMMs leave {sm_carveout} SMs to the collectives they overlap, NCCL runs on as many CTAs");
     }
-    let blocks_per_unit = if keep && data > 1 { BLOCKS_PER_KEPT_UNIT } else { 1 };
-    if blocks_per_unit > 1 {
-        reason += &format!("; {blocks_per_unit} blocks per FSDP unit (fewer hooks on the host)");
+    let unit_blocks = if data > 1 { unit_blocks(m.blocks, keep) } else { Vec::new() };
+    if unit_blocks.iter().any(|&n| n > 1) {
+        reason += &format!(
+            "; FSDP units of {unit_blocks:?} blocks (one block at each end of the step, fewer units on the host)"
+        );
     }
     ParallelPlan {
         data,
@@ -187,10 +201,26 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
         reshard_after_forward: !keep,
         per_rank_bytes,
         sm_carveout,
-        blocks_per_unit,
+        unit_blocks,
         forward_prefetch: u32::from(data > 1),
         reason,
     }
+}
+
+/// The block counts of FSDP's units over `blocks` blocks (see `MAX_BLOCKS_PER_UNIT`): 1, 2, 4, ...
+/// up to the cap when the weights stay gathered (`keep`), the last unit what is left; else 1 each.
+pub fn unit_blocks(blocks: u32, keep: bool) -> Vec<u32> {
+    let mut units = Vec::new();
+    let (mut left, mut next) = (blocks, 1u32);
+    while left > 0 {
+        let n = next.min(left);
+        units.push(n);
+        left -= n;
+        if keep {
+            next = (next * 2).min(MAX_BLOCKS_PER_UNIT);
+        }
+    }
+    units
 }
 
 #[cfg(test)]
@@ -207,6 +237,7 @@ mod tests {
             optimizer_bytes: 4 * GIB,
             activation_bytes: activations_gib * GIB,
             largest_unit_bytes: GIB / 8,
+            blocks: 16,
         }
     }
 
@@ -228,8 +259,25 @@ mod tests {
         // 8 GiB of state / 2 + 10 GiB + 2 x 1/8 GiB = 14.25 GiB; keeping 1 GiB more gathered fits.
         assert!(!p.reshard_after_forward);
         assert_eq!(p.per_rank_bytes, 4 * GIB + 10 * GIB + GIB / 4 + GIB);
-        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (BLOCKS_PER_KEPT_UNIT, 1));
-        assert!(p.reason.contains("blocks per FSDP unit"), "{}", p.reason);
+        assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![1, 2, 4, 8, 1], 1));
+        assert!(p.reason.contains("FSDP units of [1, 2, 4, 8, 1] blocks"), "{}", p.reason);
+    }
+
+    #[test]
+    fn kept_units_double_from_one_block_up_to_the_cap() {
+        assert_eq!(unit_blocks(16, true), vec![1, 2, 4, 8, 1]);
+        assert_eq!(unit_blocks(32, true), vec![1, 2, 4, 8, 8, 8, 1]);
+        assert_eq!(unit_blocks(3, true), vec![1, 2]);
+        assert_eq!(unit_blocks(2, false), vec![1, 1]);
+        assert!(unit_blocks(0, true).is_empty());
+        for blocks in 0..100 {
+            for keep in [true, false] {
+                let units = unit_blocks(blocks, keep);
+                assert_eq!(units.iter().sum::<u32>(), blocks);
+                assert!(units.iter().all(|&n| (1..=MAX_BLOCKS_PER_UNIT).contains(&n)));
+                assert!(units.first().is_none_or(|&n| n == 1), "{units:?}");
+            }
+        }
     }
 
     #[test]
@@ -262,7 +310,7 @@ mod tests {
         assert!(p.reshard_after_forward);
         assert_eq!(p.per_rank_bytes, 32 * GIB + 20 * GIB + GIB / 4);
         // Re-gathered units stay one block each: the plan counted two of them in flight.
-        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 1));
+        assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![1; 16], 1));
     }
 
     #[test]
@@ -284,9 +332,9 @@ mod tests {
         let p = plan(&cluster(2, 80), &model(100));
         assert_eq!((p.data, p.tensor, p.sm_carveout), (1, 2, 0));
         // No data parallelism: no FSDP units to group or prefetch.
-        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 0));
+        assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![], 0));
         let p = plan(&cluster(1, 80), &model(10));
-        assert_eq!((p.blocks_per_unit, p.forward_prefetch), (1, 0));
+        assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![], 0));
     }
 
     #[test]
@@ -295,8 +343,8 @@ mod tests {
         // or prefetch, and the rank's bytes are predicted for the split (not dropped).
         let p = plan_with_tensor(&cluster(2, 80), &model(10), Some(2));
         assert_eq!(
-            (p.data, p.tensor, p.fsdp, p.sm_carveout, p.blocks_per_unit, p.forward_prefetch),
-            (1, 2, false, 0, 1, 0)
+            (p.data, p.tensor, p.fsdp, p.sm_carveout, p.unit_blocks.len(), p.forward_prefetch),
+            (1, 2, false, 0, 0, 0)
         );
         assert_eq!(p.per_rank_bytes, 4 * GIB + 5 * GIB + GIB / 8);
         assert!(
