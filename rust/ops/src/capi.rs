@@ -63,7 +63,7 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("kernel_table", register::kernel_table_entry, "{} -> [{op, key, args, returns}]"),
     ("policy_decide", policy::decide_entry, "{policy, arch, layers} -> {decisions}"),
     ("arch_info", policy::arch_info_entry, "{arch} -> {arch, family, variant, native, auto, auto_reason}"),
-    ("grouped_backend", policy::grouped_backend_entry, "{recipe, arch, aligned} -> {backend, emulated, reason}"),
+    ("grouped_backend", policy::grouped_backend_entry, "{recipe, arch, aligned, tiled?, torch_mxfp8_grouped?} -> {backend, emulated, reason}"),
     ("recipes", policy::recipes_entry, "{} -> [{name, block_k, low_precision, elem_max, ...}]"),
     ("roles", policy::roles_entry, "{sites: [[name, module_type], ...]} -> [role]"),
     ("step_cost", policy::step_cost_entry, "{arch, sites: [{tokens, in_features, out_features, recipe}], other_bytes} -> {step_ms, bf16_step_ms, rates_from}"),

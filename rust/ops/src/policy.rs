@@ -17,9 +17,10 @@
 //!
 //! `recipes` — every recipe's block along K and element format (`recipes_entry`).
 //!
-//! `grouped_backend` — `{"recipe", "arch", "aligned": bool}` -> `{"backend": "grouped_mm" |
-//! "fp8_block_grouped" | "emulated_grouped" | "per_expert_loop", "emulated", "reason"}`: how MoE
-//! experts of that recipe run (deepwell_core::policy::grouped_backend), for `grouped_linear`.
+//! `grouped_backend` — `{"recipe", "arch", "aligned": bool, "tiled": bool?, "torch_mxfp8_grouped":
+//! bool?}` -> `{"backend": "grouped_mm" | "fp8_block_grouped" | "emulated_grouped" | "mxfp8_grouped"
+//! | "per_expert_loop", "emulated", "reason"}`: how MoE experts of that recipe run
+//! (deepwell_core::policy::grouped_backend, `GroupedLayer` for the flags), for `grouped_linear`.
 //!
 //! `roles` — the role of each `[name, module_type]` site (deepwell_core `Role::of_module`).
 //!
@@ -35,7 +36,7 @@ use deepwell_core::policy::cost::{self, SiteCost};
 use deepwell_core::policy::parallel::{self, Cluster, ModelSize};
 use deepwell_core::policy::{
     auto_recipe, check, decide, decide_experts, gemm_backend, grouped_backend, native_recipes, Arch, GemmShape,
-    GuardrailConfig, LayerInfo, LayerStats, Pass, Policy, Recipe, Role,
+    GroupedLayer, GuardrailConfig, LayerInfo, LayerStats, Pass, Policy, Recipe, Role,
 };
 use serde_json::{json, Value};
 
@@ -140,7 +141,13 @@ pub fn arch_info_entry(req: &Value) -> Answer {
 pub fn grouped_backend_entry(req: &Value) -> Answer {
     let recipe: Recipe = parse(&text(req, "recipe")?, "recipe")?;
     let arch: Arch = parse(&text(req, "arch")?, "arch")?;
-    let c = grouped_backend(recipe, arch, flag(req, "aligned")?);
+    let optional_flag = |key: &str| optional(req, key, Value::as_bool, "a bool").map(|v| v.unwrap_or(false));
+    let layer = GroupedLayer {
+        aligned: flag(req, "aligned")?,
+        tiled: optional_flag("tiled")?,
+        torch_mxfp8_grouped: optional_flag("torch_mxfp8_grouped")?,
+    };
+    let c = grouped_backend(recipe, arch, layer);
     Ok(json!({"backend": c.backend.as_str(), "emulated": c.emulated, "reason": c.reason}))
 }
 

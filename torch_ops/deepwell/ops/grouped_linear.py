@@ -8,6 +8,7 @@ gradient (dgrad) and weight gradient (wgrad) all run in `recipe`. Which way runs
 |---|---|---|
 | `grouped_mm` | bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere |
 | `fp8_block_grouped` | fp8_block on sm_90, groups padded to 128 | deepwell's FP8 grouped GEMMs (cuda/fp8_gemm.cuh): x and W quantized once for the whole buffer / all experts, forward and dgrad as row-grouped GEMMs (W^T's tiles from one transposing pass over the stacked weights), wgrad as a K-grouped GEMM over each expert's tokens; x^T's codes and the weight saved for the backward; no host sync |
+| `mxfp8_grouped` | mxfp8 on sm_100 with torch's MXFP8 grouped GEMM, groups padded to 32, features multiples of 128 | `torch._scaled_grouped_mm` per pass on the grouped emulation's operands, their scales in the grouped GEMM's tiled layouts (mxfp8_grouped.py; checked against the emulation on first use, never run here: no Blackwell GPU); no host sync |
 | `emulated_grouped` | fp8_block, mxfp8 where Rust's dispatch marks them emulated (fp8_block off sm_90, mxfp8 off Blackwell, the CPU), groups padded | grouped exact emulation: the dense layer's quantizers on the whole buffer / all experts, dequantized, then `torch._grouped_mm` per pass (no host sync) |
 | `per_expert_loop` | nvfp4, fp8_tensor, native mxfp8, or groups not padded | a loop over `deepwell.scaled_linear` / `scaled_linear_backward` per expert, each dispatched by Rust exactly like a dense layer (a host read of the offsets: a sync on CUDA) |
 
@@ -23,7 +24,7 @@ import functools
 import torch
 
 from ..plan import recipes
-from . import _checks
+from . import _checks, mxfp8_grouped
 
 _OP = "grouped_linear"
 
@@ -205,17 +206,22 @@ class _GroupedFp8Block(torch.autograd.Function):
 
 
 @torch._dynamo.assume_constant_result
-def backend_on(recipe: str, device: str, aligned: bool) -> str:
-    """How Rust's grouped dispatch runs `recipe`'s experts on `device` (deepwell_core policy)."""
-    return _backend_on(recipe, device, aligned)
+def backend_on(recipe: str, device: str, aligned: bool, tiled: bool = False) -> str:
+    """How Rust's grouped dispatch runs `recipe`'s experts on `device` (deepwell_core policy);
+    `tiled`: in_features and out_features are multiples of 128."""
+    return _backend_on(recipe, device, aligned, tiled)
 
 
 @functools.cache
-def _backend_on(recipe: str, device: str, aligned: bool) -> str:
+def _backend_on(recipe: str, device: str, aligned: bool, tiled: bool) -> str:
     from .. import _native
 
-    answer = _native.call("grouped_backend", {"recipe": recipe, "arch": recipes.device_arch(device), "aligned": aligned})
-    return answer["backend"]
+    request = {"recipe": recipe, "arch": recipes.device_arch(device), "aligned": aligned, "tiled": tiled,
+               "torch_mxfp8_grouped": mxfp8_grouped.available_on(torch.device(device))}
+    backend = _native.call("grouped_backend", request)["backend"]
+    if backend == "mxfp8_grouped" and not mxfp8_grouped.trusted_on(device):
+        return "emulated_grouped"  # trusted_on warned
+    return backend
 
 
 def grouped_linear(
@@ -231,8 +237,9 @@ def grouped_linear(
             quantized recipes need in_features and out_features multiples of their block.
         groups_aligned: the caller promises every group's rows are a multiple of the recipe's block
             (`moe_permute_index(..., align=block)`); then fp8_block runs deepwell's FP8 grouped GEMMs
-            on sm_90 and an emulated fp8_block / mxfp8 the grouped exact emulation (no host sync
-            either way) instead of the per-expert loop.
+            on sm_90, mxfp8 torch's MXFP8 grouped GEMM on sm_100 (where torch has it), and an
+            emulated fp8_block / mxfp8 the grouped exact emulation (no host sync any way) instead
+            of the per-expert loop.
 
     Returns:
         (R, out_features) in x's dtype.
@@ -244,9 +251,12 @@ def grouped_linear(
     block = block_of(recipe)
     for d, what in ((2, "in_features"), (1, "out_features")):
         _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")
-    backend = backend_on(recipe, str(x.device), bool(groups_aligned))
+    tiled = weight.shape[1] % 128 == 0 and weight.shape[2] % 128 == 0
+    backend = backend_on(recipe, str(x.device), bool(groups_aligned), tiled)
     if backend == "fp8_block_grouped":
         return _GroupedFp8Block.apply(x, weight, offsets)
+    if backend == "mxfp8_grouped":
+        return mxfp8_grouped.GroupedMxfp8.apply(x, weight, offsets)
     if backend == "emulated_grouped":
         return _GroupedEmulated.apply(x, weight, offsets, recipe)
     return _grouped_scaled_linear(x, weight, offsets, recipe)

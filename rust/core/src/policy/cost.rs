@@ -16,7 +16,7 @@
 use super::arch::{Arch, ArchFamily};
 use super::dispatch::{gemm_backend, GemmBackend};
 use super::gemm::{GemmShape, Pass, ScalingType};
-use super::grouped::{grouped_backend, GroupedBackend};
+use super::grouped::{grouped_backend, GroupedBackend, GroupedLayer};
 use super::recipe::Recipe;
 
 /// Throughputs of one device: TFLOP/s per GEMM kind, TB/s for memory-bound kernels.
@@ -184,7 +184,9 @@ pub fn grouped_site_ms(s: &GroupedSiteCost, arch: Arch) -> (f64, f64) {
     let ms = |flops: f64, tflops: f64| flops / (tflops * 1e12) * 1e3;
     let bf16 = 3.0 * ms(flops, r.bf16_grouped);
     let copy = |bytes: f64| bytes / (r.copy_tbps * 1e12) * 1e3;
-    let predicted = match grouped_backend(s.recipe, arch, true).backend {
+    // DeepwellMoE pads the groups; the experts' shapes and torch's kernels are taken as fitting.
+    let layer = GroupedLayer { aligned: true, tiled: true, torch_mxfp8_grouped: true };
+    let predicted = match grouped_backend(s.recipe, arch, layer).backend {
         GroupedBackend::GroupedMm => bf16,
         // x and dy each quantized once into rows and columns (2 bytes in, 2 out per element); the
         // weights twice, as W (forward) and W^T (backward): 2 in, 1 out each.
@@ -193,6 +195,9 @@ pub fn grouped_site_ms(s: &GroupedSiteCost, arch: Arch) -> (f64, f64) {
                 + ms(flops, wgrad_rate(&r, a / e))
                 + copy(4.0 * a * (k + n) + 6.0 * e * k * n)
         }
+        // Three MXFP8 GEMMs at the dense rate; x and dy quantized into rows and columns, the weights
+        // as W and W^T, as for fp8_block.
+        GroupedBackend::Mxfp8Grouped => 3.0 * ms(flops, r.mxfp8) + copy(4.0 * a * (k + n) + 6.0 * e * k * n),
         // bf16 grouped GEMMs plus the dense emulation's quantize and dequantize traffic.
         GroupedBackend::EmulatedGrouped => bf16 + copy((2.0 * a * (k + n) + 2.0 * e * k * n) * 6.0),
         // Each expert a dense layer of its own rows.

@@ -37,7 +37,7 @@ pub use decide::{decide, decide_experts, LayerDecision, Policy, Rule};
 pub use dispatch::{gemm_backend, GemmBackend, GemmChoice};
 pub use gemm::{GemmShape, Pass, ScalingType};
 pub use glob::glob_match;
-pub use grouped::{grouped_backend, GroupedBackend, GroupedChoice};
+pub use grouped::{grouped_backend, GroupedBackend, GroupedChoice, GroupedLayer};
 pub use guardrail::{check, Fallback, GuardrailConfig, LayerStats};
 pub use layer::{LayerInfo, Role};
 pub use recipe::{Precision, Recipe};
