@@ -388,8 +388,8 @@ def main() -> None:
               f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}")
         r["dryrun_error"] = err
         if r.get("step_ms_each"):
-            each = sorted(r["step_ms_each"])
-            print(f"{'':<8} step ms min {each[0]:.1f} median {each[len(each) // 2]:.1f} max {each[-1]:.1f}; "
+            each = r["step_ms_each"]
+            print(f"{'':<8} step ms min {min(each):.1f} median {statistics.median(each):.1f} max {max(each):.1f}; "
                   f"allocator calls while timed: {r['allocator_calls']}")
         if r.get("unit_blocks"):
             print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks")
