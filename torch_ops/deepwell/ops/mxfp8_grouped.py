@@ -117,8 +117,9 @@ class GroupedMxfp8(torch.autograd.Function):
         dy_rows, dy_rows_s, dy_cols, dy_cols_s = ops.mxfp8_quantize_rowcol(grad.contiguous(), "rceil", "e4m3", True, False)
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            # W^T along N: the codes of each expert's (K, N) transpose, read column-major as (N, K).
-            wt, wt_s = ops.mxfp8_quantize(weight.transpose(-2, -1).contiguous(), -1, "rceil", "e4m3")
+            # W^T along N: the codes of each expert's (K, N) transpose (the quantizer reads the
+            # transposed view and writes contiguous codes), read column-major as (N, K).
+            wt, wt_s = ops.mxfp8_quantize(weight.transpose(-2, -1), -1, "rceil", "e4m3")
             dx = torch._scaled_grouped_mm(dy_rows, wt.transpose(-2, -1), row_group_scales(dy_rows_s, offsets),
                                           expert_scales(wt_s), offs=offsets[1:], out_dtype=torch.bfloat16)
             dx = dx.to(ctx.x_dtype)
