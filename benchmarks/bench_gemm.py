@@ -12,7 +12,13 @@ Each row: milliseconds (median, CUDA events), TFLOP/s, and the output's error ag
 product of the same dequantized operands (relative Frobenius). Ceilings on the H100 (ANCHORS):
 ~700 TFLOP/s bf16, ~1250 FP8.
 
-    python benchmarks/bench_gemm.py [--quick]
+`--carveouts 0,4,8` times the dense GEMMs of one block of the 0.95B LLaMA training step (8192
+tokens: fprop, dgrad and wgrad of q/k/v/o, w1/w3 and w2 in the modes the fp8_block recipe runs them)
+under each of torch's SM carveouts (cuBLASLt's SM count target, what FSDP's plan sets so that NCCL
+finds free SMs), and sums them per block: a carveout that leaves a tile count just short of a whole
+wave costs a whole extra wave.
+
+    python benchmarks/bench_gemm.py [--quick] [--carveouts 0,4,8]
 """
 
 from __future__ import annotations
@@ -83,6 +89,58 @@ def dense_rows(m: int, k: int, n: int, check: bool) -> list[dict]:
     one = torch.ones((), device="cuda")
     row("fprop cuBLASLt tensor-wise (torch._scaled_mm)",
         lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=BF16))
+    return rows
+
+
+# One block of the 0.95B LLaMA at 8192 tokens: (M, K, N) of each projection's forward and how many
+# such projections a block has (q, k, v, o; w1, w3; w2).
+STEP_BLOCK = [((8192, 2048, 2048), 4), ((8192, 2048, 5632), 2), ((8192, 5632, 2048), 1)]
+
+
+def carveout_rows(carveouts: list[int]) -> list[dict]:
+    """The block's GEMMs as the fp8_block recipe runs them through cuBLASLt (fprop and dgrad 1x128 x
+    128x128, wgrad 1x128 x 1x128), timed under each SM carveout; one row per (carveout, GEMM) and a
+    per-block total. Operands are codes of random data (the speed does not depend on the values)."""
+    ST = F.ScalingType
+    gemms = []  # (name, count, flops, fn)
+    for (m, k, n), count in STEP_BLOCK:
+        for what, (rows_, inner, cols) in (("fprop", (m, k, n)), ("dgrad", (m, n, k)), ("wgrad", (n, m, k))):
+            a = torch.randn(rows_, inner, device="cuda", dtype=BF16).to(torch.float8_e4m3fn)
+            b = torch.randn(cols, inner, device="cuda", dtype=BF16).to(torch.float8_e4m3fn)
+            # The layouts deepwell hands cuBLASLt: 1x128 scales M-major, 128x128 tile scales (cols/128,
+            # K/128) row-major seen transposed.
+            sa = m_major(torch.rand(rows_, inner // 128, device="cuda") + 0.5)
+            if what == "wgrad":
+                sb, mode_b = m_major(torch.rand(cols, inner // 128, device="cuda") + 0.5), ST.BlockWise1x128
+            else:
+                sb, mode_b = (torch.rand(cols // 128, inner // 128, device="cuda") + 0.5).t(), ST.BlockWise128x128
+            fn = (lambda a=a, b=b, sa=sa, sb=sb, mode_b=mode_b: F.scaled_mm(
+                a, b.t(), sa, ST.BlockWise1x128, sb, mode_b, output_dtype=BF16))
+            gemms.append((f"{what} {rows_}x{inner}x{cols}", count, 2.0 * rows_ * inner * cols, fn))
+    own = torch._C._get_sm_carveout_experimental()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    try:
+        for c in carveouts:
+            torch._C._set_sm_carveout_experimental(c)
+            total = 0.0
+            for name, count, flops, fn in gemms:
+                ms = time_ms(fn)
+                total += count * ms
+                rows.append({"carveout": c, "gemm": name, "count": count, "ms": ms, "tflops": tflops(flops, ms)})
+            rows.append({"carveout": c, "gemm": "block total", "ms": total})
+    finally:
+        torch._C._set_sm_carveout_experimental(own)
+    names = [g[0] for g in gemms]
+    print(f"\n# one 0.95B block's GEMMs (8192 tokens) under an SM carveout, ms (TFLOP/s); {sms} SMs")
+    print(f"{'GEMM':<24} x " + "".join(f"{f'{sms - c} SMs':>18}" for c in carveouts))
+    for name in names + ["block total"]:
+        cells = []
+        for c in carveouts:
+            r = next(r for r in rows if r["carveout"] == c and r["gemm"] == name)
+            cells.append(f"{r['ms']:8.3f}" + (f" ({r['tflops']:5.0f})" if "tflops" in r else " " * 8))
+        count = next((g[1] for g in gemms if g[0] == name), "")
+        print(f"{name:<24} {count!s:>1} " + "".join(f"{c:>18}" for c in cells))
     return rows
 
 
@@ -164,10 +222,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="first dense and first grouped shape only")
     parser.add_argument("--no-check", action="store_true", help="skip the float64 error column")
     parser.add_argument("--only", choices=("dense", "grouped"), help="one family of shapes")
+    parser.add_argument("--carveouts", default=None,
+                        help="comma-separated SM carveouts: time one 0.95B block's step GEMMs under each instead")
     parser.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the DEEPWELL_FP8_GEMM_WAVES tried)")
     args = parser.parse_args()
     env = environment()
     header("fp8_block GEMMs alone: deepwell's kernel vs cuBLAS / cuBLASLt / torch grouped", env)
+    if args.carveouts is not None:
+        rows = carveout_rows([int(c) for c in args.carveouts.split(",")])
+        path = write_json("bench_gemm-carveout" + (f"-{args.tag}" if args.tag else ""), env, rows)
+        print(f"# wrote {path}")
+        return
     dense = [] if args.only == "grouped" else (DENSE[:1] if args.quick else DENSE)
     grouped = [] if args.only == "dense" else (GROUPED[:2] if args.quick else GROUPED)
     rows = []

@@ -2,11 +2,14 @@
 deepwell.autoplan picks (FSDP2 over the data ranks; `--configs` adds tensor parallelism), through
 torchrun. Per run: tokens/s, peak memory per rank against dryrun's per-rank prediction, and the loss
 at every step, so 2 GPUs can be checked against 1 for the same global batch (loss parity) and for
-the same per-GPU batch (weak scaling). On GPUs also the spread of step times, the host's time to
+the same per-GPU batch (weak scaling). On GPUs also the spread of step times (each step's GPU time
+and, on every rank, the host's: a pause of one rank's host shows there), the host's time to
 launch a step and, per phase (forward, backward, optimizer), its host and GPU time and how far the
 GPU trails the host (`phase_lag`: whether the host sets the pace); `--profile` adds a CPU-only
 profile of FSDP2's regions on the host and the kernel time by kind. Python's garbage collection
-runs as deepwell.Trainer runs it (`--gc-every`).
+runs as deepwell.Trainer runs it (`--gc-every`). `--sm-carveout N` replaces the plan's SMs for the
+collectives; `--backward-carveout N` gives the backward's GEMMs another carveout than the forward's
+(the collectives keep the forward's CTA count).
 
 A config is "<processes>x<global batch rows>[tp]": "1x4" one GPU with 4 rows of SEQ tokens, "2x8" two
 processes with 4 rows each (FSDP2), "2x4tp" two processes splitting every layer (tensor parallel 2)
@@ -113,8 +116,15 @@ def _worker(args) -> None:
     opts = [torch.optim.AdamW(params, lr=1e-4, fused=True) for params in kinds if params]
     losses = []
 
+    forward_carveout = torch._C._get_sm_carveout_experimental() if cuda else None
+
     def forward():
+        if args.backward_carveout is not None:
+            torch._C._set_sm_carveout_experimental(forward_carveout)
         logits = engine(mine)
+        if args.backward_carveout is not None and logits.requires_grad:
+            # Fires when the backward reaches the model: its GEMMs launch under the other carveout.
+            logits.register_hook(lambda g: torch._C._set_sm_carveout_experimental(args.backward_carveout))
         loss = F.cross_entropy(logits.view(-1, VOCAB).float(), my_targets.reshape(-1))
         losses.append(loss.detach())
         return loss
@@ -159,15 +169,18 @@ def _worker(args) -> None:
     settle()
     allocator = _allocator_calls(device) if cuda else {}
     ends = []  # an event at each step's end: the spread of step times, without syncing between them
+    host_ends = []  # and when each rank's host finished launching it: a host pause shows as a gap here
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
+        host_ends.append(time.perf_counter())
         if cuda:
             ends.append(torch.cuda.Event(enable_timing=True))
             ends[-1].record()
     sync()
     ms = (time.perf_counter() - t0) / args.steps * 1e3
     each = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
+    host_each = torch.tensor([(b - a) * 1e3 for a, b in zip(host_ends, host_ends[1:])], device=device)
     allocator = {k: v - allocator[k] for k, v in _allocator_calls(device).items()} if cuda else {}
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
     settle()
@@ -183,16 +196,20 @@ def _worker(args) -> None:
     # of one data rank hold the same rows, so their mean is that data rank's loss).
     curve = torch.stack(losses).float()
     peaks = torch.tensor([float(peak)], device=device)
+    host_by_rank = [host_each]
     if world > 1:
         dist.all_reduce(curve)
         curve /= world
+        host_by_rank = [torch.zeros_like(host_each) for _ in range(world)]
+        dist.all_gather(host_by_rank, host_each)
         gathered = [torch.zeros_like(peaks) for _ in range(world)]
         dist.all_gather(gathered, peaks)
         peaks = torch.cat(gathered)
     if rank == 0:
         out = {
             "config": args.config, "processes": procs, "global_rows": rows, "tensor": tensor, "seq": seq,
-            "tokens_per_step": rows * seq, "step_ms": ms, "step_ms_each": each, "allocator_calls": allocator, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
+            "tokens_per_step": rows * seq, "step_ms": ms, "step_ms_each": each,
+            "host_ms_each": [h.tolist() for h in host_by_rank], "allocator_calls": allocator, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
             "first_call_s": first_s, "peak_bytes_per_rank": [int(p) for p in peaks.tolist()],
             "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
@@ -322,7 +339,7 @@ def _launch(args, config: str, out: str) -> dict:
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
-    for flag in ("forward_prefetch", "unit_blocks"):
+    for flag in ("forward_prefetch", "unit_blocks", "backward_carveout"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     cmd += ["--trace", args.trace] if args.trace else []
     cmd += [] if args.gc_every is None else ["--gc-every", str(args.gc_every)]
@@ -344,6 +361,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a 2-layer d=256 model, 128-token rows")
     p.add_argument("--sm-carveout", type=int, default=None,
                    help="SMs torch's GEMMs leave free for NCCL (default: the plan's sm_carveout; 0 for none)")
+    p.add_argument("--backward-carveout", type=int, default=None,
+                   help="SMs torch's GEMMs leave free in the backward (the forward keeps the plan's or --sm-carveout)")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
     p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
     p.add_argument("--trace", default=None, help="with --profile: rank 0's profiled steps as a Chrome trace to this file")
@@ -391,6 +410,9 @@ def main() -> None:
             each = r["step_ms_each"]
             print(f"{'':<8} step ms min {min(each):.1f} median {statistics.median(each):.1f} max {max(each):.1f}; "
                   f"allocator calls while timed: {r['allocator_calls']}")
+            print(f"{'':<8} GPU ms per step:  " + " ".join(f"{v:.0f}" for v in each))
+            for rank, host in enumerate(r.get("host_ms_each", [])):
+                print(f"{'':<8} rank {rank} host ms: " + " ".join(f"{v:.0f}" for v in host))
         if r.get("unit_blocks"):
             print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks")
         if r.get("host_ms"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import deepwell
+from deepwell import _native
 
 # ||out - ref|| / ||ref||: fp32 accumulation lands far below 1e-5 on the CPU; the GPU's FP8 tensor
 # cores keep fewer bits inside each 128-wide block (measured 2.5e-4 on the H100 with an fp32
@@ -224,6 +225,36 @@ def test_gpu_grouped_wgrad_matches_the_float64_product(gen, m, n, tokens):
             assert torch.equal(y[g], torch.zeros_like(y[g])), "an empty group is zeros"
         else:
             assert _rel(y[g], da[:, lo:hi] @ db[:, lo:hi].T) < TOL[torch.float32], g
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("left", [8, 120, 1024])
+def test_gpu_sms_left_to_collectives_change_the_grid_not_the_bits(gen, left):
+    """Under FSDP the persistent kernel leaves the plan's SMs to the collectives (plan/shard.py
+    sets them with torch's carveout): fewer CTAs, each looping over more tiles; every output is the
+    same bits (one CTA computes a tile whole, in the same order), dense, row-grouped and K-grouped.
+    A carveout of the whole GPU still launches one CTA."""
+    (a, sa), (b, sb) = _operands(1000, 640, 512, "cuda", gen)
+    w, sw = _quant(torch.randn(3, 256, 512, generator=gen).cuda(), (128, 128))
+    offsets = torch.tensor([0, 300, 300, 1000], dtype=torch.int32, device="cuda")
+    dy, dys = _quant(torch.randn(384, 1024, generator=gen).cuda(), (1, 128))
+    x, xs = _quant(torch.randn(256, 1024, generator=gen).cuda(), (1, 128))
+    k_offsets = torch.tensor([0, 512, 512, 1024], dtype=torch.int32, device="cuda")
+
+    def run():
+        return (deepwell.fp8_block_gemm(a, sa, b, sb, None, torch.bfloat16),
+                deepwell.fp8_block_grouped_gemm(a, sa, w, sw, offsets, torch.float32),
+                deepwell.fp8_block_grouped_wgrad(dy, dys, x, xs, k_offsets, torch.float32))
+
+    whole = run()
+    try:
+        assert _native.call("sm_carveout", {"sms": left}) == left
+        _poison("cuda")
+        carved = run()
+    finally:
+        _native.call("sm_carveout", {"sms": 0})
+    for y, z in zip(whole, carved):
+        assert torch.equal(y, z)
 
 
 @pytest.mark.gpu

@@ -88,17 +88,22 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
     before = torch._C._get_sm_carveout_experimental()
     try:
         torch._C._set_sm_carveout_experimental(None)
+        # torch's carveout (cuBLASLt's GEMMs) and deepwell's own persistent GEMMs' move together.
         assert leave_sms_to_collectives(torch.device("cpu"), 16) == 0
-        assert torch._C._get_sm_carveout_experimental() is None
+        assert torch._C._get_sm_carveout_experimental() is None and _native.call("sm_carveout") == 0
         assert leave_sms_to_collectives(torch.device("cuda", 0), 0) == 0
-        assert torch._C._get_sm_carveout_experimental() is None
+        assert torch._C._get_sm_carveout_experimental() is None and _native.call("sm_carveout") == 0
         assert leave_sms_to_collectives(torch.device("cuda", 0), 16) == 16
-        assert torch._C._get_sm_carveout_experimental() == 16
+        assert torch._C._get_sm_carveout_experimental() == 16 and _native.call("sm_carveout") == 16
         torch._C._set_sm_carveout_experimental(4)  # the user's own
         assert leave_sms_to_collectives(torch.device("cuda", 0), 16) == 4
-        assert torch._C._get_sm_carveout_experimental() == 4
+        assert torch._C._get_sm_carveout_experimental() == 4 and _native.call("sm_carveout") == 4
+        for bad in (-1, 2000, "8", 1.5):
+            with pytest.raises(ValueError, match="sm_carveout: 'sms' must be an integer from 0 to 1024"):
+                _native.call("sm_carveout", {"sms": bad})
     finally:
         torch._C._set_sm_carveout_experimental(before)
+        _native.call("sm_carveout", {"sms": 0})
 
 
 def test_a_forced_tensor_degree_is_planned_in_rust():

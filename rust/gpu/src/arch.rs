@@ -32,6 +32,14 @@ pub fn grid_blocks(work: u64, per_block: u64, sms: u32, per_sm: u32) -> u32 {
     needed.clamp(1, cap) as u32
 }
 
+/// SMs a persistent kernel (one CTA per SM, looping over its tiles: deepwell's FP8 GEMMs) may
+/// occupy when `left_to_collectives` SMs are kept free for collectives running beside it on other
+/// streams (FSDP's all-gathers and reduce-scatters; torch's SM carveout gives cuBLASLt's GEMMs the
+/// same budget): all the others, at least one.
+pub fn persistent_sms(sms: u32, left_to_collectives: u32) -> u32 {
+    sms.saturating_sub(left_to_collectives).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,6 +57,15 @@ mod tests {
     fn arch_parsing() {
         assert!(parse_arch("sm_90a").is_ok() && parse_arch("sm_100a").is_ok() && parse_arch("sm_89").is_ok());
         assert!(parse_arch("90a").is_err() && parse_arch("sm_x").is_err() && parse_arch("sm_1000a").is_err());
+    }
+
+    #[test]
+    fn persistent_kernels_leave_the_collectives_their_sms() {
+        assert_eq!(persistent_sms(132, 0), 132);
+        assert_eq!(persistent_sms(132, 8), 124);
+        // A carveout as large as the GPU still launches one CTA (the kernel loops over every tile).
+        assert_eq!(persistent_sms(132, 132), 1);
+        assert_eq!(persistent_sms(132, u32::MAX), 1);
     }
 
     #[test]

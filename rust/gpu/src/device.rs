@@ -5,11 +5,12 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{OnceLock, RwLock};
 
 use cudarc::driver::{result, sys};
 
-use crate::arch::nvrtc_arch;
+use crate::arch::{nvrtc_arch, persistent_sms};
 use crate::cache::{self, DiskCache};
 use crate::error::{driver, GpuError, Result};
 use crate::kernels::{Geometry, KernelId, Wave, THREADS};
@@ -32,6 +33,20 @@ pub fn configure(config: Config) {
 
 fn config() -> Option<&'static Config> {
     CONFIG.get()
+}
+
+/// SMs deepwell's persistent kernels leave free on every device, for the collectives that run
+/// beside them: the FSDP plan's `sm_carveout`, set with torch's own carveout (which cuBLASLt's GEMMs
+/// follow) by torch_ops/deepwell/plan/shard.py through the `sm_carveout` C API entry. Process-wide,
+/// as torch's setting is; 0 (every SM) until set.
+static SMS_FOR_COLLECTIVES: AtomicU32 = AtomicU32::new(0);
+
+pub fn leave_sms_to_collectives(sms: u32) {
+    SMS_FOR_COLLECTIVES.store(sms, Ordering::Relaxed);
+}
+
+pub fn sms_left_to_collectives() -> u32 {
+    SMS_FOR_COLLECTIVES.load(Ordering::Relaxed)
 }
 
 /// A loaded kernel. The module stays loaded for the life of the process.
@@ -150,6 +165,14 @@ impl Device {
     /// One wave of resident CTAs of THREADS threads, the cap of every grid-stride launch.
     pub fn wave(&self) -> Wave {
         Wave { sms: self.sms, per_sm: self.resident_blocks_per_sm(THREADS) }
+    }
+    /// The SMs a persistent kernel may hold: all but those left to collectives.
+    pub fn persistent_sms(&self) -> u32 {
+        persistent_sms(self.sms, sms_left_to_collectives())
+    }
+    /// `wave()` over the SMs a persistent kernel may hold (its grid: one CTA on each).
+    pub fn persistent_wave(&self) -> Wave {
+        Wave { sms: self.persistent_sms(), ..self.wave() }
     }
     pub fn name(&self) -> &str {
         &self.name

@@ -18,7 +18,9 @@ pub mod nvrtc;
 pub mod sources;
 pub mod tma;
 
-pub use device::{compile_all, configure, device, Config, Device, Params};
+pub use device::{
+    compile_all, configure, device, leave_sms_to_collectives, sms_left_to_collectives, Config, Device, Params,
+};
 pub use error::{GpuError, Result};
 pub use kernels::{Family, Geometry, KernelId, Wave};
 pub use sources::Header;

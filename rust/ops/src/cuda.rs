@@ -62,6 +62,32 @@ impl Launch {
         // SAFETY: guaranteed by the caller.
         unsafe { self.dev.launch(kernel.into(), g, self.stream, params) }.map_err(gpu_err(op))
     }
+
+    /// `run` for a persistent kernel (one CTA per SM it may hold, looping over its work): its grid
+    /// leaves the collectives' SMs free (`deepwell_gpu::leave_sms_to_collectives`), as torch's SM
+    /// carveout does for cuBLASLt's GEMMs, so an all-gather launched beside it finds its SMs.
+    ///
+    /// # Safety
+    /// As for `run`.
+    pub unsafe fn run_persistent<K: Family>(&self, op: Op, kernel: K, sizes: K::Sizes, params: Params) -> Result<()> {
+        let _time = crate::host_time::span("launch (deepwell kernel)");
+        let g = kernel.geometry(sizes, self.dev.persistent_wave());
+        // SAFETY: guaranteed by the caller.
+        unsafe { self.dev.launch(kernel.into(), g, self.stream, params) }.map_err(gpu_err(op))
+    }
+}
+
+/// The C API's `sm_carveout` entry: `{sms?}` -> the SMs deepwell's persistent GEMMs leave to
+/// collectives in this process, after setting them when `sms` is given (plan/shard.py sets them
+/// with torch's carveout).
+pub fn sm_carveout_entry(req: &serde_json::Value) -> crate::capi::Answer {
+    if let Some(given) = req.get("sms") {
+        let sms = given.as_u64().filter(|&n| n <= 1024).ok_or_else(|| {
+            format!("sm_carveout: 'sms' must be an integer from 0 to 1024 (SMs left to collectives), got {given}")
+        })?;
+        deepwell_gpu::leave_sms_to_collectives(sms as u32);
+    }
+    Ok(serde_json::json!(deepwell_gpu::sms_left_to_collectives()))
 }
 
 /// True when every tensor's data is 16-byte aligned: then each kernel takes its vector path

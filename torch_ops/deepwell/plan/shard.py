@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .. import _native
 from . import fp8_all_gather, tensor_parallel
 from .parallel import fsdp_units, unit_blocks_of, world_size
 
@@ -78,19 +79,19 @@ def prefetch_forward(units: list[torch.nn.Module], depth: int) -> None:
 
 
 def leave_sms_to_collectives(device: torch.device, planned: int) -> int:
-    """Has torch's GEMMs target all but `planned` SMs (the plan's `sm_carveout`; the reason is
-    `COMM_SMS` in rust/core/src/policy/parallel.rs), so that FSDP's all-gathers and reduce-scatters
-    find SMs beside a persistent GEMM, and returns the SMs the collectives get: a carveout the user
-    set (torch._C._set_sm_carveout_experimental) is kept and wins; 0 off the GPU. Process-wide, as
-    torch's setting is."""
+    """Has torch's GEMMs and deepwell's persistent FP8 GEMMs target all but `planned` SMs (the
+    plan's `sm_carveout`; the reason is `COMM_SMS` in rust/core/src/policy/parallel.rs), so that
+    FSDP's all-gathers and reduce-scatters find SMs beside a persistent GEMM, and returns the SMs the
+    collectives get: a carveout the user set (torch._C._set_sm_carveout_experimental) is kept, wins
+    and is given to deepwell's GEMMs too; 0 off the GPU. Process-wide, as torch's setting is."""
     if device.type != "cuda":
         return 0
     own = torch._C._get_sm_carveout_experimental()
-    if own is not None:
-        return max(int(own), 0)
-    if planned > 0:
-        torch._C._set_sm_carveout_experimental(planned)
-    return max(int(planned), 0)
+    sms = max(int(planned if own is None else own), 0)
+    if own is None and sms > 0:
+        torch._C._set_sm_carveout_experimental(sms)
+    _native.call("sm_carveout", {"sms": sms}, "deepwell.compile")
+    return sms
 
 
 def nccl_ctas(device: torch.device, sms: int) -> dict:

@@ -22,7 +22,16 @@ pub const HEADROOM: f64 = 0.9;
 /// Measured (benchmarks/results/bench_parallel-*), the 0.95B LLaMA, fp8_block, FSDP over 2 ranks,
 /// 4x2048 tokens each: on 2 H200s, NCCL kernels 76 ms per 115 ms step with no carveout; on 2 H100s,
 /// 112.1 ms per step with 16 SMs left and NCCL's own CTA count, 108.1 ms with 8 SMs and 8 CTAs
-/// (a carveout costs the GEMMs its share of SMs; 8 CTAs still move a 2-rank all-gather at ~100 GB/s).
+/// (8 CTAs still move a 2-rank all-gather at ~100 GB/s).
+///
+/// The carveout costs the GEMMs more than its share of SMs: their tile counts fall short of whole
+/// waves. One block's GEMMs of that step (fprop, dgrad, wgrad; cuBLASLt's block-scaled modes, H100,
+/// `bench_gemm.py --carveouts`, benchmarks/results/bench_gemm-carveout-*) take 2.49 ms on 132 SMs,
+/// 2.65 on 128 (+6%), 2.80 on 124 (+13%: ~5 ms of a 100 ms step), 2.73 on 120, 3.01 on 116. Fewer
+/// SMs for the collectives did not pay on 2 H100s (bench_parallel-1b-{sm4,bwd4,i-*}): 4 SMs and
+/// 4 CTAs left the forward's all-gathers exposed (forward 40 against 33-34 ms of GPU time; steps
+/// 104.4 / 105.7 against 101.6 / 100.0 ms), and 4 SMs in the backward only (the forward keeping 8)
+/// gained ~0.5 ms a step by median in three of four runs, inside the spread.
 pub const COMM_SMS: u32 = 8;
 
 /// FSDP units of blocks when the gathered weights stay for the backward: the first unit is one

@@ -87,7 +87,7 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     let out = Tensor::empty(op, &shape, g.out, device)?;
     let (rows, cols, k) = (g.rows as u64, g.cols as u64, g.k as u64);
     let sizes = GemmSizes { rows, cols, k, groups: g.groups as u64 };
-    let waves = forced_waves().unwrap_or_else(|| Fp8Gemm::waves_for(g.grouping, sizes, launch.dev.sms()));
+    let waves = forced_waves().unwrap_or_else(|| Fp8Gemm::waves_for(g.grouping, sizes, launch.dev.persistent_sms()));
     let kernel = Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping };
     let block_m = kernel.block_m() as u32;
     let codes = |t: &Tensor, n: u64, box_rows: u32| Map2d {
@@ -152,6 +152,6 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     // SAFETY: every tensor is contiguous on the launch's device with the shapes cuda/fp8_gemm.cuh
     // documents for these sizes (the callers validated them), the maps describe exactly those
     // tensors, and `out` has the output's shape.
-    unsafe { launch.run(op, kernel, sizes, p)? };
+    unsafe { launch.run_persistent(op, kernel, sizes, p)? };
     Ok(out)
 }
