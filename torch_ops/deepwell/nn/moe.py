@@ -31,6 +31,7 @@ import math
 from dataclasses import asdict
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -364,12 +365,20 @@ class DeepwellMoE(nn.Module):
     # Aux-loss-free balancing
 
     @torch.no_grad()
-    def update_expert_bias(self, rate: float = 1e-3) -> None:
+    def update_expert_bias(self, rate: float = 1e-3, group=None) -> None:
         """b += rate · sign(mean(c) − c), centred (torchtitan's update: Δ −= mean(Δ)), then the
-        counts c of the training forwards since the last update restart at 0 (arXiv:2408.15664)."""
+        counts c of the training forwards since the last update restart at 0 (arXiv:2408.15664).
+
+        Under torch.distributed the counts are first summed over `group` (default: every process),
+        so every data rank moves its bias alike from all ranks' tokens, as torchtitan does: from its
+        own counts alone each rank's bias, and with it its routing, would drift apart. Tensor ranks
+        route the same tokens; counting them t times scales every count alike, which the sign
+        ignores. Every process of `group` must call it (a collective)."""
         if self.expert_bias is None:
             raise RuntimeError("deepwell.DeepwellMoE.update_expert_bias: built without expert_bias=True")
         c = self.tokens_per_expert
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(c, group=group)
         delta = rate * torch.sign(c.mean() - c)
         self.expert_bias.add_(delta - delta.mean())
         c.zero_()

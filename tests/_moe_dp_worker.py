@@ -1,0 +1,111 @@
+"""One process of tests/test_moe_parallel.py (gloo on the CPU): RANK of WORLD trains a small MoE
+language model (embedding, blocks of RMSNorm + deepwell.DeepwellMoE with aux-loss-free balancing
+and the Switch aux loss, final norm, LM head) through deepwell's step API (capture, autoplan,
+compile: FSDP2 over the data ranks) on its rows of the same global batches, calling
+`update_expert_bias()` after every optimizer step. It writes the ranks' mean losses and every
+rank's expert biases to OUT (rank 0). With WORLD=1 it is the single-process reference.
+DEEPWELL_TEST_RECIPE sets the experts' recipe (default fp8_block, emulated on the CPU).
+
+    python tests/_moe_dp_worker.py RANK WORLD STORE OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import deepwell
+import deepwell.plan.backend
+from deepwell.models.llama import RMSNorm
+
+STEPS, BATCH, SEQ, VOCAB, DIM, EXPERTS, TOP_K, LAYERS = 3, 4, 32, 256, 128, 4, 2, 2
+RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
+RATE = 0.01
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = RMSNorm(DIM)
+        self.moe = deepwell.DeepwellMoE(DIM, DIM, EXPERTS, top_k=TOP_K, expert_bias=True, aux_loss_coef=0.01,
+                                        recipe=RECIPE)
+
+    def forward(self, x):
+        return x + self.moe(self.norm(x))
+
+
+class MoELM(nn.Module):
+    """LLaMA's top-level names (tok_embeddings, layers, norm, output): FSDP's units follow them."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList([Block() for _ in range(LAYERS)])
+        self.norm = RMSNorm(DIM)
+        self.output = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def main() -> None:
+    rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    deepwell.plan.backend.ensure_registered()
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = MoELM()
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, VOCAB, (STEPS, BATCH, SEQ + 1), generator=g)
+    local = BATCH // world
+    rows = slice(rank * local, (rank + 1) * local)
+    ir = deepwell.capture(model, (data[0, rows, :-1],))
+    plan = deepwell.autoplan(ir, policy=deepwell.PrecisionPolicy(precision=RECIPE, min_features=128,
+                                                                 first_last_bf16=False))
+    engine = deepwell.compile(ir, plan=plan)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(STEPS):
+        tokens, targets = data[step, rows, :-1], data[step, rows, 1:]
+        loss = torch.nn.functional.cross_entropy(engine(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for layer in model.layers:
+            layer.moe.update_expert_bias(rate=RATE)
+        mean = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(mean)
+            mean /= world
+        losses.append(mean.item())
+    biases = torch.stack([layer.moe.expert_bias for layer in model.layers])
+    every = [torch.zeros_like(biases) for _ in range(world)]
+    if world > 1:
+        dist.all_gather(every, biases)
+    else:
+        every = [biases]
+    result = {
+        "losses": losses,
+        "biases": [b.tolist() for b in every],
+        "parallelism": plan.parallelism,
+        "sharded": type(model).__name__,
+        "experts_sharded": type(model.layers[0].moe.experts.gate_up_proj).__name__,
+    }
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
