@@ -3,7 +3,8 @@ deepwell.autoplan picks (FSDP2 over the data ranks; `--configs` adds tensor para
 torchrun. Per run: tokens/s, peak memory per rank against dryrun's per-rank prediction, and the loss
 at every step, so 2 GPUs can be checked against 1 for the same global batch (loss parity) and for
 the same per-GPU batch (weak scaling). On GPUs also the spread of step times (each step's GPU time
-and, on every rank, the host's: a pause of one rank's host shows there), the host's time to
+and, on every rank, the host's: a pause of one rank's host shows there, with what its main thread
+did meanwhile: CPU time, context switches, page faults), the host's time to
 launch a step and, per phase (forward, backward, optimizer), its host and GPU time and how far the
 GPU trails the host (`phase_lag`: whether the host sets the pace); `--profile` adds a CPU-only
 profile of FSDP2's regions on the host and the kernel time by kind. Python's garbage collection
@@ -170,10 +171,12 @@ def _worker(args) -> None:
     allocator = _allocator_calls(device) if cuda else {}
     ends = []  # an event at each step's end: the spread of step times, without syncing between them
     host_ends = []  # and when each rank's host finished launching it: a host pause shows as a gap here
+    usage = []  # and what the main thread did meanwhile (what a pause was: computing, descheduled, faulting)
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
         host_ends.append(time.perf_counter())
+        usage.append(_thread_usage())
         if cuda:
             ends.append(torch.cuda.Event(enable_timing=True))
             ends[-1].record()
@@ -181,6 +184,7 @@ def _worker(args) -> None:
     ms = (time.perf_counter() - t0) / args.steps * 1e3
     each = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
     host_each = torch.tensor([(b - a) * 1e3 for a, b in zip(host_ends, host_ends[1:])], device=device)
+    usage_each = torch.tensor([[y - x for x, y in zip(a, b)] for a, b in zip(usage, usage[1:])], device=device)
     allocator = {k: v - allocator[k] for k, v in _allocator_calls(device).items()} if cuda else {}
     peak = torch.cuda.max_memory_allocated(device) if cuda else 0
     settle()
@@ -196,12 +200,14 @@ def _worker(args) -> None:
     # of one data rank hold the same rows, so their mean is that data rank's loss).
     curve = torch.stack(losses).float()
     peaks = torch.tensor([float(peak)], device=device)
-    host_by_rank = [host_each]
+    host_by_rank, usage_by_rank = [host_each], [usage_each]
     if world > 1:
         dist.all_reduce(curve)
         curve /= world
         host_by_rank = [torch.zeros_like(host_each) for _ in range(world)]
         dist.all_gather(host_by_rank, host_each)
+        usage_by_rank = [torch.zeros_like(usage_each) for _ in range(world)]
+        dist.all_gather(usage_by_rank, usage_each)
         gathered = [torch.zeros_like(peaks) for _ in range(world)]
         dist.all_gather(gathered, peaks)
         peaks = torch.cat(gathered)
@@ -209,7 +215,9 @@ def _worker(args) -> None:
         out = {
             "config": args.config, "processes": procs, "global_rows": rows, "tensor": tensor, "seq": seq,
             "tokens_per_step": rows * seq, "step_ms": ms, "step_ms_each": each,
-            "host_ms_each": [h.tolist() for h in host_by_rank], "allocator_calls": allocator, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
+            "host_ms_each": [h.tolist() for h in host_by_rank],
+            "thread_usage_each": {"fields": list(USAGE_FIELDS), "ranks": [u.tolist() for u in usage_by_rank]},
+            "allocator_calls": allocator, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
             "first_call_s": first_s, "peak_bytes_per_rank": [int(p) for p in peaks.tolist()],
             "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
@@ -222,6 +230,19 @@ def _worker(args) -> None:
             json.dump(out, f)
     if world > 1:
         dist.destroy_process_group()
+
+
+USAGE_FIELDS = ("cpu_ms", "involuntary_switches", "voluntary_switches", "minor_faults", "major_faults")
+
+
+def _thread_usage() -> tuple[float, ...]:
+    """The calling thread's CPU time (ms), context switches (involuntary: preempted; voluntary:
+    blocked) and page faults so far (Linux getrusage(RUSAGE_THREAD)). A step's host pause with its
+    CPU time is work; without, a wait (a lock, the GPU's queue) or the thread descheduled."""
+    import resource
+
+    u = resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF))
+    return (time.thread_time() * 1e3, u.ru_nivcsw, u.ru_nvcsw, u.ru_minflt, u.ru_majflt)
 
 
 def _allocator_calls(device) -> dict[str, int]:
@@ -411,8 +432,16 @@ def main() -> None:
             print(f"{'':<8} step ms min {min(each):.1f} median {statistics.median(each):.1f} max {max(each):.1f}; "
                   f"allocator calls while timed: {r['allocator_calls']}")
             print(f"{'':<8} GPU ms per step:  " + " ".join(f"{v:.0f}" for v in each))
+            usage = r.get("thread_usage_each", {}).get("ranks", [])
             for rank, host in enumerate(r.get("host_ms_each", [])):
                 print(f"{'':<8} rank {rank} host ms: " + " ".join(f"{v:.0f}" for v in host))
+                # The steps whose host time stands 15 ms above the median: what the thread did.
+                typical = statistics.median(host)
+                for i, v in enumerate(host):
+                    if v > typical + 15 and rank < len(usage):
+                        cpu, invol, vol, minflt, majflt = usage[rank][i]
+                        print(f"{'':<8}   step {i + 1}: host {v:.0f} ms, main thread CPU {cpu:.0f} ms, switches "
+                              f"{invol:.0f} involuntary / {vol:.0f} voluntary, page faults {minflt:.0f} minor / {majflt:.0f} major")
         if r.get("unit_blocks"):
             print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks")
         if r.get("host_ms"):
