@@ -1,8 +1,9 @@
 """One process of tests/test_moe_parallel.py (gloo on the CPU): RANK of WORLD trains a small MoE
 language model (embedding, blocks of RMSNorm + deepwell.DeepwellMoE with aux-loss-free balancing
 and the Switch aux loss, final norm, LM head) through deepwell's step API (capture, autoplan,
-compile: FSDP2 over the data ranks) on its rows of the same global batches, calling
-`update_expert_bias()` after every optimizer step. It writes the ranks' mean losses and every
+compile: FSDP2 over the data ranks) on its rows of the same global batches, moving the expert
+biases after every optimizer step (each block's `update_expert_bias()` on even steps, the
+Trainer's `update_expert_biases(model)` on odd ones). It writes the ranks' mean losses and every
 rank's expert biases to OUT (rank 0). With WORLD=1 it is the single-process reference.
 DEEPWELL_TEST_RECIPE sets the experts' recipe (default fp8_block, emulated on the CPU).
 
@@ -22,6 +23,7 @@ from torch import nn
 import deepwell
 import deepwell.plan.backend
 from deepwell.models.llama import RMSNorm
+from deepwell.nn.moe import update_expert_biases
 
 STEPS, BATCH, SEQ, VOCAB, DIM, EXPERTS, TOP_K, LAYERS = 3, 4, 32, 256, 128, 4, 2, 2
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
@@ -32,8 +34,8 @@ class Block(nn.Module):
     def __init__(self):
         super().__init__()
         self.norm = RMSNorm(DIM)
-        self.moe = deepwell.DeepwellMoE(DIM, DIM, EXPERTS, top_k=TOP_K, expert_bias=True, aux_loss_coef=0.01,
-                                        recipe=RECIPE)
+        self.moe = deepwell.DeepwellMoE(DIM, DIM, EXPERTS, top_k=TOP_K, expert_bias=True, bias_update_rate=RATE,
+                                        aux_loss_coef=0.01, recipe=RECIPE)
 
     def forward(self, x):
         return x + self.moe(self.norm(x))
@@ -79,8 +81,11 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        for layer in model.layers:
-            layer.moe.update_expert_bias(rate=RATE)
+        if step % 2 == 0:  # each block's own update (an all-reduce each) ...
+            for layer in model.layers:
+                layer.moe.update_expert_bias(rate=RATE)
+        else:  # ... and the Trainer's, every block's counts in one all-reduce
+            assert update_expert_biases(model) == LAYERS
         mean = loss.detach().clone()
         if world > 1:
             dist.all_reduce(mean)

@@ -4,6 +4,8 @@ aux-loss-free bias updates; the quantized recipes; torch.compile(fullgraph=True)
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -125,6 +127,27 @@ def test_expert_bias_update_moves_towards_balance():
     with torch.no_grad():
         moe(x)  # no counting without grad (eval, activation-checkpoint recompute)
     assert torch.all(moe.tokens_per_expert == 0)
+
+
+def test_update_expert_biases_is_each_modules_update_at_its_rate():
+    """update_expert_biases(model) (what the Trainer calls; one all-reduce for every block's counts
+    under torch.distributed) gives each DeepwellMoE with a bias what its own update_expert_bias
+    gives, at its bias_update_rate; blocks without a bias are skipped."""
+    torch.manual_seed(5)
+    make = lambda rate, e: deepwell.DeepwellMoE(32, 16, e, top_k=2, expert_bias=True, bias_update_rate=rate)  # noqa: E731
+    model = torch.nn.Sequential(make(0.01, 4), deepwell.DeepwellMoE(32, 16, 4, top_k=2), make(0.5, 8)).train()
+    twin = copy.deepcopy(model)
+    x = torch.randn(40, 32)
+    model(x)
+    twin(x)
+    assert deepwell.update_expert_biases(model) == 2
+    twin[0].update_expert_bias()
+    twin[2].update_expert_bias(rate=0.5)
+    for got, want in ((model[0], twin[0]), (model[2], twin[2])):
+        assert torch.equal(got.expert_bias, want.expert_bias) and torch.all(got.tokens_per_expert == 0)
+    assert model[2].expert_bias.abs().max() > 0.1  # the larger rate
+    with pytest.raises(ValueError, match="bias_update_rate must be >= 0, got -1"):
+        deepwell.DeepwellMoE(32, 16, 4, top_k=2, expert_bias=True, bias_update_rate=-1)
 
 
 @pytest.mark.parametrize("recipe", ["fp8_block", "mxfp8", "nvfp4"])

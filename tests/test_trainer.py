@@ -127,6 +127,36 @@ def test_gc_every_collects_at_fixed_steps_with_automatic_collection_off():
     assert Trainer.from_engine(EagerEngine(_Net()), loss_fn=_square_loss).gc_every == 0
 
 
+def test_each_step_moves_the_expert_biases_of_moe_blocks():
+    """A model with DeepwellMoE blocks built with expert_bias=True: after every optimizer step the
+    Trainer moves each block's bias by its bias_update_rate from the step's counts (grad_accum
+    micro-batches summed) and restarts the counts; blocks without a bias are left alone."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = deepwell.DeepwellMoE(32, 16, 4, top_k=1, expert_bias=True, bias_update_rate=0.25)
+            self.b = deepwell.DeepwellMoE(32, 16, 4, top_k=1)
+            with torch.no_grad():  # every token to expert 0 in block a
+                self.a.gate.weight.zero_()
+                self.a.gate.weight[0] = 1.0
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    net = Net()
+    data = [torch.rand(8, 32) for _ in range(4)]  # positive entries: expert 0's logit is the largest
+    t = Trainer.from_engine(EagerEngine(net), max_steps=2, grad_accum=2, loss_fn=_square_loss, progress=False,
+                            plot=False, optimizer=lambda p: torch.optim.SGD(p, lr=0.0))
+    t.fit(data)
+    # Expert 0 took all 16 tokens of each step (its softmax score stays far ahead of the bias):
+    # each step adds 0.25 * [-1, 1, 1, 1] centred, [-0.375, 0.125, 0.125, 0.125].
+    want = torch.tensor([-0.75, 0.25, 0.25, 0.25])
+    assert torch.allclose(net.a.expert_bias, want), net.a.expert_bias
+    assert torch.all(net.a.tokens_per_expert == 0) and net.b.expert_bias is None
+
+
 def test_bad_arguments_say_what_was_expected():
     eng = EagerEngine(_Net())
     with pytest.raises(ValueError, match="grad_accum must be a positive int, got 0"):

@@ -40,7 +40,7 @@ from .plan.hardware import Hardware, probe, print_hardware_info
 from .plan.sites import Plan
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
-from .nn.moe import DeepwellMoE
+from .nn.moe import DeepwellMoE, update_expert_biases
 from .nn.moe_hf import swap_hf_moe
 from .plan.policy import LayerDecision, LayerInfo, PrecisionPolicy
 
@@ -115,4 +115,5 @@ __all__ = [
     "swap_hf_moe",
     "swizzle_scales",
     "unswizzle_scales",
+    "update_expert_biases",
 ]

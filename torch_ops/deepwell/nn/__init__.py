@@ -3,7 +3,7 @@ the Hugging Face conversion in `moe_hf`), its run-time guardrails
 (`guardrails`), and when the linear layers may reuse a quantized weight (`weight_cache`)."""
 
 from .linear import Linear
-from .moe import DeepwellMoE
+from .moe import DeepwellMoE, update_expert_biases
 from .moe_hf import swap_hf_moe
 
-__all__ = ["DeepwellMoE", "Linear", "swap_hf_moe"]
+__all__ = ["DeepwellMoE", "Linear", "swap_hf_moe", "update_expert_biases"]

@@ -173,7 +173,9 @@ class DeepwellMoE(nn.Module):
         score_func, renormalize, route_scale, n_group, topk_group, capacity_factor: the router (see
             the module docs). Defaults are Mixtral's.
         expert_bias: keep an aux-loss-free balancing bias (`expert_bias`, fp32, selection only),
-            updated by `update_expert_bias()` from the token counts of the training forwards.
+            updated by `update_expert_bias()` from the token counts of the training forwards
+            (deepwell.Trainer calls it after every optimizer step, through `update_expert_biases`);
+            `bias_update_rate`: its step (torchtitan's `load_balance_coeff`, 1e-3 by default).
         num_shared_experts, shared_ffn_dim: shared SwiGLU experts of hidden size
             `shared_ffn_dim` (default F · num_shared_experts, DeepSeek-V3's), added to every token;
             `shared_expert_gate`: scale them by sigmoid(x · w_g) (Qwen2-MoE).
@@ -204,6 +206,7 @@ class DeepwellMoE(nn.Module):
         topk_group: int = 0,
         capacity_factor: float | None = None,
         expert_bias: bool = False,
+        bias_update_rate: float = 1e-3,
         num_shared_experts: int = 0,
         shared_ffn_dim: int | None = None,
         shared_expert_gate: bool = False,
@@ -224,6 +227,8 @@ class DeepwellMoE(nn.Module):
         if recipe not in (*recipes.names(), "auto"):
             choices = ", ".join(repr(r) for r in (*recipes.names(), "auto"))
             raise ValueError(f"deepwell.DeepwellMoE: recipe must be one of {choices}, got {recipe!r}")
+        if not bias_update_rate >= 0:
+            raise ValueError(f"deepwell.DeepwellMoE: bias_update_rate must be >= 0, got {bias_update_rate!r}")
         if capacity_factor is not None and not capacity_factor > 0:
             raise ValueError(f"deepwell.DeepwellMoE: capacity_factor must be None or > 0, got {capacity_factor!r}")
         factory = {"device": device, "dtype": dtype}
@@ -231,6 +236,7 @@ class DeepwellMoE(nn.Module):
         self.score_func, self.renormalize, self.route_scale = score_func, renormalize, float(route_scale)
         self.n_group, self.topk_group, self.capacity_factor = n_group, topk_group, capacity_factor
         self.aux_loss, self.aux_loss_coef, self.z_loss_coef = aux_loss, aux_loss_coef, z_loss_coef
+        self.bias_update_rate = float(bias_update_rate)
         self.router_dtype, self.recipe = router_dtype, recipe
         self.policy, self.name, self.verbose = policy, name, verbose
         # Read once, here: a plain string is a constant to torch.compile.
@@ -365,9 +371,10 @@ class DeepwellMoE(nn.Module):
     # Aux-loss-free balancing
 
     @torch.no_grad()
-    def update_expert_bias(self, rate: float = 1e-3, group=None) -> None:
+    def update_expert_bias(self, rate: float | None = None, group=None) -> None:
         """b += rate · sign(mean(c) − c), centred (torchtitan's update: Δ −= mean(Δ)), then the
         counts c of the training forwards since the last update restart at 0 (arXiv:2408.15664).
+        `rate` defaults to the module's `bias_update_rate`.
 
         Under torch.distributed the counts are first summed over `group` (default: every process),
         so every data rank moves its bias alike from all ranks' tokens, as torchtitan does: from its
@@ -376,9 +383,13 @@ class DeepwellMoE(nn.Module):
         ignores. Every process of `group` must call it (a collective)."""
         if self.expert_bias is None:
             raise RuntimeError("deepwell.DeepwellMoE.update_expert_bias: built without expert_bias=True")
+        _sum_over_processes(self.tokens_per_expert, group)
+        self._move_bias(rate)
+
+    def _move_bias(self, rate: float | None) -> None:
+        """The update from counts already summed over the processes."""
+        rate = self.bias_update_rate if rate is None else rate
         c = self.tokens_per_expert
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-            dist.all_reduce(c, group=group)
         delta = rate * torch.sign(c.mean() - c)
         self.expert_bias.add_(delta - delta.mean())
         c.zero_()
@@ -404,3 +415,26 @@ class DeepwellMoE(nn.Module):
         from .moe_hf import to_hf
 
         return to_hf(self, config)
+
+
+def _sum_over_processes(t: torch.Tensor, group=None) -> None:
+    """`t` summed in place over the processes of `group` when torch.distributed runs several."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, group=group)
+
+
+@torch.no_grad()
+def update_expert_biases(model: nn.Module, group=None) -> int:
+    """`update_expert_bias()` of every DeepwellMoE in `model` that keeps an expert bias, each at its
+    own `bias_update_rate`, with all their counts summed over the processes in one all-reduce (a
+    collective: every process calls it at the same step). deepwell.Trainer calls it after each
+    optimizer step, as torchtitan's optimizer hook does. Returns how many modules it updated."""
+    moes = [m for m in model.modules() if isinstance(m, DeepwellMoE) and m.expert_bias is not None]
+    if not moes:
+        return 0
+    counts = torch.cat([m.tokens_per_expert for m in moes])
+    _sum_over_processes(counts, group)
+    for m, c in zip(moes, counts.split([m.num_experts for m in moes])):
+        m.tokens_per_expert.copy_(c)
+        m._move_bias(None)
+    return len(moes)

@@ -9,7 +9,10 @@
 Each step: deepwell's stochastic-rounding seeds restarted from (seed, step); the schedule's lr set;
 `grad_accum` micro-batches forward and backward inside `deepwell.microbatches()` (each weight
 quantized once per step), the loss scaled by 1/grad_accum; the gradient norm clipped; the optimizer
-step skipped and recorded when the loss or the norm is not finite. Logged to metrics.jsonl every
+step skipped and recorded when the loss or the norm is not finite; after it, the expert biases of
+the model's deepwell.DeepwellMoE blocks built with `expert_bias=True` move towards balance from the
+step's token counts (`update_expert_biases`, summed over the processes; torchtitan's optimizer
+hook). Logged to metrics.jsonl every
 `log_every` steps (loss, grad norm, lr, tokens/s), held-out loss every `eval_every` steps and at the
 end, fallbacks of deepwell.Linear guardrails as they happen; checkpoints every `checkpoint_every`
 steps and at the end (train/checkpoint.py); loss.png at the end (train/plots.py).
@@ -46,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _native
+from ..nn.moe import update_expert_biases
 from ..nn.weight_cache import microbatches
 from . import checkpoint, distributed, plots, sharded, state
 from .data import TokenBatches
@@ -295,6 +299,7 @@ class Trainer:
         skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
         if not skipped:
             self.optimizer.step()
+            update_expert_biases(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
