@@ -25,7 +25,6 @@ of the last step and records each rank's CheckpointError on loading it.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -35,6 +34,7 @@ import torch.distributed as dist
 import deepwell
 import deepwell.plan.backend
 from deepwell.models import Llama
+from _util import finish_rank
 
 STEPS, BATCH, SEQ, VOCAB = 3, 4, 64, 256
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
@@ -188,12 +188,7 @@ def main() -> None:
     }
     if saved:
         torch.save(saved, f"{out}.rank{rank}.pt")
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f)
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    finish_rank(result, rank, world, out)
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,6 @@ DEEPWELL_TEST_RECIPE sets the experts' recipe (default fp8_block, emulated on th
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -24,6 +23,7 @@ import deepwell
 import deepwell.plan.backend
 from deepwell.models.llama import RMSNorm
 from deepwell.nn.moe import update_expert_biases
+from _util import finish_rank
 
 STEPS, BATCH, SEQ, VOCAB, DIM, EXPERTS, TOP_K, LAYERS = 3, 4, 32, 256, 128, 4, 2, 2
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
@@ -104,12 +104,7 @@ def main() -> None:
         "sharded": type(model).__name__,
         "experts_sharded": type(model.layers[0].moe.experts.gate_up_proj).__name__,
     }
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f)
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    finish_rank(result, rank, world, out)
 
 
 if __name__ == "__main__":

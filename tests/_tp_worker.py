@@ -9,7 +9,6 @@ parallelism use tests/_fsdp_worker.py.)
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import deepwell  # noqa: F401  (the ops and their sharding rules)
+from _util import finish_rank
 
 U = 2.0**-24  # fp32's unit roundoff
 LAYOUTS = ("colwise", "rowwise", "replicated")
@@ -100,11 +100,7 @@ def main() -> None:
     rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     result = _ops(world)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    finish_rank(result, rank, world, out)
 
 
 if __name__ == "__main__":

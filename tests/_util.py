@@ -94,6 +94,19 @@ def trains_alike(a: list[float], b: list[float], rel: float = FP8_TRAINING_REL) 
     return len(a) == len(b) and all(abs(x - y) <= (1e-6 if i == 0 else rel) * abs(x) for i, (x, y) in enumerate(zip(a, b)))
 
 
+def finish_rank(result: dict, rank: int, world: int, out) -> None:
+    """The end of a process that `spawn` started: rank 0 writes `result` to `out` as JSON, then
+    every rank leaves the process group together."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
     """Runs `world` processes of tests/`script` (RANK WORLD STORE OUT: gloo on the CPU, joined
     through a file store) with `env_extra` added to the environment; fails with a rank's log if
