@@ -92,6 +92,11 @@ def cases(m: int, k: int):
          2 * n + n + 4 * (n // 16384)),
         ("fp8_block expert W^T (dgrad)", lambda x: ops.fp8_block_expert_weight(x.view(4, -1, x.shape[-1]), "dgrad"), None,
          2 * n + n + 4 * (n // 16384)),
+        # The MXFP8 experts' operands: the codes, their scales, then the scales read and written tiled.
+        ("mxfp8 expert W (fprop)", lambda x: ops.mxfp8_expert_weight(x.view(4, -1, x.shape[-1]), "fprop"), None,
+         mx1 + 2 * (n // 32)),
+        ("mxfp8 expert W^T (dgrad)", lambda x: ops.mxfp8_expert_weight(x.view(4, -1, x.shape[-1]), "dgrad"), None,
+         mx1 + 2 * (n // 32)),
         # fp8_tensor reads x twice (amax, then the cast).
         ("fp8_tensor (+amax pass)", lambda x: ops.fp8_tensor_quantize(x), torch_fp8_tensor, 2 * n + 2 * n + n),
         ("fp8_tensor rowcol e5m2", lambda x: ops.fp8_tensor_quantize_rowcol(x, "e5m2"), torch_fp8_tensor_rowcol, 4 * n + 2 * n),

@@ -73,6 +73,7 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
         "fp8_block_quantize_transposed": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float32),), {"pow2": False})],
         "fp8_block_expert_weight": [((_x(2, 128, 256), "fprop"), {}), ((_x(3, 256, 128, dtype=torch.float32), "dgrad"), {})],
+        "mxfp8_expert_weight": [((_x(2, 128, 256), "fprop"), {}), ((_x(3, 256, 128, dtype=torch.float32), "dgrad"), {})],
         "fp8_block_gemm": [
             ((*fb, *fb2), {}),
             ((*fb, *_fb(_x(72, 256, seed=3), 1, 128)), {"bias": _x(72), "out_dtype": torch.float32}),

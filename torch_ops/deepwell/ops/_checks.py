@@ -85,3 +85,17 @@ def quoted(s: str) -> str:
             out.append(c)
     more = f"... ({len(s)} characters)" if len(s) > _QUOTED_MAX else ""
     return '"' + "".join(out) + '"' + more
+
+
+def expert_weight(op: str, weight, want: str, why: tuple[str, str]) -> tuple[int, int, int]:
+    """The checks of the experts' weight-operand ops (as the Rust op makes them): `want` a pass,
+    `weight` (E, N, K) floats with N and K multiples of 128 (`why`: what needs each); (E, N, K)."""
+    if want not in ("fprop", "dgrad"):
+        fail(op, "want", 'be "fprop" or "dgrad"', quoted(want))
+    if weight.dim() != 3:
+        fail(op, "weight", "be 3-d (experts, out_features, in_features)", f"a {weight.dim()}-d tensor")
+    dtype_in(op, "weight", weight, FLOAT_INPUTS)
+    non_empty(op, "weight", weight, 3)
+    divisible(op, "weight", weight, 1, 128, why[0])
+    divisible(op, "weight", weight, 2, 128, why[1])
+    return tuple(weight.shape)

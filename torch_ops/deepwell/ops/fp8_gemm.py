@@ -106,16 +106,9 @@ def _wgrad_fake(a, a_scale, b, b_scale, offsets, out_dtype=None):
 
 @torch.library.register_fake("deepwell::fp8_block_expert_weight")
 def _expert_weight_fake(weight, want):
-    op = "fp8_block_expert_weight"
-    if want not in ("fprop", "dgrad"):
-        _checks.fail(op, "want", 'be "fprop" or "dgrad"', _checks.quoted(want))
-    if weight.dim() != 3:
-        _checks.fail(op, "weight", "be 3-d (experts, out_features, in_features)", f"a {weight.dim()}-d tensor")
-    _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
-    _checks.non_empty(op, "weight", weight, 3)
-    _checks.divisible(op, "weight", weight, 1, 128, "fp8_block quantizes W^T along out_features in 128x128 tiles")
-    _checks.divisible(op, "weight", weight, 2, 128, "fp8_block quantizes W along in_features in 128x128 tiles")
-    e, n, k = weight.shape
+    e, n, k = _checks.expert_weight("fp8_block_expert_weight", weight, want, (
+        "fp8_block quantizes W^T along out_features in 128x128 tiles",
+        "fp8_block quantizes W along in_features in 128x128 tiles"))
     shapes = ((e, n, k), (e, n // 128, k // 128)) if want == "fprop" else ((k, e * n), (k // 128, e * n // 128))
     return (weight.new_empty(shapes[0], dtype=torch.float8_e4m3fn),
             weight.new_empty(shapes[1], dtype=torch.float32))

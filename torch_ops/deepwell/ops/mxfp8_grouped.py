@@ -29,8 +29,29 @@ import warnings
 
 import torch
 
+from . import _checks, _nondiff
+from ._library import define
+
 #: MXFP8's block along the quantized dimension, and the tiled layout's tile (rows x scale columns).
 BLOCK, TILE_ROWS, TILE_COLS = 32, 128, 4
+
+# The experts' weight operands, through the weight cache (rust/ops/src/ops/linear/expert_weight.rs):
+# want "fprop" -> mxfp8_quantize(weight, -1) with expert_scales of its scales; "dgrad" -> the same of
+# weight.transpose(1, 2) (each expert's W^T along N).
+define("mxfp8_expert_weight(Tensor weight, str want) -> (Tensor data, Tensor scale)")
+
+
+@torch.library.register_fake("deepwell::mxfp8_expert_weight")
+def _expert_weight_fake(weight, want):
+    e, n, k = _checks.expert_weight("mxfp8_expert_weight", weight, want, (
+        "an expert's MXFP8 scales tile 128 rows (W) and W^T quantizes along out_features in 128x4 tiles",
+        "W's MXFP8 scales tile 4 blocks of 32 along in_features, 128 rows of W^T"))
+    rows, cols = (n, k) if want == "fprop" else (k, n)
+    return (weight.new_empty((e, rows, cols), dtype=torch.float8_e4m3fn),
+            weight.new_empty((e, rows * cols // BLOCK), dtype=torch.float8_e8m0fnu))
+
+
+_nondiff.register("mxfp8_expert_weight")
 
 
 def available_on(device: torch.device) -> bool:
@@ -103,9 +124,11 @@ class GroupedMxfp8(torch.autograd.Function):
     def forward(ctx, x, weight, offsets):
         ops = torch.ops.deepwell
         x_rows, x_rows_s, x_cols, x_cols_s = ops.mxfp8_quantize_rowcol(x.contiguous(), "rceil", "e4m3", True, False)
-        w, w_s = ops.mxfp8_quantize(weight, -1, "rceil", "e4m3")  # (E, N, K) along K
+        # (E, N, K) along K, each expert's scales tiled; through the weight cache (made here outside
+        # a reuse scope, once per optimizer step for both passes inside deepwell.microbatches()).
+        w, w_s = ops.mxfp8_expert_weight(weight, "fprop")
         out = torch._scaled_grouped_mm(x_rows, w.transpose(-2, -1), row_group_scales(x_rows_s, offsets),
-                                       expert_scales(w_s), offs=offsets[1:], out_dtype=torch.bfloat16)
+                                       w_s, offs=offsets[1:], out_dtype=torch.bfloat16)
         ctx.save_for_backward(x_cols, x_cols_s, weight, offsets)
         ctx.x_dtype = x.dtype
         return out.to(x.dtype)
@@ -119,9 +142,9 @@ class GroupedMxfp8(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # W^T along N: the codes of each expert's (K, N) transpose (the quantizer reads the
             # transposed view and writes contiguous codes), read column-major as (N, K).
-            wt, wt_s = ops.mxfp8_quantize(weight.transpose(-2, -1), -1, "rceil", "e4m3")
+            wt, wt_s = ops.mxfp8_expert_weight(weight, "dgrad")
             dx = torch._scaled_grouped_mm(dy_rows, wt.transpose(-2, -1), row_group_scales(dy_rows_s, offsets),
-                                          expert_scales(wt_s), offs=offsets[1:], out_dtype=torch.bfloat16)
+                                          wt_s, offs=offsets[1:], out_dtype=torch.bfloat16)
             dx = dx.to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             # dW_e = dy_e^T x_e: (N, R) row-major times (R, K) column-major, both along the tokens.
