@@ -108,8 +108,8 @@ def span_rows(device: str, calls: int) -> list[dict]:
             torch.cuda.synchronize()
         spans = _native.call("host_time")
         _native.call("host_time", {"enable": False})
-        per_call = {name: secs / calls * 1e6 for name, (secs, _) in spans.items()}
-        counts = {name: n / calls for name, (_, n) in spans.items()}
+        per_call = {name: secs / calls * 1e6 for name, (secs, *_) in spans.items()}
+        counts = {name: n / calls for name, (_, n, *_) in spans.items()}
         print(f"{label}: {host:.0f} us of host time per call")
         for name, us in sorted(per_call.items(), key=lambda kv: -kv[1]):
             print(f"    {us:8.1f} us {counts[name]:5.1f}x  {name}")

@@ -10,7 +10,8 @@ GPU trails the host (`phase_lag`: whether the host sets the pace); `--profile` a
 profile of FSDP2's regions on the host and the kernel time by kind. Python's garbage collection
 runs as deepwell.Trainer runs it (`--gc-every`). `--sm-carveout N` replaces the plan's SMs for the
 collectives; `--backward-carveout N` gives the backward's GEMMs another carveout than the forward's
-(the collectives keep the forward's CTA count).
+(the collectives keep the forward's CTA count). `--spans` times deepwell's own host spans over
+the timed steps and prints the ops whose single longest call took longest (a pause inside an op).
 
 A config is "<processes>x<global batch rows>[tp]": "1x4" one GPU with 4 rows of SEQ tokens, "2x8" two
 processes with 4 rows each (FSDP2), "2x4tp" two processes splitting every layer (tensor parallel 2)
@@ -172,6 +173,8 @@ def _worker(args) -> None:
     ends = []  # an event at each step's end: the spread of step times, without syncing between them
     host_ends = []  # and when each rank's host finished launching it: a host pause shows as a gap here
     usage = []  # and what the main thread did meanwhile (what a pause was: computing, descheduled, faulting)
+    if args.spans:
+        deepwell._native.call("host_time", {"enable": True})
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
@@ -182,6 +185,7 @@ def _worker(args) -> None:
             ends[-1].record()
     sync()
     ms = (time.perf_counter() - t0) / args.steps * 1e3
+    spans = _longest_spans(args.steps) if args.spans else {}
     each = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
     host_each = torch.tensor([(b - a) * 1e3 for a, b in zip(host_ends, host_ends[1:])], device=device)
     usage_each = torch.tensor([[y - x for x, y in zip(a, b)] for a, b in zip(usage, usage[1:])], device=device)
@@ -224,12 +228,26 @@ def _worker(args) -> None:
             "parallelism": plan.parallelism, "unit_blocks": plan.sharding.get("unit_blocks"), "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
             "estimate": str(estimate), "kernel_ms": kernels,
-            "phases": phases, "host_regions_ms": host_regions, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
+            "phases": phases, "host_regions_ms": host_regions, "spans": spans, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
         }
         with open(args.out, "w") as f:
             json.dump(out, f)
     if world > 1:
         dist.destroy_process_group()
+
+
+def _longest_spans(steps: int, top: int = 12) -> dict[str, dict[str, float]]:
+    """deepwell's host-time spans over the timed steps (rust/ops/src/host_time.rs; read, then
+    switched off): the `top` whose single longest call took longest, each with that call's ms, its
+    ms and calls per step. A pause inside a deepwell op (a lock, a blocked launch) shows as a
+    longest call far above the op's mean."""
+    from deepwell import _native
+
+    spans = _native.call("host_time")
+    _native.call("host_time", {"enable": False})
+    ranked = sorted(spans.items(), key=lambda kv: -kv[1][2])[:top]
+    return {name: {"longest_ms": longest * 1e3, "ms_per_step": secs * 1e3 / steps, "calls_per_step": n / steps}
+            for name, (secs, n, longest) in ranked}
 
 
 USAGE_FIELDS = ("cpu_ms", "involuntary_switches", "voluntary_switches", "minor_faults", "major_faults")
@@ -359,6 +377,7 @@ def _launch(args, config: str, out: str) -> dict:
            os.path.abspath(__file__), "--worker", "--config", config, "--out", out, "--model", args.model,
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
+    cmd += ["--spans"] * args.spans
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
     for flag in ("forward_prefetch", "unit_blocks", "backward_carveout"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -385,6 +404,8 @@ def main() -> None:
     p.add_argument("--backward-carveout", type=int, default=None,
                    help="SMs torch's GEMMs leave free in the backward (the forward keeps the plan's or --sm-carveout)")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
+    p.add_argument("--spans", action="store_true",
+                   help="time deepwell's host spans over the timed steps: each op's longest call (rank 0)")
     p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
     p.add_argument("--trace", default=None, help="with --profile: rank 0's profiled steps as a Chrome trace to this file")
     p.add_argument("--forward-prefetch", type=int, default=None,
@@ -442,6 +463,9 @@ def main() -> None:
                         cpu, invol, vol, minflt, majflt = usage[rank][i]
                         print(f"{'':<8}   step {i + 1}: host {v:.0f} ms, main thread CPU {cpu:.0f} ms, switches "
                               f"{invol:.0f} involuntary / {vol:.0f} voluntary, page faults {minflt:.0f} minor / {majflt:.0f} major")
+        for name, v in r.get("spans", {}).items():
+            print(f"{'':<8} span {name}: longest call {v['longest_ms']:.2f} ms; {v['ms_per_step']:.2f} ms "
+                  f"in {v['calls_per_step']:.0f} calls a step")
         if r.get("unit_blocks"):
             print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks")
         if r.get("host_ms"):

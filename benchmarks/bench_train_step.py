@@ -103,7 +103,7 @@ def host_ms(step, steps: int = 3) -> tuple[float, dict[str, tuple[float, float]]
     _native.call("host_time", {"enable": False})
     names = {spec["op"] for spec in _native.call("kernel_table")}  # the ops' own spans, not their parts
     ops = {f"deepwell::{name}": (secs / steps * 1e3, n / steps)
-           for name, (secs, n) in spans.items() if name in names}
+           for name, (secs, n, *_) in spans.items() if name in names}
     return host, ops
 
 

@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use crate::capi::{fields, Answer};
 
 static ON: AtomicBool = AtomicBool::new(false);
-/// name -> (total nanoseconds, count).
-static TOTALS: Mutex<Option<HashMap<&'static str, (u64, u64)>>> = Mutex::new(None);
+/// name -> (total nanoseconds, count, longest span's nanoseconds).
+static TOTALS: Mutex<Option<HashMap<&'static str, (u64, u64, u64)>>> = Mutex::new(None);
 
 /// A running span; records on drop.
 pub struct Span {
@@ -47,15 +47,17 @@ impl Drop for Span {
         if let Some(start) = self.start {
             let ns = start.elapsed().as_nanos() as u64;
             let mut totals = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
-            let e = totals.get_or_insert_with(HashMap::new).entry(self.name).or_insert((0, 0));
+            let e = totals.get_or_insert_with(HashMap::new).entry(self.name).or_insert((0, 0, 0));
             e.0 += ns;
             e.1 += 1;
+            e.2 = e.2.max(ns);
         }
     }
 }
 
 /// `host_time`: `{"enable": bool}` switches timing on (totals reset) or off; `{}` reads the totals
-/// as `{name: [seconds, count]}`.
+/// as `{name: [seconds, count, longest seconds]}` (the longest single span: where a rare pause of
+/// the host goes).
 pub fn entry(req: &Value) -> Answer {
     if req.get("enable").is_some() {
         let on = fields::flag(req, "enable")?;
@@ -64,7 +66,10 @@ pub fn entry(req: &Value) -> Answer {
         return Ok(Value::Null);
     }
     let totals = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
-    let map = totals.iter().flatten().map(|(name, (ns, n))| (name.to_string(), json!([*ns as f64 * 1e-9, n])));
+    let map = totals
+        .iter()
+        .flatten()
+        .map(|(name, (ns, n, longest))| (name.to_string(), json!([*ns as f64 * 1e-9, n, *longest as f64 * 1e-9])));
     Ok(Value::Object(map.collect()))
 }
 
@@ -85,6 +90,9 @@ mod tests {
         assert_eq!(t["outer"][1], 3);
         assert_eq!(t["inner"][1], 3);
         assert!(t["outer"][0].as_f64().unwrap() >= t["inner"][0].as_f64().unwrap());
+        // The longest span lies between the mean and the total.
+        let (total, longest) = (t["outer"][0].as_f64().unwrap(), t["outer"][2].as_f64().unwrap());
+        assert!(longest <= total && longest * 3.0 >= total, "{t}");
         assert!(t.get("off").is_none());
     }
 }
