@@ -199,7 +199,7 @@ impl Device {
         let nvrtc = nvrtc::load(path)?;
         let disk = cfg.cache_dir.as_ref().map(DiskCache::new);
         let start = std::time::Instant::now();
-        let (cubin, lowered, how, key) = cached_compile(&nvrtc, disk.as_ref(), kernel, &self.arch)?;
+        let (cubin, lowered, how, key) = cached_compile(nvrtc, disk.as_ref(), kernel, &self.arch)?;
         if cfg.print_compile {
             let ms = start.elapsed().as_secs_f64() * 1e3;
             eprintln!(
@@ -320,7 +320,7 @@ pub fn compile_all(nvrtc_path: &str, kernels: &[KernelId], archs: &[String]) -> 
     let mut out = Vec::new();
     for arch in archs {
         for &kernel in kernels {
-            let (cubin, ..) = cached_compile(&nvrtc, disk.as_ref(), kernel, arch)?;
+            let (cubin, ..) = cached_compile(nvrtc, disk.as_ref(), kernel, arch)?;
             out.push((kernel.name_expression(), arch.clone(), cubin.len()));
         }
     }

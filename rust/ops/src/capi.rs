@@ -112,8 +112,12 @@ pub fn call(name: &str, request: &str) -> Value {
 #[no_mangle]
 pub unsafe extern "C" fn deepwell_call(name: *const c_char, request: *const c_char) -> *const c_char {
     let text = |p: *const c_char| {
-        // SAFETY: guaranteed by the caller.
-        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()).unwrap_or_default()
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: guaranteed by the caller.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
     };
     let answer = catch_unwind(|| call(&text(name), &text(request)))
         .unwrap_or_else(|_| json!({"error": "internal panic (a bug in deepwell, please report)", "kind": "failed"}));

@@ -19,8 +19,16 @@ use serde_json::{json, Value};
 use crate::capi::{fields, Answer};
 
 static ON: AtomicBool = AtomicBool::new(false);
-/// name -> (total nanoseconds, count, longest span's nanoseconds).
-static TOTALS: Mutex<Option<HashMap<&'static str, (u64, u64, u64)>>> = Mutex::new(None);
+/// One name's spans so far.
+#[derive(Clone, Copy, Default)]
+struct Total {
+    ns: u64,
+    count: u64,
+    /// The longest single span.
+    longest_ns: u64,
+}
+
+static TOTALS: Mutex<Option<HashMap<&'static str, Total>>> = Mutex::new(None);
 
 /// A running span; records on drop.
 pub struct Span {
@@ -47,10 +55,10 @@ impl Drop for Span {
         if let Some(start) = self.start {
             let ns = start.elapsed().as_nanos() as u64;
             let mut totals = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
-            let e = totals.get_or_insert_with(HashMap::new).entry(self.name).or_insert((0, 0, 0));
-            e.0 += ns;
-            e.1 += 1;
-            e.2 = e.2.max(ns);
+            let e = totals.get_or_insert_with(HashMap::new).entry(self.name).or_default();
+            e.ns += ns;
+            e.count += 1;
+            e.longest_ns = e.longest_ns.max(ns);
         }
     }
 }
@@ -69,7 +77,7 @@ pub fn entry(req: &Value) -> Answer {
     let map = totals
         .iter()
         .flatten()
-        .map(|(name, (ns, n, longest))| (name.to_string(), json!([*ns as f64 * 1e-9, n, *longest as f64 * 1e-9])));
+        .map(|(name, t)| (name.to_string(), json!([t.ns as f64 * 1e-9, t.count, t.longest_ns as f64 * 1e-9])));
     Ok(Value::Object(map.collect()))
 }
 
