@@ -71,7 +71,9 @@ def _ceil(n, m):
 
 def expert_scales(scale: torch.Tensor) -> torch.Tensor:
     """(E, rows, C) scales of stacked expert weights -> (E, rows * C): each expert's scales tiled
-    on their own (rows a multiple of 128, C of 4, so no tile spans two experts)."""
+    on their own (rows a multiple of 128, C of 4, so no tile spans two experts). The layout of
+    `mxfp8_expert_weight`'s scales, which the Rust op makes itself (through the weight cache); this
+    is its definition in torch ops, the one the tests compare it with."""
     e, rows, cols = scale.shape
     return torch.ops.deepwell.swizzle_scales(scale.reshape(e * rows, cols)).view(e, rows * cols)
 
