@@ -92,11 +92,16 @@ def layer_cases(device: str) -> list[tuple[str, object]]:
 
 
 def span_rows(device: str, calls: int) -> list[dict]:
-    """Per op: wall us per call (back-to-back, kernels included) and each host-time span's us per call."""
+    """Per op: wall us per call (back-to-back, kernels included) and each host-time span's us per
+    call; on the GPU each op twice: FP8 GEMMs on cuBLASLt called directly (the default,
+    rust/ops/src/gemm/cublaslt.rs), then through `aten::_scaled_mm_v2` (what they replace)."""
     from deepwell import _native
 
     rows = []
-    for label, fn in layer_cases(device):
+    direct = [True, False] if device == "cuda" else [True]
+    for label, fn, on in ((f"{label}{'' if on else ' (aten::_scaled_mm_v2)'}", fn, on)
+                          for label, fn in layer_cases(device) for on in direct):
+        _native.call("direct_cublaslt", {"enable": on})
         for _ in range(10):
             fn()
         _native.call("host_time", {"enable": True})
@@ -114,7 +119,8 @@ def span_rows(device: str, calls: int) -> list[dict]:
         for name, us in sorted(per_call.items(), key=lambda kv: -kv[1]):
             print(f"    {us:8.1f} us {counts[name]:5.1f}x  {name}")
         rows.append({"call": label, "host_us_per_call": host, "spans_us_per_call": per_call,
-                     "spans_per_call": counts})
+                     "spans_per_call": counts, "direct_cublaslt": on})
+    _native.call("direct_cublaslt", {"enable": True})
     return rows
 
 

@@ -85,6 +85,8 @@ def _worker(args) -> None:
     deepwell.plan.backend.ensure_registered()
     if args.sm_carveout is not None:
         torch._C._set_sm_carveout_experimental(args.sm_carveout)
+    if args.aten_scaled_mm:  # the FP8 GEMMs through aten::_scaled_mm_v2, as before deepwell called cuBLASLt itself
+        deepwell._native.call("direct_cublaslt", {"enable": False})
 
     procs, rows, tensor, sequence = parse_config(args.config)
     dim, heads, hidden, layers = MODELS[args.model]
@@ -175,7 +177,7 @@ def _worker(args) -> None:
     usage = []  # and what the main thread did meanwhile (what a pause was: computing, descheduled, faulting)
     if args.spans:
         deepwell._native.call("host_time", {"enable": True})
-    t0 = time.perf_counter()
+    t0, t0_unix = time.perf_counter(), time.time()
     for _ in range(args.steps):
         step()
         host_ends.append(time.perf_counter())
@@ -186,6 +188,10 @@ def _worker(args) -> None:
     sync()
     ms = (time.perf_counter() - t0) / args.steps * 1e3
     spans = _longest_spans(args.steps) if args.spans else {}
+    if args.spans and world > 1:  # every rank's: a pause on one rank shows on the other as a wait
+        by_rank = [None] * world
+        dist.all_gather_object(by_rank, spans)
+        spans = {f"rank {r} {name}": v for r, s in enumerate(by_rank) for name, v in s.items()}
     each = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
     host_each = torch.tensor([(b - a) * 1e3 for a, b in zip(host_ends, host_ends[1:])], device=device)
     usage_each = torch.tensor([[y - x for x, y in zip(a, b)] for a, b in zip(usage, usage[1:])], device=device)
@@ -199,6 +205,13 @@ def _worker(args) -> None:
     host_regions = _host_regions(step, sync) if args.profile and cuda else {}
     settle()
     kernels = _kernel_split(step, sync, 3, args.trace if rank == 0 else None) if args.profile and cuda else {}
+    timeline = []
+    if args.timeline and cuda:
+        settle()
+        timeline = [_step_timeline(step, sync, args.timeline)]
+        if world > 1:
+            timeline = [None] * world
+            dist.all_gather_object(timeline, _step_timeline(step, sync, args.timeline))
 
     # The global loss of each step: the ranks' means over equal row counts, averaged (tensor ranks
     # of one data rank hold the same rows, so their mean is that data rank's loss).
@@ -218,8 +231,10 @@ def _worker(args) -> None:
     if rank == 0:
         out = {
             "config": args.config, "processes": procs, "global_rows": rows, "tensor": tensor, "seq": seq,
-            "tokens_per_step": rows * seq, "step_ms": ms, "step_ms_each": each,
+            "tokens_per_step": rows * seq, "step_ms": ms, "aten_scaled_mm": args.aten_scaled_mm, "step_ms_each": each,
             "host_ms_each": [h.tolist() for h in host_by_rank],
+            # Rank 0's step ends on the wall clock: to line steps up with a GPU monitor's samples.
+            "host_end_unix": [t0_unix + (h - t0) for h in host_ends],
             "thread_usage_each": {"fields": list(USAGE_FIELDS), "ranks": [u.tolist() for u in usage_by_rank]},
             "allocator_calls": allocator, "host_ms": host, "tokens_per_s": rows * seq / ms * 1e3,
             "first_call_s": first_s, "peak_bytes_per_rank": [int(p) for p in peaks.tolist()],
@@ -228,7 +243,7 @@ def _worker(args) -> None:
             "parallelism": plan.parallelism, "unit_blocks": plan.sharding.get("unit_blocks"), "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
             "estimate": str(estimate), "kernel_ms": kernels,
-            "phases": phases, "host_regions_ms": host_regions, "spans": spans, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
+            "phases": phases, "host_regions_ms": host_regions, "spans": spans, "timeline": timeline, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
         }
         with open(args.out, "w") as f:
             json.dump(out, f)
@@ -367,6 +382,48 @@ def _kernel_split(step, sync, steps: int, trace: str | None = None) -> dict[str,
     return {**kinds, "busy": busy / steps / 1e3}
 
 
+def _step_timeline(step, sync, steps: int) -> list[dict]:
+    """Each of `steps` profiled steps on this rank's GPU (CUDA activity only), cut at a marker kernel
+    launched on the compute stream before each step: its span, the compute stream's busy ms and
+    its longest idle gap with the kernel that ended it (the GPU waiting on the host's launches, or
+    on a collective it was told to wait for), and NCCL's kernel ms with the longest one (a
+    collective's kernel runs until its peer joins, so a long one means the other rank was late)."""
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            torch.cuda._sleep(1)  # the marker: aten's "spin_kernel", launched nowhere else
+            step()
+        torch.cuda._sleep(1)
+        sync()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+        with open(os.path.join(tmp, "trace.json")) as f:
+            kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    kernels.sort(key=lambda e: e["ts"])
+    marks = [e for e in kernels if "spin_kernel" in e["name"]]
+    compute = marks[0]["args"]["stream"]
+    out = []
+    for lo, hi in zip(marks, marks[1:]):
+        inside = [e for e in kernels if lo["ts"] < e["ts"] < hi["ts"]]
+        mine = [e for e in inside if e["args"]["stream"] == compute]
+        nccl = [e for e in inside if "nccl" in e["name"].lower()]
+        gap, after, end = 0.0, "", lo["ts"] + lo["dur"]
+        for e in mine:
+            if e["ts"] - end > gap:
+                gap, after = e["ts"] - end, e["name"][:60]
+            end = max(end, e["ts"] + e["dur"])
+        longest = max(nccl, key=lambda e: e["dur"], default=None)
+        out.append({
+            "ms": (hi["ts"] - lo["ts"]) / 1e3, "compute_busy_ms": sum(e["dur"] for e in mine) / 1e3,
+            "longest_gap_ms": gap / 1e3, "gap_before": after, "nccl_ms": sum(e["dur"] for e in nccl) / 1e3,
+            "longest_nccl_ms": longest["dur"] / 1e3 if longest else 0.0,
+            "longest_nccl": longest["name"][:40] if longest else "",
+        })
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Launcher: one torchrun per config, then the table.
 
@@ -377,7 +434,7 @@ def _launch(args, config: str, out: str) -> dict:
            os.path.abspath(__file__), "--worker", "--config", config, "--out", out, "--model", args.model,
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
-    cmd += ["--spans"] * args.spans
+    cmd += ["--spans"] * args.spans + ["--timeline", str(args.timeline)] + ["--aten-scaled-mm"] * args.aten_scaled_mm
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
     for flag in ("forward_prefetch", "unit_blocks", "backward_carveout"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -404,8 +461,12 @@ def main() -> None:
     p.add_argument("--backward-carveout", type=int, default=None,
                    help="SMs torch's GEMMs leave free in the backward (the forward keeps the plan's or --sm-carveout)")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
+    p.add_argument("--aten-scaled-mm", action="store_true",
+                   help="FP8 GEMMs through aten::_scaled_mm_v2 instead of cuBLASLt called directly (to compare)")
     p.add_argument("--spans", action="store_true",
-                   help="time deepwell's host spans over the timed steps: each op's longest call (rank 0)")
+                   help="time deepwell's host spans over the timed steps: each op's longest call (every rank)")
+    p.add_argument("--timeline", type=int, default=0, metavar="STEPS",
+                   help="also profile STEPS more steps' kernels: per step and rank, the GPU's idle gaps and NCCL's waits")
     p.add_argument("--profile", action="store_true", help="also each run's kernel ms by kind (NCCL's included) on rank 0")
     p.add_argument("--trace", default=None, help="with --profile: rank 0's profiled steps as a Chrome trace to this file")
     p.add_argument("--forward-prefetch", type=int, default=None,
@@ -466,6 +527,15 @@ def main() -> None:
         for name, v in r.get("spans", {}).items():
             print(f"{'':<8} span {name}: longest call {v['longest_ms']:.2f} ms; {v['ms_per_step']:.2f} ms "
                   f"in {v['calls_per_step']:.0f} calls a step")
+        for rank, steps in enumerate(r.get("timeline") or []):
+            # The typical step, then every step 10 ms longer: where its time went on this GPU.
+            typical = statistics.median(t["ms"] for t in steps)
+            for i, t in enumerate(steps):
+                if i == 0 or t["ms"] > typical + 10:
+                    print(f"{'':<8} rank {rank} profiled step {i + 1}: {t['ms']:.1f} ms (median {typical:.1f}); "
+                          f"compute stream busy {t['compute_busy_ms']:.1f}, longest gap {t['longest_gap_ms']:.1f} "
+                          f"before {t['gap_before']}; NCCL {t['nccl_ms']:.1f}, longest {t['longest_nccl_ms']:.1f} "
+                          f"({t['longest_nccl']})")
         if r.get("unit_blocks"):
             print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks")
         if r.get("host_ms"):

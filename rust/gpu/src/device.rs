@@ -182,7 +182,8 @@ impl Device {
         self.max_smem_optin
     }
 
-    fn make_current(&self) -> Result<()> {
+    /// Makes this device's primary context current on the calling thread (as every launch does).
+    pub fn make_current(&self) -> Result<()> {
         // SAFETY: a retained primary context; making it current on this thread is always valid.
         driver("cuCtxSetCurrent", unsafe { result::ctx::set_current(self.ctx) })
     }

@@ -4,7 +4,7 @@
 use deepwell_core::policy::{GemmBackend, ScalingType};
 
 use super::operand::Operand;
-use super::{epilogue, scaled_mm_model};
+use super::{cublaslt, epilogue, scaled_mm_model};
 use crate::aten::{self, Scales};
 use crate::check::Backend;
 use crate::dtype::{DType, Device};
@@ -40,11 +40,7 @@ pub fn run(op: Op, backend: GemmBackend, a: Operand, b: Operand, bias: Option<Te
         (
             Operand::Blockwise { data: a, scale: sa, scaling: ta },
             Operand::Blockwise { data: b, scale: sb, scaling: tb },
-        ) => {
-            let sa = Scales { tensors: vec![sa], recipes: vec![ta.torch_code()], swizzles: vec![NO_SWIZZLE] };
-            let sb = Scales { tensors: vec![sb], recipes: vec![tb.torch_code()], swizzles: vec![NO_SWIZZLE] };
-            scaled(op, a, b, sa, sb, bias, out)
-        }
+        ) => blockwise(op, a, b, (sa, ta), (sb, tb), bias, out),
         (
             Operand::Mx { data: a, scale: sa, global: ga, scaling: ta },
             Operand::Mx { data: b, scale: sb, global: gb, scaling: tb },
@@ -86,6 +82,36 @@ fn scaled(op: Op, a: Tensor, b: Tensor, sa: Scales, sb: Scales, bias: Option<Ten
     }
     let y = aten::scaled_mm_v2(op, a, bt, sa, sb, None, DType::F32)?;
     epilogue::apply(op, y, None, bias, out)
+}
+
+/// An FP8 GEMM with tensor-wise or block (1x128, 128x128) scales: on CUDA, cuBLASLt called
+/// directly (`cublaslt.rs`, the same call without `_scaled_mm_v2`'s per-call setup) wherever it takes
+/// the operands; else `_scaled_mm_v2`, or its CPU model.
+fn blockwise(
+    op: Op,
+    a: Tensor,
+    b: Tensor,
+    sa: (Tensor, ScalingType),
+    sb: (Tensor, ScalingType),
+    bias: Option<Tensor>,
+    out: DType,
+) -> Result<Tensor> {
+    let mut bias = bias;
+    if a.device() != Device::Cpu {
+        // As in `scaled`: a bf16 bias is added into a bf16 output by cuBLASLt; other outputs come
+        // out fp32 and go through the epilogue.
+        let fused = out == DType::BF16;
+        if fused {
+            bias = bias.map(|t| aten::to_dtype(op, t, DType::BF16)).transpose()?;
+        }
+        let (lt_bias, lt_out) = if fused { (bias.as_ref(), DType::BF16) } else { (None, DType::F32) };
+        if let Some(y) = cublaslt::scaled_mm(op, &a, &b, (&sa.0, sa.1), (&sb.0, sb.1), lt_bias, lt_out)? {
+            return if fused { Ok(y) } else { epilogue::apply(op, y, None, bias, out) };
+        }
+    }
+    let sa = Scales { tensors: vec![sa.0], recipes: vec![sa.1.torch_code()], swizzles: vec![NO_SWIZZLE] };
+    let sb = Scales { tensors: vec![sb.0], recipes: vec![sb.1.torch_code()], swizzles: vec![NO_SWIZZLE] };
+    scaled(op, a, b, sa, sb, bias, out)
 }
 
 /// MX block scales, swizzled; NVFP4 adds its per-tensor decode scale as a second, tensor-wise scale.
