@@ -67,6 +67,8 @@ def _worker(args) -> None:
     import torch.distributed as dist
 
     import deepwell
+
+    cpus = deepwell.pin_cores() if args.pin_cores else sorted(os.sched_getaffinity(0))  # before CUDA and NCCL
     import deepwell.plan.backend
     from deepwell.models import Llama
     from deepwell.train.distributed import shard_rows
@@ -231,7 +233,8 @@ def _worker(args) -> None:
     if rank == 0:
         out = {
             "config": args.config, "processes": procs, "global_rows": rows, "tensor": tensor, "seq": seq,
-            "tokens_per_step": rows * seq, "step_ms": ms, "aten_scaled_mm": args.aten_scaled_mm, "step_ms_each": each,
+            "tokens_per_step": rows * seq, "step_ms": ms, "aten_scaled_mm": args.aten_scaled_mm,
+            "cpus_rank0": len(cpus), "pinned": args.pin_cores, "step_ms_each": each,
             "host_ms_each": [h.tolist() for h in host_by_rank],
             # Rank 0's step ends on the wall clock: to line steps up with a GPU monitor's samples.
             "host_end_unix": [t0_unix + (h - t0) for h in host_ends],
@@ -435,6 +438,7 @@ def _launch(args, config: str, out: str) -> dict:
            "--precision", args.precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
     cmd += ["--spans"] * args.spans + ["--timeline", str(args.timeline)] + ["--aten-scaled-mm"] * args.aten_scaled_mm
+    cmd += ["--pin-cores"] * args.pin_cores
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
     for flag in ("forward_prefetch", "unit_blocks", "backward_carveout"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -461,6 +465,8 @@ def main() -> None:
     p.add_argument("--backward-carveout", type=int, default=None,
                    help="SMs torch's GEMMs leave free in the backward (the forward keeps the plan's or --sm-carveout)")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
+    p.add_argument("--pin-cores", action="store_true",
+                   help="pin each rank to its own physical cores (deepwell.pin_cores), before CUDA starts")
     p.add_argument("--aten-scaled-mm", action="store_true",
                    help="FP8 GEMMs through aten::_scaled_mm_v2 instead of cuBLASLt called directly (to compare)")
     p.add_argument("--spans", action="store_true",

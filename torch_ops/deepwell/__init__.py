@@ -49,6 +49,7 @@ _native.load()
 from ._native import manual_seed  # noqa: E402
 from .nn.weight_cache import clear_weight_cache, microbatches, weight_cache_info  # noqa: E402
 from .train import Trainer, export, load  # noqa: E402
+from .train.affinity import pin_cores  # noqa: E402
 
 
 def last_plan():
@@ -108,6 +109,7 @@ __all__ = [
     "nvfp4_quantize",
     "optimize",
     "optimize_for_blackwell",
+    "pin_cores",
     "policy_report",
     "print_hardware_info",
     "probe",
