@@ -3,24 +3,25 @@
 //! rebuilt on every call.
 //!
 //! Why: `_scaled_mm_v2` builds its matmul descriptor and layouts and asks cuBLASLt's heuristic for
-//! an algorithm on every call. On the H100 that costs ~20 us of host time a GEMM
-//! (benchmarks/bench_overhead.py), against ~14 us for a whole bf16 `torch.mm`; a 0.95B training
-//! step makes 288 such GEMMs. Under FSDP2 on 2 GPUs the fp8_block step's host time sits close to
-//! its GPU time, so host jitter on one rank stalls both (README "Several GPUs").
+//! an algorithm on every call. On the H100 a block-scaled GEMM cost 20-46 us of host time through
+//! it (two leases) and 25 us or less called directly (benchmarks/bench_overhead.py --spans, the
+//! `-cublaslt` results); a 0.95B training step makes 288 such GEMMs. Under FSDP2 on 2 GPUs the
+//! fp8_block step's host time sits close to its GPU time (README "Several GPUs").
 //!
 //! What is the same as torch's call (aten/src/ATen/cuda/CUDABlas.cpp `scaled_gemm`, torch 2.11):
 //! the same library (torch's own libcublasLt, found already loaded), the same row-major-as-
 //! transposed mapping (cuBLAS's A is our B with TRANSA = T, cuBLAS's B is our A), the same scale
 //! modes and pointers, compute type, bias epilogue, SM count target under a carveout, fast
-//! accumulation off, and the same heuristic preference (the workspace limit torch gives cuBLASLt:
-//! `CUBLASLT_WORKSPACE_SIZE` KiB, default 1024). Same inputs to the heuristic, so the same algorithm
-//! (tests/test_cublaslt_direct.py compares the bits).
+//! accumulation off, and the same heuristic inputs: the descriptor with its scale pointers set (the
+//! heuristic finds nothing for the block modes without them) and torch's workspace limit
+//! (`CUBLASLT_WORKSPACE_SIZE` KiB, default 1024). So the same algorithm: tests/test_cublaslt_direct.py
+//! compares the bits.
 //!
 //! What differs: torch's shape and layout checks are replaced by `Shape::of`, which accepts only
-//! the layouts deepwell's operands have (operand.rs) and otherwise answers None, so the caller goes
-//! through aten (which checks, and raises its own error). The descriptors are cached per thread
-//! (their scale and bias pointers are set before each call, so a descriptor is never shared
-//! between threads).
+//! the layouts deepwell's operands have (operand.rs); anything else is declined (counted in
+//! `DECLINED`) and the caller goes through aten, which checks and raises its own errors. The
+//! descriptors are cached per thread: their scale and bias pointers are set before each call, so
+//! a descriptor is never shared between threads.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
