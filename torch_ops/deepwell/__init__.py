@@ -41,6 +41,7 @@ from .plan.sites import Plan
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
 from .nn.moe import DeepwellMoE, update_expert_biases
+from .nn.moe_ep import expert_parallel
 from .nn.moe_hf import swap_hf_moe
 from .plan.policy import LayerDecision, LayerInfo, PrecisionPolicy
 
@@ -78,6 +79,7 @@ __all__ = [
     "clear_weight_cache",
     "compile",
     "dryrun",
+    "expert_parallel",
     "export",
     "format_report",
     "last_plan",

@@ -40,6 +40,7 @@ from ..ops.grouped_linear import block_of, grouped_linear
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..plan import recipes
 from ..plan.policy import LayerInfo, PrecisionPolicy
+from . import moe_ep
 
 AUX_LOSSES = ("switch", "seq", None)
 
@@ -255,6 +256,9 @@ class DeepwellMoE(nn.Module):
             if shared_expert_gate:
                 self.shared_expert_gate = nn.Linear(dim, 1, bias=False, **factory)
         self.losses: dict[str, torch.Tensor] = {}
+        # Expert parallelism (deepwell.expert_parallel, nn/moe_ep.py): this process holds
+        # num_experts / ep_size of the routed experts; tokens reach them by all-to-all over ep_group.
+        self.ep_group, self.ep_size = None, 1
         # The recipes of the last forward (fixed, or "auto"'s plan) and their reasons; "auto" plans
         # once per token count (the cost model's choice depends on it): a first call on a few
         # tokens does not decide for the training batches.
@@ -344,8 +348,20 @@ class DeepwellMoE(nn.Module):
         r_up, r_down = self._recipes(x2)
         row_of_slot, slot_of_row, offsets = moe_permute_index(experts, dropped, self.num_experts, self._align((r_up, r_down)))
         xp = moe_dispatch(x2, slot_of_row, row_of_slot)
-        gate_up = grouped_linear(xp, self.experts.gate_up_proj, offsets, r_up, groups_aligned=True)
-        yp = grouped_linear(swiglu(gate_up), self.experts.down_proj, offsets, r_down, groups_aligned=True)
+
+        def expert_ffn(rows, offs):
+            if rows.shape[0] == 0:
+                # An expert-parallel rank no token was routed to this time. The (0, D) output stays
+                # a function of the rows and weights, so this rank's backward runs the same
+                # all-to-alls as the others' (a rank that skipped one would hang them).
+                return rows + 0 * (self.experts.gate_up_proj.sum() + self.experts.down_proj.sum())
+            gate_up = grouped_linear(rows, self.experts.gate_up_proj, offs, r_up, groups_aligned=True)
+            return grouped_linear(swiglu(gate_up), self.experts.down_proj, offs, r_down, groups_aligned=True)
+
+        if self.ep_size == 1:
+            yp = expert_ffn(xp, offsets)
+        else:
+            yp = moe_ep.run_experts(xp, offsets, expert_ffn, self.ep_size, self.ep_group)
         y = moe_combine(yp, weights, row_of_slot, slot_of_row)
         if self.shared_experts is not None:
             s = self.shared_experts(x2)
@@ -399,6 +415,7 @@ class DeepwellMoE(nn.Module):
         return (
             f"dim={self.dim}, ffn_dim={self.ffn_dim}, num_experts={self.num_experts}, top_k={self.top_k}, "
             f"score_func={self.score_func!r}, recipe={self.recipe!r}{shared}"
+            + (f", expert_parallel={self.ep_size}" if self.ep_size > 1 else "")
         )
 
     # Hugging Face conversion (nn/moe_hf.py).
@@ -414,6 +431,9 @@ class DeepwellMoE(nn.Module):
         """The Hugging Face block for `config` (its model type picks the class) with these weights."""
         from .moe_hf import to_hf
 
+        if self.ep_size > 1:
+            raise ValueError(f"deepwell.DeepwellMoE.to_hf: {self.name} holds 1/{self.ep_size} of its experts "
+                             "(deepwell.expert_parallel); convert the unsharded block")
         return to_hf(self, config)
 
 

@@ -1,0 +1,105 @@
+"""Expert parallelism for deepwell.DeepwellMoE: each process of a group holds E / world of the routed
+experts, and the tokens travel to their experts' process and back by all-to-all (GShard's and
+torchtitan's scheme; docs/DESIGN.md "MoE").
+
+    deepwell.expert_parallel(model, group)   # after building the model, before the optimizer
+
+One block's forward on a rank, with El = E / world experts per rank:
+1. Route all of its own tokens over all E experts (the router is replicated) and group the
+   assignments by expert into the padded buffer (`moe_permute_index` / `moe_dispatch`): rank r's
+   experts [r·El, (r+1)·El) are one contiguous run of groups, so the buffer splits by destination
+   rank as it is.
+2. Exchange the group sizes (rows per destination rank and local expert), then the rows
+   (`all_to_all_single`, differentiable). Each rank receives, from every source, its experts'
+   groups in expert order; a gather puts them expert-major (each local expert's rows from all
+   sources together), keeping each group's padding, so every group stays a multiple of the block.
+3. The experts' grouped GEMMs run on the local groups, the inverse gather and the reverse
+   all-to-all bring the rows home, and `moe_combine` weighs them into token order as before.
+
+Every rank must call each block's forward the same number of times (the all-to-alls are
+collectives). The gradients of a rank's experts come from every rank's tokens through the reverse
+exchange, so they are complete: expert weights need no gradient all-reduce, while the replicated
+parameters (router gate, shared experts, norms) still do (the data-parallel wrapper's job).
+The group sizes cross to the host (`.tolist()`: one sync per block and pass), as in torchtitan.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+from torch import nn
+
+_WHO = "deepwell.expert_parallel"
+
+
+def expert_parallel(model: nn.Module, group=None) -> int:
+    """Shards the routed experts of every DeepwellMoE in `model` over `group` (default: the world):
+    rank r keeps experts [r·E/world, (r+1)·E/world). Every rank must hold the same model (same
+    initial weights) when this runs. Returns the number of blocks sharded."""
+    from .moe import DeepwellMoE
+
+    if not dist.is_initialized():
+        raise RuntimeError(f"{_WHO}: torch.distributed is not initialized (call init_process_group first)")
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    blocks = [m for m in model.modules() if isinstance(m, DeepwellMoE)]
+    for m in blocks:
+        if m.ep_size > 1:
+            raise ValueError(f"{_WHO}: {m.name} is already expert-parallel")
+        if m.num_experts % world != 0:
+            raise ValueError(
+                f"{_WHO}: num_experts must be a multiple of the group's {world} processes, "
+                f"got {m.num_experts} in {m.name}"
+            )
+        local = m.num_experts // world
+        keep = slice(rank * local, (rank + 1) * local)
+        for name in ("gate_up_proj", "down_proj"):
+            full = getattr(m.experts, name)
+            setattr(m.experts, name, nn.Parameter(full.detach()[keep].clone(), requires_grad=full.requires_grad))
+        m.ep_group, m.ep_size = group, world
+    return len(blocks)
+
+
+def run_experts(xp: torch.Tensor, offsets: torch.Tensor, expert_ffn, ep_size: int, group) -> torch.Tensor:
+    """`expert_ffn(rows, local_offsets)` (this rank's experts' grouped GEMMs) applied to the buffer `xp` (rows grouped by all E experts,
+    `offsets` (E + 1,)) with each group computed on its expert's rank; returns the rows in `xp`'s
+    order."""
+    num_experts = offsets.numel() - 1
+    local = num_experts // ep_size
+    sizes = (offsets[1:] - offsets[:-1]).to(torch.int64).reshape(ep_size, local)  # [dest rank, expert]
+    got = torch.empty_like(sizes)
+    dist.all_to_all_single(got, sizes, group=group)  # [source rank, my expert]
+    send, recv = sizes.tolist(), got.tolist()
+    send_rows, recv_rows = [sum(r) for r in send], [sum(r) for r in recv]
+    group = group or dist.group.WORLD
+    xr = exchange(xp, recv_rows, send_rows, group)
+    order, local_offsets = expert_major(recv)
+    index = torch.tensor(order, dtype=torch.int64, device=xp.device)
+    xg = xr.index_select(0, index)
+    yg = expert_ffn(xg, torch.tensor(local_offsets, dtype=torch.int32, device=xp.device))
+    yr = yg.index_select(0, torch.argsort(index))  # back to source-major order
+    return exchange(yr, send_rows, recv_rows, group)
+
+
+def exchange(rows: torch.Tensor, recv: list[int], send: list[int], group) -> torch.Tensor:
+    """`rows` split by `send` to the ranks in order, the ranks' `recv` rows back: torch's
+    differentiable all-to-all (its backward is the reverse exchange), waited for here."""
+    return wait_tensor(all_to_all_single_autograd(rows.contiguous(), recv, send, group))
+
+
+def expert_major(recv: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Received rows come source-major (each source's groups in expert order); the order that puts
+    them expert-major (each expert's rows from every source, sources in rank order), and the
+    local groups' start offsets, then the total."""
+    starts, at = [], 0
+    for row in recv:
+        starts.append([])
+        for n in row:
+            starts[-1].append(at)
+            at += n
+    order, offsets = [], [0]
+    for e in range(len(recv[0]) if recv else 0):
+        for s, row in enumerate(recv):
+            order.extend(range(starts[s][e], starts[s][e] + row[e]))
+        offsets.append(len(order))
+    return order, offsets
