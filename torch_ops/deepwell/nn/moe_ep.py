@@ -10,7 +10,7 @@ One block's forward on a rank, with El = E / world experts per rank:
    experts [r·El, (r+1)·El) are one contiguous run of groups, so the buffer splits by destination
    rank as it is.
 2. Exchange the group sizes (rows per destination rank and local expert), then the rows
-   (`all_to_all_single`, differentiable). Each rank receives, from every source, its experts'
+   (`all_to_all_single_autograd`: its backward is the reverse exchange). Each rank receives, from every source, its experts'
    groups in expert order; a gather puts them expert-major (each local expert's rows from all
    sources together), keeping each group's padding, so every group stays a multiple of the block.
 3. The experts' grouped GEMMs run on the local groups, the inverse gather and the reverse
@@ -61,9 +61,9 @@ def expert_parallel(model: nn.Module, group=None) -> int:
 
 
 def run_experts(xp: torch.Tensor, offsets: torch.Tensor, expert_ffn, ep_size: int, group) -> torch.Tensor:
-    """`expert_ffn(rows, local_offsets)` (this rank's experts' grouped GEMMs) applied to the buffer `xp` (rows grouped by all E experts,
-    `offsets` (E + 1,)) with each group computed on its expert's rank; returns the rows in `xp`'s
-    order."""
+    """`expert_ffn(rows, local_offsets)` (this rank's experts' grouped GEMMs) applied to the buffer
+    `xp` (rows grouped by all E experts, `offsets` (E + 1,)), each group computed on its expert's
+    rank; returns the rows in `xp`'s order."""
     num_experts = offsets.numel() - 1
     local = num_experts // ep_size
     sizes = (offsets[1:] - offsets[:-1]).to(torch.int64).reshape(ep_size, local)  # [dest rank, expert]
