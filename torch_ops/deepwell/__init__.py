@@ -41,7 +41,7 @@ from .plan.sites import Plan
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
 from .nn.moe import DeepwellMoE, update_expert_biases
-from .nn.moe_ep import expert_parallel
+from .nn.moe_ep import expert_parallel, reduce_gradients
 from .nn.moe_hf import swap_hf_moe
 from .plan.policy import LayerDecision, LayerInfo, PrecisionPolicy
 
@@ -115,6 +115,7 @@ __all__ = [
     "policy_report",
     "print_hardware_info",
     "probe",
+    "reduce_gradients",
     "scaled_linear",
     "swap_hf_moe",
     "swizzle_scales",

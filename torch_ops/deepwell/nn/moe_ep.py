@@ -19,7 +19,8 @@ One block's forward on a rank, with El = E / world experts per rank:
 Every rank must call each block's forward the same number of times (the all-to-alls are
 collectives). The gradients of a rank's experts come from every rank's tokens through the reverse
 exchange, so they are complete: expert weights need no gradient all-reduce, while the replicated
-parameters (router gate, shared experts, norms) still do (the data-parallel wrapper's job).
+parameters (router gate, shared experts, norms, the rest of the model) do. `reduce_gradients`
+does both after the backward, for a training loop without a data-parallel wrapper.
 The group sizes cross to the host (`.tolist()`: one sync per block and pass), as in torchtitan.
 """
 
@@ -58,6 +59,31 @@ def expert_parallel(model: nn.Module, group=None) -> int:
             setattr(m.experts, name, nn.Parameter(full.detach()[keep].clone(), requires_grad=full.requires_grad))
         m.ep_group, m.ep_size = group, world
     return len(blocks)
+
+
+def reduce_gradients(model: nn.Module, group=None) -> None:
+    """After the backward of an expert-parallel model whose processes each took the mean loss of
+    their own tokens: makes every gradient that of the mean over all processes' tokens. Replicated
+    parameters are averaged over `group` (an all-reduce each); each rank's local experts already
+    hold the sum over the processes' losses (the reverse all-to-all brought them every rank's
+    tokens), so they are divided by the group's size."""
+    from .moe import DeepwellMoE
+
+    world = dist.get_world_size(group)
+    local = {id(p) for m in model.modules() if isinstance(m, DeepwellMoE) and m.ep_size > 1
+             for p in (m.experts.gate_up_proj, m.experts.down_proj)}
+    for p in model.parameters():
+        if id(p) in local:
+            if p.grad is not None:
+                p.grad.div_(world)
+        elif p.requires_grad:
+            # Every rank joins every all-reduce (a rank without a gradient sends zeros), so the
+            # ranks never wait on different collectives.
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            dist.all_reduce(grad, group=group)
+            grad.div_(world)
+            if p.grad is None and bool(grad.any()):
+                p.grad = grad
 
 
 def run_experts(xp: torch.Tensor, offsets: torch.Tensor, expert_ffn, ep_size: int, group) -> torch.Tensor:
