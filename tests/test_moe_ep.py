@@ -55,3 +55,14 @@ def test_expert_parallel_model_trains_like_one_process(tmp_path, recipe):
 def test_expert_parallel_refuses_what_it_cannot_shard():
     with pytest.raises(RuntimeError, match="deepwell.expert_parallel: torch.distributed is not initialized"):
         deepwell.expert_parallel(deepwell.DeepwellMoE(16, 16, 4, 2))
+
+
+def test_compile_sharding_refuses_an_expert_parallel_block():
+    """FSDP2 would gather different ranks' local experts into one wrong tensor: refused by name."""
+    from deepwell.plan.shard import shard
+
+    model = torch.nn.Sequential(deepwell.DeepwellMoE(16, 16, 4, 2, name="layers.0.moe"))
+    model[0].ep_size = 2  # as deepwell.expert_parallel leaves it on 2 processes
+    with pytest.raises(ValueError, match=r"deepwell.compile: 0 is expert-parallel \(deepwell.expert_parallel\)"):
+        shard(model, {"data": 2, "tensor": 1}, {"reshard_after_forward": True})
+    assert shard(model, {"data": 1, "tensor": 1}, {}) is model  # one process: nothing to shard

@@ -30,6 +30,7 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     data, tensor = parallelism["data"], parallelism["tensor"]
     if data * tensor == 1:
         return model
+    refuse_expert_parallel(model)
     sequence = bool(sharding.get("sequence_parallel"))
     if tensor > 1:
         # Before the world size: a layout that cannot be split is wrong on any number of processes.
@@ -65,6 +66,21 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)
     prefetch_forward([unit[0] for unit in units], sharding.get("forward_prefetch", 0))
     return model
+
+
+def refuse_expert_parallel(model: torch.nn.Module) -> None:
+    """FSDP2 would take an expert-parallel block's local experts (different on every rank) for
+    shards of one tensor and gather them into a wrong whole: refused, until the plan composes the
+    two (nn/moe_ep.py)."""
+    from ..nn.moe import DeepwellMoE
+
+    for name, m in model.named_modules():
+        if isinstance(m, DeepwellMoE) and m.ep_size > 1:
+            raise ValueError(
+                f"deepwell.compile: {name or m.name} is expert-parallel (deepwell.expert_parallel), which the "
+                "plan's FSDP2 / tensor-parallel sharding does not compose with yet; train it with a loop of "
+                "your own and deepwell.reduce_gradients, or plan the model before splitting its experts"
+            )
 
 
 def prefetch_forward(units: list[torch.nn.Module], depth: int) -> None:
