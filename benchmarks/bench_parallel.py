@@ -67,11 +67,11 @@ def _worker(args) -> None:
     import torch.distributed as dist
 
     import deepwell
-
-    cpus = deepwell.pin_cores() if args.pin_cores else sorted(os.sched_getaffinity(0))  # before CUDA and NCCL
     import deepwell.plan.backend
     from deepwell.models import Llama
     from deepwell.train.distributed import shard_rows
+
+    cpus = deepwell.pin_cores() if args.pin_cores else sorted(os.sched_getaffinity(0))  # before CUDA and NCCL
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_train_step import MODELS, VOCAB, host_ms
@@ -391,7 +391,6 @@ def _step_timeline(step, sync, steps: int) -> list[dict]:
     its longest idle gap with the kernel that ended it (the GPU waiting on the host's launches, or
     on a collective it was told to wait for), and NCCL's kernel ms with the longest one (a
     collective's kernel runs until its peer joins, so a long one means the other rank was late)."""
-
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -534,7 +533,7 @@ def main() -> None:
             print(f"{'':<8} span {name}: longest call {v['longest_ms']:.2f} ms; {v['ms_per_step']:.2f} ms "
                   f"in {v['calls_per_step']:.0f} calls a step")
         for rank, steps in enumerate(r.get("timeline") or []):
-            # The typical step, then every step 10 ms longer: where its time went on this GPU.
+            # The first profiled step, then every step 10 ms above the median: where its time went.
             typical = statistics.median(t["ms"] for t in steps)
             for i, t in enumerate(steps):
                 if i == 0 or t["ms"] > typical + 10:
