@@ -17,45 +17,16 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 import deepwell
 import deepwell.plan.backend
-from deepwell.models.llama import RMSNorm
 from deepwell.nn.moe import update_expert_biases
+from _moe_lm import MoELM
 from _util import finish_rank
 
 STEPS, BATCH, SEQ, VOCAB, DIM, EXPERTS, TOP_K, LAYERS = 3, 4, 32, 256, 128, 4, 2, 2
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
 RATE = 0.01
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = RMSNorm(DIM)
-        self.moe = deepwell.DeepwellMoE(DIM, DIM, EXPERTS, top_k=TOP_K, expert_bias=True, bias_update_rate=RATE,
-                                        aux_loss_coef=0.01, recipe=RECIPE)
-
-    def forward(self, x):
-        return x + self.moe(self.norm(x))
-
-
-class MoELM(nn.Module):
-    """LLaMA's top-level names (tok_embeddings, layers, norm, output): FSDP's units follow them."""
-
-    def __init__(self):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList([Block() for _ in range(LAYERS)])
-        self.norm = RMSNorm(DIM)
-        self.output = nn.Linear(DIM, VOCAB, bias=False)
-
-    def forward(self, tokens):
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h)
-        return self.output(self.norm(h))
 
 
 def main() -> None:
@@ -64,7 +35,8 @@ def main() -> None:
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = MoELM()
+    model = MoELM(VOCAB, DIM, LAYERS, EXPERTS, TOP_K, expert_bias=True, bias_update_rate=RATE,
+                  aux_loss_coef=0.01, recipe=RECIPE)
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, VOCAB, (STEPS, BATCH, SEQ + 1), generator=g)
     local = BATCH // world

@@ -17,40 +17,13 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 import deepwell
-from deepwell.models.llama import RMSNorm
+from _moe_lm import MoELM
 from _util import finish_rank
 
 STEPS, BATCH, SEQ, VOCAB, DIM, EXPERTS, TOP_K, LAYERS = 3, 4, 32, 256, 128, 4, 2, 2
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "bf16")
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = RMSNorm(DIM)
-        self.moe = deepwell.DeepwellMoE(DIM, DIM, EXPERTS, top_k=TOP_K, aux_loss_coef=0.01, num_shared_experts=1,
-                                        recipe=RECIPE)
-
-    def forward(self, x):
-        return x + self.moe(self.norm(x))
-
-
-class MoELM(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList([Block() for _ in range(LAYERS)])
-        self.norm = RMSNorm(DIM)
-        self.output = nn.Linear(DIM, VOCAB, bias=False)
-
-    def forward(self, tokens):
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h)
-        return self.output(self.norm(h))
 
 
 def experts_of(model) -> list[torch.Tensor]:
@@ -62,7 +35,7 @@ def main() -> None:
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = MoELM()
+    model = MoELM(VOCAB, DIM, LAYERS, EXPERTS, TOP_K, aux_loss_coef=0.01, num_shared_experts=1, recipe=RECIPE)
     if world > 1:
         assert deepwell.expert_parallel(model) == LAYERS
     # Plain SGD: its step is linear in the gradient, so a wrongly scaled gradient shows in the
