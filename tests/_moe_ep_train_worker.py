@@ -1,7 +1,7 @@
-"""One process of tests/test_moe_ep.py's training test (gloo on the CPU): RANK of WORLD trains a
-small MoE language model (embedding, blocks of RMSNorm + deepwell.DeepwellMoE, final norm, LM
-head; eager; SGD) on its rows of the same global batches, its experts split by deepwell.expert_parallel
-and the gradients made whole by deepwell.reduce_gradients. Rank 0 writes the mean losses and, per
+"""One process of tests/test_moe_ep.py's training test (gloo on the CPU): RANK of WORLD trains the
+small MoE language model of tests/_moe_lm.py (eager, SGD) on its rows of the same global batches,
+its experts split by deepwell.expert_parallel and its gradients made whole by
+deepwell.reduce_gradients. Rank 0 writes the mean losses and, per
 rank, its local experts' final weights' distance to the single-process run's (WORLD=1, the
 reference, writes its full expert weights; DEEPWELL_TEST_REFERENCE names its JSON for the others).
 DEEPWELL_TEST_RECIPE sets the experts' recipe (default bf16).
