@@ -1,10 +1,11 @@
 """One process of tests/test_moe_parallel.py (gloo on the CPU): RANK of WORLD trains the small MoE
 language model of tests/_moe_lm.py (its blocks with aux-loss-free balancing and the Switch aux
-loss) through deepwell's step API (capture, autoplan, compile: FSDP2 over the data ranks) on its rows of the same global batches, moving the expert
-biases after every optimizer step (each block's `update_expert_bias()` on even steps, the
-Trainer's `update_expert_biases(model)` on odd ones). It writes the ranks' mean losses and every
-rank's expert biases to OUT (rank 0). With WORLD=1 it is the single-process reference.
-DEEPWELL_TEST_RECIPE sets the experts' recipe (default fp8_block, emulated on the CPU).
+loss) through deepwell's step API (capture, autoplan, compile: FSDP2 over the data ranks) on its
+rows of the same global batches, moving the expert biases after every optimizer step (each
+block's `update_expert_bias()` on even steps, the Trainer's `update_expert_biases(model)` on odd
+ones). It writes the ranks' mean losses and every rank's expert biases to OUT (rank 0). With
+WORLD=1 it is the single-process reference. DEEPWELL_TEST_RECIPE sets the experts' recipe
+(default fp8_block, emulated on the CPU).
 
     python tests/_moe_dp_worker.py RANK WORLD STORE OUT
 """
