@@ -467,8 +467,10 @@ pub fn scaled_mm(
         return decline("an element type cuBLASLt's FP8 GEMM does not take");
     };
     // cuBLASLt's heuristic assumes 256-byte aligned matrices unless told otherwise; so does torch's
-    // call, which sets no alignment preference. Less aligned data goes to aten.
-    let mut ptrs = vec![a.data_ptr(), b.data_ptr()];
+    // call, which sets no alignment preference. Less aligned data goes to aten. The scales too:
+    // their pointers are in the descriptor the heuristic sees, and a cached plan must only serve
+    // calls the query it came from stood for.
+    let mut ptrs = vec![a.data_ptr(), b.data_ptr(), sa.0.data_ptr(), sb.0.data_ptr()];
     ptrs.extend(bias.map(|t| t.data_ptr()));
     if alignment(&ptrs) < 256 {
         return decline("data less than 256-byte aligned");
