@@ -4,6 +4,7 @@
 //! `torch/csrc/inductor/aoti_torch/c/shim.h` and `torch/csrc/stable/c/shim.h` (torch 2.10+). The
 //! 2.10 set is mandatory; newer shims are `Option`s probed with dlsym.
 
+pub mod cublaslt;
 pub mod dl;
 
 use std::ffi::{c_char, c_void};

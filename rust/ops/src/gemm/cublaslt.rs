@@ -9,8 +9,8 @@
 //! fp8_block step's host time sits close to its GPU time (README "Several GPUs").
 //!
 //! What is the same as torch's call (aten/src/ATen/cuda/CUDABlas.cpp `scaled_gemm`, torch 2.11):
-//! the same library (torch's own libcublasLt, found already loaded), the same row-major-as-
-//! transposed mapping (cuBLAS's A is our B with TRANSA = T, cuBLAS's B is our A), the same scale
+//! the same library (torch's own libcublasLt, found already loaded: abi/cublaslt.rs), the same
+//! row-major-as-transposed mapping (cuBLAS's A is our B with TRANSA = T, cuBLAS's B is our A), the same scale
 //! modes and pointers, compute type, bias epilogue, SM count target under a carveout, fast
 //! accumulation off, and the same heuristic inputs: the descriptor with its scale pointers set (the
 //! heuristic finds nothing for the block modes without them) and torch's workspace limit
@@ -27,112 +27,20 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use deepwell_core::policy::ScalingType;
 
-use crate::abi::dl::Library;
+use crate::abi::cublaslt::{
+    api, Api, Desc, Heuristic, Layout, Pref, COMPUTE_32F, DESC_A_SCALE_MODE, DESC_A_SCALE_POINTER, DESC_BIAS_DATA_TYPE,
+    DESC_BIAS_POINTER, DESC_B_SCALE_MODE, DESC_B_SCALE_POINTER, DESC_EPILOGUE, DESC_FAST_ACCUM, DESC_SM_COUNT_TARGET,
+    DESC_TRANSA, DESC_TRANSB, EPILOGUE_BIAS, OP_N, OP_T, PREF_MAX_WORKSPACE_BYTES, R_16BF, R_16F, R_32F, R_8F_E4M3,
+    R_8F_E5M2, SCALE_BLK128X128_32F, SCALE_SCALAR_32F, SCALE_VEC128_32F,
+};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::tensor::Tensor;
 
-type Handle = *mut c_void;
-type Desc = *mut c_void;
-type Layout = *mut c_void;
-type Pref = *mut c_void;
-
-/// cublasLtMatmulHeuristicResult_t (cublasLt.h): the algorithm (8 x u64), its workspace bytes,
-/// its status, waves and reserved words.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Heuristic {
-    algo: [u64; 8],
-    workspace: usize,
-    state: c_int,
-    waves: f32,
-    reserved: [c_int; 4],
-}
-
-// cublasLt.h / library_types.h values (CUDA 12.9+; torch 2.11's cu130 wheels ship cuBLAS 13).
-const COMPUTE_32F: c_int = 68; // cublasComputeType_t CUBLAS_COMPUTE_32F
-const R_32F: c_int = 0; // cudaDataType_t
-const R_16F: c_int = 2;
-const R_16BF: c_int = 14;
-const R_8F_E4M3: c_int = 28;
-const R_8F_E5M2: c_int = 29;
-const OP_N: c_int = 0; // cublasOperation_t
-const OP_T: c_int = 1;
-const DESC_TRANSA: c_int = 3; // cublasLtMatmulDescAttributes_t
-const DESC_TRANSB: c_int = 4;
-const DESC_EPILOGUE: c_int = 7;
-const DESC_BIAS_POINTER: c_int = 8;
-const DESC_SM_COUNT_TARGET: c_int = 15;
-const DESC_A_SCALE_POINTER: c_int = 17;
-const DESC_B_SCALE_POINTER: c_int = 18;
-const DESC_FAST_ACCUM: c_int = 25;
-const DESC_BIAS_DATA_TYPE: c_int = 26;
-const DESC_A_SCALE_MODE: c_int = 31;
-const DESC_B_SCALE_MODE: c_int = 32;
-const EPILOGUE_BIAS: c_int = 4; // cublasLtEpilogue_t
-const PREF_MAX_WORKSPACE_BYTES: c_int = 1; // cublasLtMatmulPreferenceAttributes_t
-const SCALE_SCALAR_32F: c_int = 0; // cublasLtMatmulMatrixScale_t
-const SCALE_VEC128_32F: c_int = 4;
-const SCALE_BLK128X128_32F: c_int = 5;
-
-/// The cuBLASLt entry points deepwell calls, resolved with dlsym from torch's copy.
-#[allow(non_snake_case)]
-struct Api {
-    cublasLtCreate: unsafe extern "C" fn(*mut Handle) -> c_int,
-    cublasLtMatmulDescCreate: unsafe extern "C" fn(*mut Desc, c_int, c_int) -> c_int,
-    cublasLtMatmulDescSetAttribute: unsafe extern "C" fn(Desc, c_int, *const c_void, usize) -> c_int,
-    cublasLtMatrixLayoutCreate: unsafe extern "C" fn(*mut Layout, c_int, u64, u64, i64) -> c_int,
-    cublasLtMatmulPreferenceCreate: unsafe extern "C" fn(*mut Pref) -> c_int,
-    cublasLtMatmulPreferenceSetAttribute: unsafe extern "C" fn(Pref, c_int, *const c_void, usize) -> c_int,
-    cublasLtMatmulPreferenceDestroy: unsafe extern "C" fn(Pref) -> c_int,
-    #[allow(clippy::type_complexity)]
-    cublasLtMatmulAlgoGetHeuristic: unsafe extern "C" fn(
-        Handle,
-        Desc,
-        Layout,
-        Layout,
-        Layout,
-        Layout,
-        Pref,
-        c_int,
-        *mut Heuristic,
-        *mut c_int,
-    ) -> c_int,
-    #[allow(clippy::type_complexity)]
-    cublasLtMatmul: unsafe extern "C" fn(
-        Handle,
-        Desc,
-        *const c_void,
-        *const c_void,
-        Layout,
-        *const c_void,
-        Layout,
-        *const c_void,
-        *const c_void,
-        Layout,
-        *mut c_void,
-        Layout,
-        *const [u64; 8],
-        *mut c_void,
-        usize,
-        *mut c_void,
-    ) -> c_int,
-    /// One handle for the process: a cuBLASLt handle holds no stream or workspace, and its calls
-    /// are thread-safe (cuBLAS docs, "Thread Safety").
-    handle: Handle,
-    /// The heuristic's workspace limit, torch's (see the module docs).
-    workspace_limit: usize,
-}
-
-// SAFETY: function pointers and a thread-safe library handle.
-unsafe impl Send for Api {}
-unsafe impl Sync for Api {}
-
-static API: OnceLock<Option<Api>> = OnceLock::new();
 static ENABLED: AtomicBool = AtomicBool::new(true);
 /// GEMMs run on this path so far: the tests' proof that it ran (no silent fallback to aten).
 static CALLS: AtomicU64 = AtomicU64::new(0);
@@ -161,52 +69,6 @@ pub fn direct_cublaslt_entry(req: &serde_json::Value) -> crate::capi::Answer {
         "calls": CALLS.load(Ordering::Relaxed),
         "declined": DECLINED.lock().map(|d| d.clone()).unwrap_or_default(),
     }))
-}
-
-fn api() -> Option<&'static Api> {
-    API.get_or_init(load).as_ref()
-}
-
-/// A symbol's address as the function-pointer type `F`.
-///
-/// # Safety
-/// `F` must be the fn-pointer type of the symbol's C declaration.
-unsafe fn typed<F: Copy>(p: *mut c_void) -> F {
-    // SAFETY: guaranteed by the caller; fn pointers and data pointers have one size on Linux.
-    unsafe { std::mem::transmute_copy(&p) }
-}
-
-fn load() -> Option<Api> {
-    let lib = ["libcublasLt.so.13", "libcublasLt.so.12"].iter().find_map(|p| Library::already_loaded(p).ok())?;
-    let f = |name: &str| lib.optional(name);
-    // SAFETY: each pointer is the named cublasLt.h function, transmuted to its declared type.
-    let api = unsafe {
-        Api {
-            cublasLtCreate: typed(f("cublasLtCreate")?),
-            cublasLtMatmulDescCreate: typed(f("cublasLtMatmulDescCreate")?),
-            cublasLtMatmulDescSetAttribute: typed(f("cublasLtMatmulDescSetAttribute")?),
-            cublasLtMatrixLayoutCreate: typed(f("cublasLtMatrixLayoutCreate")?),
-            cublasLtMatmulPreferenceCreate: typed(f("cublasLtMatmulPreferenceCreate")?),
-            cublasLtMatmulPreferenceSetAttribute: typed(f("cublasLtMatmulPreferenceSetAttribute")?),
-            cublasLtMatmulPreferenceDestroy: typed(f("cublasLtMatmulPreferenceDestroy")?),
-            cublasLtMatmulAlgoGetHeuristic: typed(f("cublasLtMatmulAlgoGetHeuristic")?),
-            cublasLtMatmul: typed(f("cublasLtMatmul")?),
-            handle: std::ptr::null_mut(),
-            workspace_limit: workspace_limit(std::env::var("CUBLASLT_WORKSPACE_SIZE").ok().as_deref()),
-        }
-    };
-    let mut handle: Handle = std::ptr::null_mut();
-    // SAFETY: valid out pointer.
-    if unsafe { (api.cublasLtCreate)(&mut handle) } != 0 || handle.is_null() {
-        return None;
-    }
-    Some(Api { handle, ..api })
-}
-
-/// torch's cuBLASLt workspace: `CUBLASLT_WORKSPACE_SIZE` KiB, 1024 when unset or unreadable
-/// (torch warns and keeps its default then too).
-pub fn workspace_limit(env: Option<&str>) -> usize {
-    env.and_then(|v| v.trim().parse::<usize>().ok()).unwrap_or(1024) * 1024
 }
 
 /// cuBLASLt's scale mode for a torch `ScalingType`, where this path takes it.
@@ -389,8 +251,9 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// `a` (M, K) and `b` (N, K) row-major FP8, scales as `scale_layout_ok` wants, bias a
-    /// contiguous (N) vector of the output's dtype (bf16) or none; else why not.
+    /// `a` (M, K) and `b` (N, K) row-major FP8, fp32 scales as `scale_layout_ok` wants, bias a
+    /// contiguous (N) vector of the output's dtype (bf16) or none; else why not. (Pointer
+    /// alignment is `scaled_mm`'s rule.)
     pub fn of(
         a: &Tensor,
         b: &Tensor,
@@ -411,8 +274,8 @@ impl Shape {
         if n <= 0 || !row_major(b, n) {
             return Err("b is not (N, K) row-major");
         }
-        if ![sa.0, sb.0].iter().all(|s| s.dtype() == DType::F32 && s.data_ptr() as usize % 16 == 0) {
-            return Err("a scale is not 16-byte aligned fp32");
+        if ![sa.0, sb.0].iter().all(|s| s.dtype() == DType::F32) {
+            return Err("a scale is not fp32");
         }
         if !scale_layout_ok(sa.0.sizes(), sa.0.strides(), sa.1, m, k) {
             return Err("a's scales are not in cuBLASLt's layout");
@@ -429,8 +292,8 @@ impl Shape {
     }
 }
 
-/// The alignment every pointer of a call shares, capped at 256 bytes (cuBLASLt's heuristic assumes
-/// 256 unless told; part of the plan's key, so an algorithm is never reused on less aligned data).
+/// The alignment every pointer of a call shares, capped at 256 bytes (what cuBLASLt's heuristic
+/// assumes unless told otherwise).
 fn alignment(ptrs: &[*mut c_void]) -> u32 {
     ptrs.iter().map(|&p| (p as usize | 256).trailing_zeros()).min().map_or(256, |bits| 1 << bits)
 }
@@ -439,7 +302,6 @@ fn alignment(ptrs: &[*mut c_void]) -> u32 {
 /// off, cuBLASLt not loaded, a layout it does not know, data less than 256-byte aligned, no
 /// algorithm; `DECLINED` counts why): the caller then goes through `aten::_scaled_mm_v2`, which
 /// takes every case torch supports.
-#[allow(clippy::too_many_arguments)]
 pub fn scaled_mm(
     op: Op,
     a: &Tensor,
@@ -554,35 +416,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn heuristic_result_has_cublaslt_h_size() {
-        // 64 bytes of algorithm, size_t, status, float, int[4].
-        assert_eq!(size_of::<Heuristic>(), 96);
-    }
-
-    #[test]
-    fn workspace_limit_follows_torch() {
-        assert_eq!(workspace_limit(None), 1 << 20);
-        assert_eq!(workspace_limit(Some("4096")), 4 << 20);
-        assert_eq!(workspace_limit(Some("lots")), 1 << 20);
-    }
-
-    #[test]
     fn scale_layouts_taken_and_refused() {
         let (m, n, k) = (256, 512, 1024);
-        // 1x128 of A: (M, K/128) M-major.
+        // 1x128 of A: (M, K/128) M-major; row-major is refused.
         assert!(scale_layout_ok(&[m, 8], &[1, m], ScalingType::BlockWise1x128, m, k));
-        assert!(!scale_layout_ok(&[m, 8], &[8, 1], ScalingType::BlockWise1x128, m, k)); // row-major
-        assert!(!scale_layout_ok(&[6, 8], &[1, 6], ScalingType::BlockWise1x128, 6, k)); // lead 6: unaligned
-        assert!(scale_layout_ok(&[4, 1], &[1, 1], ScalingType::BlockWise1x128, 4, 128)); // one block: stride free
-                                                                                         // 128x128 of B: (K/128, N/128) seen transposed from row-major (N/128, K/128).
+        assert!(!scale_layout_ok(&[m, 8], &[8, 1], ScalingType::BlockWise1x128, m, k));
+        // A leading dimension of 6 rows is not 16-byte aligned.
+        assert!(!scale_layout_ok(&[6, 8], &[1, 6], ScalingType::BlockWise1x128, 6, k));
+        // One block along K: the stride across blocks does not matter.
+        assert!(scale_layout_ok(&[4, 1], &[1, 1], ScalingType::BlockWise1x128, 4, 128));
+        // 128x128 of B: (K/128, N/128) seen transposed from row-major (N/128, K/128); not its
+        // transpose, not K/128 = 2 (unaligned), not other sizes.
         assert!(scale_layout_ok(&[8, 4], &[1, 8], ScalingType::BlockWise128x128, n, k));
         assert!(!scale_layout_ok(&[8, 4], &[4, 1], ScalingType::BlockWise128x128, n, k));
-        assert!(!scale_layout_ok(&[2, 4], &[1, 2], ScalingType::BlockWise128x128, n, 256)); // K/128 = 2
-        assert!(!scale_layout_ok(&[4, 8], &[1, 4], ScalingType::BlockWise128x128, n, k)); // wrong sizes
+        assert!(!scale_layout_ok(&[2, 4], &[1, 2], ScalingType::BlockWise128x128, n, 256));
+        assert!(!scale_layout_ok(&[4, 8], &[1, 4], ScalingType::BlockWise128x128, n, k));
+        // Tensor-wise: one value; MX scales are aten's.
         assert!(scale_layout_ok(&[], &[], ScalingType::TensorWise, m, k));
         assert!(!scale_layout_ok(&[2], &[1], ScalingType::TensorWise, m, k));
         assert!(!scale_layout_ok(&[m, 32], &[1, m], ScalingType::BlockWise1x32, m, k));
-        // MX: aten's
     }
 
     #[test]
