@@ -21,7 +21,8 @@ collectives). The gradients of a rank's experts come from every rank's tokens th
 exchange, so they are complete: expert weights need no gradient all-reduce, while the replicated
 parameters (router gate, shared experts, norms, the rest of the model) do. `reduce_gradients`
 does both after the backward, for a training loop without a data-parallel wrapper.
-The group sizes cross to the host (`.tolist()`: one sync per block and pass), as in torchtitan.
+The rows per source and destination cross to the host (`.tolist()`: one sync per block and pass,
+for the all-to-all's split sizes), as in torchtitan; the gather index is built on the device.
 """
 
 from __future__ import annotations
@@ -95,15 +96,15 @@ def run_experts(xp: torch.Tensor, offsets: torch.Tensor, expert_ffn, ep_size: in
     sizes = (offsets[1:] - offsets[:-1]).to(torch.int64).reshape(ep_size, local)  # [dest rank, expert]
     got = torch.empty_like(sizes)
     dist.all_to_all_single(got, sizes, group=group)  # [source rank, my expert]
-    send, recv = sizes.tolist(), got.tolist()
-    send_rows, recv_rows = [sum(r) for r in send], [sum(r) for r in recv]
+    send_rows, recv_rows = sizes.sum(1).tolist(), got.sum(1).tolist()  # the host's one sync
     group = group or dist.group.WORLD
     xr = exchange(xp, recv_rows, send_rows, group)
-    order, local_offsets = expert_major(recv)
-    index = torch.tensor(order, dtype=torch.int64, device=xp.device)
+    index, local_offsets = expert_major(got, sum(recv_rows))
     xg = xr.index_select(0, index)
-    yg = expert_ffn(xg, torch.tensor(local_offsets, dtype=torch.int32, device=xp.device))
-    yr = yg.index_select(0, torch.argsort(index))  # back to source-major order
+    yg = expert_ffn(xg, local_offsets)
+    back = torch.empty_like(index)
+    back[index] = torch.arange(index.numel(), device=index.device)  # the inverse permutation
+    yr = yg.index_select(0, back)  # source-major again
     return exchange(yr, send_rows, recv_rows, group)
 
 
@@ -113,19 +114,17 @@ def exchange(rows: torch.Tensor, recv: list[int], send: list[int], group) -> tor
     return wait_tensor(all_to_all_single_autograd(rows.contiguous(), recv, send, group))
 
 
-def expert_major(recv: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Received rows come source-major (each source's groups in expert order); the order that puts
-    them expert-major (each expert's rows from every source, sources in rank order), and the
-    local groups' start offsets, then the total."""
-    starts, at = [], 0
-    for row in recv:
-        starts.append([])
-        for n in row:
-            starts[-1].append(at)
-            at += n
-    order, offsets = [], [0]
-    for e in range(len(recv[0]) if recv else 0):
-        for s, row in enumerate(recv):
-            order.extend(range(starts[s][e], starts[s][e] + row[e]))
-        offsets.append(len(order))
-    return order, offsets
+def expert_major(recv: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Received rows come source-major: from each source (the rows of `recv` (world, El), rows per
+    source and local expert) its groups in expert order. Returns the gather index that puts them
+    expert-major (each expert's rows from every source, sources in rank order) and the local
+    groups' int32 offsets (El + 1,), on `recv`'s device, without a host sync (`total` rows)."""
+    flat = recv.reshape(-1)
+    source_major_start = (flat.cumsum(0) - flat).reshape(recv.shape)  # where each segment arrived
+    lens = recv.t().reshape(-1)  # the segments in expert-major order
+    start = source_major_start.t().reshape(-1)
+    lands = lens.cumsum(0) - lens  # where each segment goes
+    shift = torch.repeat_interleave(start - lands, lens, output_size=total)
+    index = torch.arange(total, device=recv.device) + shift
+    offsets = torch.cat([recv.new_zeros(1), recv.sum(0).cumsum(0)]).to(torch.int32)
+    return index, offsets
