@@ -66,3 +66,59 @@ def test_compile_sharding_refuses_an_expert_parallel_block():
     with pytest.raises(ValueError, match=r"deepwell.compile: 0 is expert-parallel \(deepwell.expert_parallel\)"):
         shard(model, {"data": 2, "tensor": 1}, {"reshard_after_forward": True})
     assert shard(model, {"data": 1, "tensor": 1}, {}) is model  # one process: nothing to shard
+
+
+# dcp.load(no_dist=True) still warns that it assumes a single process, which is the point here.
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_checkpoint_holds_every_rank_s_experts(tmp_path):
+    """dcp.save of an expert-parallel model's state dict (tests/_moe_ep_ckpt_worker.py) writes the
+    whole experts: it loads back into 2 expert-parallel processes and into one unsharded process
+    bit for bit. Without the state-dict hooks DCP would take the ranks' local experts (same key,
+    same shape) for one replicated tensor and keep rank 0's: the unsharded load below would fail."""
+    import torch.distributed.checkpoint as dcp
+
+    from _moe_ep_ckpt_worker import DIM, EXPERTS, build
+
+    ckpt = tmp_path / "ckpt"
+    ranks = spawn(tmp_path, "_moe_ep_ckpt_worker.py", 2, "ckpt", DEEPWELL_TEST_CASE="checkpoint",
+                  DEEPWELL_TEST_CHECKPOINT=str(ckpt))["ranks"]
+    for rank, r in enumerate(ranks):
+        assert r["experts_state"] == ["DTensor", [EXPERTS, 2 * DIM, DIM]], r["experts_state"]  # whole gate_up_proj
+        assert r["fresh_differs"] > 0
+        assert r["reloaded_differ"] == [], f"rank {rank}: {r['reloaded_differ']}"
+        assert r["from_unsharded_differ"] == [], f"rank {rank}: {r['from_unsharded_differ']}"
+        whole = (EXPERTS, 2 * DIM, DIM)
+        assert f"must be a DTensor of shape {whole} sharded on dim 0" in r["plain_refused"], r["plain_refused"]
+
+    # One process, no process group: DCP gathers the two ranks' halves into whole experts.
+    model = build(3)
+    sd = model.state_dict()
+    dcp.load(sd, checkpoint_id=ckpt, no_dist=True)
+    model.load_state_dict(sd)
+    reference = torch.load(f"{ckpt}.reference.pt")
+    got = model.state_dict()
+    assert sorted(got) == sorted(reference)
+    assert [k for k, v in reference.items() if not torch.equal(got[k], v)] == []
+
+
+def test_expert_parallel_to_hf_gathers_the_experts(tmp_path):
+    """DeepwellMoE.to_hf on an expert-parallel block (2 processes) all-gathers the experts and gives
+    what the unsharded block's to_hf gives, bit for bit."""
+    pytest.importorskip("transformers")
+    ranks = spawn(tmp_path, "_moe_ep_ckpt_worker.py", 2, "hf", DEEPWELL_TEST_CASE="to_hf")["ranks"]
+    for rank, r in enumerate(ranks):
+        assert r["keys"] > 0 and r["same_keys"]
+        assert r["differ"] == [], f"rank {rank}: {r['differ']}"
+
+
+def test_the_trainer_refuses_an_expert_parallel_model():
+    """deepwell.Trainer neither reduces an expert-parallel model's gradients nor checkpoints its
+    sharded experts: refused at construction, naming the block and the way out. The guard reads
+    only ep_size, set here as deepwell.expert_parallel leaves it on 2 processes."""
+    from _training import EagerEngine
+
+    model = torch.nn.Sequential(deepwell.DeepwellMoE(16, 16, 4, 2))
+    model[0].ep_size = 2
+    with pytest.raises(RuntimeError, match=r"deepwell.Trainer: 0 is expert-parallel .*deepwell.reduce_gradients\(model\)"
+                                           r".*torch.distributed.checkpoint on model.state_dict\(\)"):
+        deepwell.Trainer.from_engine(EagerEngine(model))

@@ -428,12 +428,14 @@ class DeepwellMoE(nn.Module):
         return from_hf(cls, block, **kw)
 
     def to_hf(self, config) -> nn.Module:
-        """The Hugging Face block for `config` (its model type picks the class) with these weights."""
+        """The Hugging Face block for `config` (its model type picks the class) with these weights.
+        On an expert-parallel block (deepwell.expert_parallel) it is a collective: the experts are
+        all-gathered over `ep_group`, so every rank of the group must call it, and each gets the
+        whole block."""
         from .moe_hf import to_hf
 
         if self.ep_size > 1:
-            raise ValueError(f"deepwell.DeepwellMoE.to_hf: {self.name} holds 1/{self.ep_size} of its experts "
-                             "(deepwell.expert_parallel); convert the unsharded block")
+            return to_hf(moe_ep.unsharded(self), config)
         return to_hf(self, config)
 
 

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _native
-from ..nn.moe import update_expert_biases
+from ..nn.moe import DeepwellMoE, update_expert_biases
 from ..nn.weight_cache import microbatches
 from . import checkpoint, distributed, plots, sharded, state
 from .data import TokenBatches
@@ -114,6 +114,19 @@ class Trainer:
         who = "deepwell.Trainer"
         self.engine = engine
         self.model: torch.nn.Module = engine.model
+        for name, m in self.model.named_modules():
+            # An expert-parallel block trains wrong here without an error: nothing calls
+            # reduce_gradients, the norm clipping sees only this rank's experts, and the
+            # checkpoints (train/sharded.py, train/distributed.py) take them for replicated.
+            if isinstance(m, DeepwellMoE) and m.ep_size > 1:
+                raise RuntimeError(
+                    f"{who}: {name or m.name} is expert-parallel (deepwell.expert_parallel over {m.ep_size} "
+                    "processes), which the Trainer does not support: it would not reduce the gradients, its "
+                    "gradient-norm clipping would see only this process's experts, and its checkpoints do not "
+                    "know that the experts are sharded. Train with a loop of your own that calls "
+                    "deepwell.reduce_gradients(model) after each backward, and checkpoint with "
+                    "torch.distributed.checkpoint on model.state_dict()"
+                )
         #: The plan's tensor degree: that many adjacent ranks take the same rows of each batch.
         self._tensor = engine.plan.parallelism["tensor"] if getattr(engine, "plan", None) else 1
         self.optimizer = optimizer
