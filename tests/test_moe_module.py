@@ -313,6 +313,21 @@ def test_compiles_once_for_every_token_count():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
+def test_auto_plans_under_dynamic_shapes():
+    """recipe="auto" asks the Rust planner with the token count where torch.compile knows it, and
+    without it where the count is symbolic: fullgraph compiles both ways, with the eager outputs.
+    The second case is what a recompile after a batch-size change does (Dynamo's automatic dynamic
+    shapes); under torch 2.11 it failed inside Dynamo on the H100 (the planner got a SymInt)."""
+    torch.manual_seed(10)
+    moe = deepwell.DeepwellMoE(128, 128, 8, top_k=2, recipe="auto")
+    for dynamic in (True, None):  # None: static first, dynamic after the batch size changes
+        torch._dynamo.reset()
+        f = torch.compile(moe, fullgraph=True, dynamic=dynamic)
+        for b in (2, 3, 5):
+            x = torch.randn(b, 8, 128)
+            torch.testing.assert_close(f(x), moe(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.gpu
 def test_the_fused_swiglu_is_the_formula():
     """`swiglu` eager on the GPU is one Inductor kernel each way (dynamic in the row count): its

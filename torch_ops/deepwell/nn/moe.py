@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental import symbolic_shapes
 
 from .. import _env
 from ..ops.grouped_linear import block_of, grouped_linear
@@ -132,6 +133,15 @@ class _AddLossToGrad(torch.autograd.Function):
     def backward(ctx, grad):
         dtype, device = ctx.loss_meta
         return grad, torch.ones((), dtype=dtype, device=device)
+
+
+def _static_int(n) -> int | None:
+    """`n` where it is a plain int, None where it is a symbolic size of torch.compile's dynamic shapes.
+    Not `isinstance(n, int)`: while Dynamo traces, a SymInt passes that test (its Python type is
+    int), and the planner call below, whose arguments must be constants, then fails (seen on the
+    H100 with torch 2.11 when a second model's batch size made Dynamo recompile with dynamic shapes).
+    `has_static_value` is what Dynamo evaluates at trace time."""
+    return n if symbolic_shapes.has_static_value(n) else None
 
 
 @torch._dynamo.assume_constant_result
@@ -316,8 +326,10 @@ class DeepwellMoE(nn.Module):
         (a constant to torch.compile, which cannot trace the planner's JSON call), once per count."""
         if self.recipe != "auto":
             return self._planned
-        rows = x2.shape[0]  # unknown (a SymInt) while tracing symbolic shapes: the policy alone decides
-        assignments = rows * self.top_k if isinstance(rows, int) else None
+        # The row count is unknown (a SymInt) while torch.compile traces dynamic shapes (a recompile
+        # after the batch size changed, or dynamic=True): then the policy alone decides.
+        rows = _static_int(x2.shape[0])
+        assignments = rows * self.top_k if rows is not None else None
         plan = self._plans.get(assignments)
         if plan is None:
             up, down, *reasons = _plan_experts(
