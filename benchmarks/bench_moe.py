@@ -3,7 +3,7 @@ Hugging Face's `torch._grouped_mm` path, and deepwell.DeepwellMoE in bf16 and fp
 emulated recipes with --all-recipes), and fp8_block once more with the experts' FP8 weights from the
 weight cache (`deepwell.microbatches()`: what micro-batches after the first of a gradient-accumulation
 step pay; timed alone, after the others); then the grouped GEMMs alone in TFLOP/s, the router ops, and
-(with transformers installed) a Mixtral-style model's training step vs torch.compile bf16.
+(with transformers installed) Mixtral-style models' training steps vs torch.compile bf16.
 
 Shapes (tokens T = 8192 by default, bf16):
 - Mixtral: E=8, D=4096, F=14336, top-2;
@@ -217,46 +217,65 @@ def router_rows(tokens, e, d, k) -> list[dict]:
              "moe_slot_dots_ms": dots_ms}]
 
 
-def model_rows(steps: int) -> list[dict]:
-    """A Mixtral-style model (4 layers, 8 experts, top-2, d=1024): torch.compile of the HF model in
-    bf16 vs deepwell.optimize (MoE blocks swapped, precision auto)."""
+# Mixtral-style models for the training step (transformers' MixtralConfig fields): a small one, and
+# Mixtral 8x7B's own layer (d=4096, F=14336, 32 heads, 8 KV heads) with 2 layers, the size where the
+# layer rows above measure fp8_block's gain.
+MODELS = {
+    "mixtral-4L-8E-d1024": (dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=16,
+                                 num_key_value_heads=8), 8),
+    "mixtral-2L-8E-d4096": (dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+                                 num_attention_heads=32, num_key_value_heads=8), 4),
+}
+
+
+def model_rows(steps: int, models: list[str]) -> list[dict]:
+    """Each Mixtral-style model (8 experts, top-2, `batch` x 2048 tokens, AdamW fused): torch.compile of
+    the HF model in bf16 against deepwell.optimize (MoE blocks swapped; precision auto, and bf16 to
+    show what the swap alone gives), all in one process."""
     try:
         import transformers
     except ImportError:
         print("    (transformers not installed: model step skipped)")
         return []
-    cfg = dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=16,
-               num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
-               max_position_embeddings=4096)
-    batch, seq = 8, 2048
-    tokens = torch.randint(0, 32000, (batch, seq), device="cuda")
     out = []
-    for label in ("torch.compile bf16 (HF)", "deepwell.optimize auto"):
-        torch.manual_seed(0)
-        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**cfg)).to("cuda", torch.bfloat16).train()
-        impl = getattr(model.config, "_experts_implementation", None)
-        compiled = torch.compile(model) if label.startswith("torch") else deepwell.optimize(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    for name in models:
+        shape, batch = MODELS[name]
+        cfg = dict(shape, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=4096)
+        seq = 2048
+        tokens = torch.randint(0, 32000, (batch, seq), device="cuda")
+        rows = []
+        for label in ("torch.compile bf16 (HF)", "deepwell.optimize bf16", "deepwell.optimize auto"):
+            torch.manual_seed(0)
+            model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**cfg)).to("cuda", torch.bfloat16).train()
+            impl = getattr(model.config, "_experts_implementation", None)
+            if label.startswith("torch"):
+                compiled = torch.compile(model)
+            else:
+                compiled = deepwell.optimize(model, precision=label.rsplit(" ", 1)[1])
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
-        def train_step():
-            loss = compiled(tokens, labels=tokens).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            def train_step(compiled=compiled, opt=opt):
+                loss = compiled(tokens, labels=tokens).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
 
-        t0 = time.perf_counter()
-        train_step()
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
-        ms = time_ms(train_step, warmup=2, iters=steps, reps=1)
-        print(f"    {label:>26}: {ms:8.1f} ms/step, {batch * seq / ms:8.1f} ktok/s, first call {first:.1f} s "
-              f"(HF experts_implementation={impl})")
-        out.append({"model": "mixtral-4L-8E-d1024", "variant": label, "step_ms": ms, "first_s": first,
-                    "experts_implementation": str(impl)})
-        del model, compiled, opt
-        torch.cuda.empty_cache()
-    if len(out) == 2:
-        print(f"    deepwell / torch.compile bf16: {out[0]['step_ms'] / out[1]['step_ms']:.2f}x")
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            train_step()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            ms = time_ms(train_step, warmup=2, iters=steps, reps=1)
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            vs = rows[0]["step_ms"] / ms if rows else 1.0
+            print(f"    {name} {label:>26}: {ms:8.1f} ms/step, {batch * seq / ms:8.1f} ktok/s, {vs:.2f}x, "
+                  f"peak {peak:.2f} GiB, first call {first:.1f} s (HF experts_implementation={impl})")
+            rows.append({"model": name, "variant": label, "step_ms": ms, "first_s": first, "peak_gib": peak,
+                         "vs_torch_compile_bf16": vs, "tokens_per_step": batch * seq,
+                         "experts_implementation": str(impl)})
+            del model, compiled, opt
+            torch.cuda.empty_cache()
+        out += rows
     return out
 
 
@@ -266,6 +285,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--all-recipes", action="store_true", help="also mxfp8 and nvfp4 (emulated on sm_90)")
     p.add_argument("--no-model", action="store_true")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {', '.join(MODELS)}")
     p.add_argument("--sections", default="layer,gemm,router,model",
                    help="comma-separated subset of layer,gemm,router,model (to split a run under a time limit)")
     args = p.parse_args()
@@ -291,8 +311,8 @@ def main() -> None:
         for _, e, d, _, k in SHAPES:
             rows["router"] += router_rows(args.tokens, e, d, k)
     if "model" in sections and not (args.quick or args.no_model):
-        print("# Mixtral-style model, training step")
-        rows["model"] += model_rows(steps=5)
+        print("# Mixtral-style models, training step")
+        rows["model"] += model_rows(steps=5, models=args.models.split(","))
     print("wrote", write_json("bench_moe", env, [r for v in rows.values() for r in v], {"sections": list(rows)}))
 
 

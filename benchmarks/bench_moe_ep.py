@@ -83,7 +83,7 @@ def _measure(args, shape, recipe: str, variant: str, device, dtype, rank: int, w
         layer(x).backward(dy)
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
-    ms = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    ms = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)  # NCCL reduces device tensors
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     return {"shape": name, "experts": experts, "dim": dim, "ffn": ffn, "top_k": top_k, "recipe": recipe,
             "variant": variant, "procs": world, "tokens_per_rank": args.tokens, "ms": ms.item(),

@@ -1,0 +1,36 @@
+"""One dense fp8_block fprop shape (16384 x 4096 x 4096) through deepwell's sm_90a kernel, cuBLASLt's
+blockwise mode (1x128 x 128x128) and cuBLASLt tensor-wise, each twice, for Nsight Compute to read
+their counters side by side (what bounds each: tensor pipes, L2, issue slots). Run it under ncu, with
+the card's clocks as they are:
+
+    ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \\
+        --section MemoryWorkloadAnalysis -k regex:"gemm|nvjet|sm90" python benchmarks/profile_gemm.py
+"""
+
+import torch
+import torch.nn.functional as F
+
+import deepwell  # noqa: F401  (registers torch.ops.deepwell)
+
+ops = torch.ops.deepwell
+M, K, N = 16384, 4096, 4096
+
+
+def main() -> None:
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    a, sa = ops.fp8_block_quantize(x, 1, 128)
+    b, sb = ops.fp8_block_quantize(w, 128, 128)
+    sa_m_major, one = sa.t().contiguous().t(), torch.ones((), device="cuda")
+    st = F.ScalingType
+    for _ in range(2):
+        ops.fp8_block_gemm(a, sa, b, sb, None, torch.bfloat16)
+    for _ in range(2):
+        F.scaled_mm(a, b.t(), sa_m_major, st.BlockWise1x128, sb.t(), st.BlockWise128x128, output_dtype=torch.bfloat16)
+    for _ in range(2):
+        torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
