@@ -50,9 +50,16 @@ def test_autoplan_uses_the_training_shape_and_serialises(model_and_tokens):
     d = json.loads(json.dumps(plan.to_dict()))
     assert d["arch"] == "sm_90" and d["parallelism"] == {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1}
     inner = d["sites"][1:-1]
+    # d=512 layers over 8192 rows: Rust's cost model predicts fp8_block's quantizers cost more than
+    # its GEMMs save, so auto keeps them bf16 (rule 10) and says so.
+    assert all(s["tokens"] == 8192 and s["recipe"] == "bf16" and s["rule"] == "DenseTokens" for s in inner)
+    assert all(s["reason"].startswith("auto: fp8_block predicted") for s in inner)
+    assert d["sites"][-1]["recipe"] == "bf16"
+    # The recipe named by the user runs natively on every inner site, 1x128 activations.
+    fixed = deepwell.autoplan(ir, seq_len=2048, global_batch=4, arch="sm_90", precision="fp8_block").to_dict()
+    inner = fixed["sites"][1:-1]
     assert all(s["tokens"] == 8192 and s["recipe"] == "fp8_block" and not s["emulated"] for s in inner)
     assert "BlockWise1x128" in str(inner[0]["gemms"]) or "1x128" in inner[0]["gemms"]["fprop"]["backend"]
-    assert d["sites"][-1]["recipe"] == "bf16"
 
 
 def test_compile_runs_the_plan_and_falls_back_safely(model_and_tokens):

@@ -520,6 +520,43 @@ fn auto_keeps_bf16_experts_where_fp8_is_predicted_slower() {
     assert_eq!(decide_experts(&auto, &expert(2048, 1408), CPU, 64, Some(65536)).rule, Rule::Precision);
 }
 
+// ---------------------------------------------------------------- dense sites under auto (rule 10)
+
+#[test]
+fn auto_keeps_bf16_dense_sites_where_fp8_is_predicted_slower() {
+    let auto = Policy::default();
+    let at = |i: usize, o: usize| site("layers.1.self_attn.k_proj", "Linear", Role::Attention, 5, 21, i, o);
+    // The d=1024 Mixtral-style model of bench_moe (16k rows a step): its attention projections.
+    for (i, o) in [(1024, 512), (1024, 1024)] {
+        let d = decide_dense(&auto, &at(i, o), HOPPER, Some(16384));
+        assert_eq!((d.recipe, d.rule), (Recipe::Bf16, Rule::DenseTokens), "{i}x{o}: {}", d.reason);
+        assert!(d.reason.starts_with("auto: fp8_block predicted") && d.reason.contains("16384 rows"), "{}", d.reason);
+        // The user's fixed recipe stands; without the rows, rules 1-8 alone decide.
+        assert_eq!(decide_dense(&fixed(Recipe::Fp8Block), &at(i, o), HOPPER, Some(16384)).recipe, Recipe::Fp8Block);
+        assert_eq!(decide_dense(&auto, &at(i, o), HOPPER, None), decide(&auto, &at(i, o), HOPPER));
+    }
+    // bench_train_step's LLaMA shapes (0.95B: d=2048, SwiGLU 5632; 8B: d=4096, 14336) at 8192 rows
+    // keep fp8_block: the plans their measurements were taken with.
+    for (i, o) in [(2048, 2048), (2048, 5632), (5632, 2048), (4096, 4096), (4096, 14336), (14336, 4096)] {
+        let d = decide_dense(&auto, &at(i, o), HOPPER, Some(8192));
+        assert_eq!((d.recipe, d.rule), (Recipe::Fp8Block, Rule::Precision), "{i}x{o}: {}", d.reason);
+    }
+    // The rule is the cost model's verdict, nothing else: over a grid of shapes and row counts,
+    // FP8 is kept exactly where `step_ms` predicts it faster.
+    for tokens in [128, 1024, 4096, 16384, 65536] {
+        for i in [512, 1024, 2048, 4096] {
+            for o in [512, 1024, 4096, 14336] {
+                let d = decide_dense(&auto, &at(i, o), HOPPER, Some(tokens));
+                let site = cost::SiteCost { tokens, in_features: i, out_features: o, recipe: Recipe::Fp8Block };
+                let (ms, bf16_ms) = cost::step_ms(&[site], HOPPER);
+                assert_eq!(d.recipe == Recipe::Fp8Block, ms < bf16_ms, "{tokens} rows, {i}x{o}: {}", d.reason);
+            }
+        }
+    }
+    // Where auto already says bf16 (the CPU), nothing is priced.
+    assert_eq!(decide_dense(&auto, &at(1024, 512), CPU, Some(16384)).rule, Rule::Precision);
+}
+
 // ---------------------------------------------------------------- every reason names its rule
 
 #[test]
@@ -533,6 +570,7 @@ fn every_reason_names_its_rule() {
         Rule::BlockDivisibility => "not divisible by",
         Rule::MinFeatures => "too small to gain",
         Rule::ExpertTokens => "too few to gain",
+        Rule::DenseTokens => "rows: too small to gain",
     };
     let policies = [
         Policy::default(),
@@ -574,6 +612,9 @@ fn every_reason_names_its_rule() {
     let fine = site("moe.experts.gate_up_proj", "DeepwellMoE", Role::Experts, 1, 3, 2048, 2816);
     let d = decide_experts(&Policy::default(), &fine, HOPPER, 64, Some(65536));
     assert!(d.rule == Rule::ExpertTokens && d.reason.contains(marker(d.rule)), "{}", d.reason);
+    let small = site("layers.1.self_attn.k_proj", "Linear", Role::Attention, 5, 21, 1024, 512);
+    let d = decide_dense(&Policy::default(), &small, HOPPER, Some(16384));
+    assert!(d.rule == Rule::DenseTokens && d.reason.contains(marker(d.rule)), "{}", d.reason);
     for arch in [HOPPER, B200, ADA, CPU] {
         for recipe in Recipe::ALL {
             for pass in Pass::ALL {

@@ -9,7 +9,9 @@
 //! (with `tokens` given) maps each pass (fprop, dgrad, wgrad) to `{"backend", "emulated",
 //! "reason"}` from the GEMM dispatch table. A layer with `experts` is one projection of that many
 //! stacked expert weights (DeepwellMoE), `tokens` then the grouped GEMMs' rows (tokens x top-k):
-//! deepwell_core `decide_experts` (rule 9: auto keeps it bf16 where FP8 is predicted no faster).
+//! deepwell_core `decide_experts` (rule 9: auto keeps it bf16 where FP8 is predicted no faster);
+//! any other layer with `tokens` (its rows per call) goes through `decide_dense` (rule 10, the same
+//! test for one linear layer).
 //!
 //! `arch_info` — `{"arch": "sm_90"}` -> `{"arch", "family", "variant" (the NVRTC target, e.g.
 //! "sm_90a"; null for "cpu"), "native": [recipes], "auto", "auto_reason"}`, for `deepwell.probe()`,
@@ -35,7 +37,7 @@ use deepwell_core::formats::{E2M1_MAX, E4M3_MAX};
 use deepwell_core::policy::cost::{self, SiteCost};
 use deepwell_core::policy::parallel::{self, Cluster, ModelSize};
 use deepwell_core::policy::{
-    auto_recipe, check, decide, decide_experts, gemm_backend, grouped_backend, native_recipes, Arch, GemmShape,
+    auto_recipe, check, decide_dense, decide_experts, gemm_backend, grouped_backend, native_recipes, Arch, GemmShape,
     GroupedLayer, GuardrailConfig, LayerInfo, LayerStats, Pass, Policy, Recipe, Role,
 };
 use serde_json::{json, Value};
@@ -104,7 +106,7 @@ pub fn decide_entry(req: &Value) -> Answer {
                 Some(0) => return Err(at("'experts' must be a positive integer, got 0".into())),
                 // One projection of stacked expert weights: `tokens` are the grouped GEMMs' rows.
                 Some(e) => decide_experts(&policy, &info, arch, e as usize, tokens.map(|t| t as usize)),
-                None => decide(&policy, &info, arch),
+                None => decide_dense(&policy, &info, arch, tokens.map(|t| t as usize)),
             };
             let mut out = json!({"recipe": d.recipe.to_string(), "emulated": d.emulated, "reason": d.reason, "rule": format!("{:?}", d.rule)});
             // Each pass's dense GEMM kernel (experts run grouped GEMMs: `grouped_backend` says which).

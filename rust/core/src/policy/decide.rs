@@ -21,6 +21,13 @@
 //!    low-precision recipe of rule 8 that the cost model ([`super::cost::grouped_site_ms`]) predicts
 //!    no faster than bf16 at the call's rows per expert stays bf16, as rule 7 keeps dense layers
 //!    too small to gain.
+//! 10. **Dense tokens** ([`decide_dense`], other sites under precision `auto`, when the planner
+//!     knows the site's rows per call): the same test for one linear layer, through the cost model
+//!     behind `dryrun` ([`super::cost::step_ms`]: its three GEMMs at the dispatched kernels' rates
+//!     plus its quantizers' bytes). Rule 7's fixed threshold cannot see the rows: a 1024 x 512
+//!     projection over 16k rows spends 0.052 ms moving its quantizers' 155 MB at 3 TB/s, more than
+//!     its FP8 GEMMs save (0.049 against bf16's 0.075 ms), while 2048 x 2048 over 8k rows gains
+//!     (0.269 against 0.299 ms).
 //!
 //! Overrides are explicit user choices, so they skip rules 3, 4 and 7, but **not** rule 6: a
 //! recipe whose block does not divide K cannot be quantized at all, so an override to it falls
@@ -28,7 +35,7 @@
 //! the token count, which is only known per call; [`super::gemm_backend`] checks it.
 
 use super::arch::{auto_recipe, is_emulated, why_not_native, Arch};
-use super::cost::{grouped_site_ms, GroupedSiteCost};
+use super::cost::{grouped_site_ms, step_ms, GroupedSiteCost, SiteCost};
 use super::glob::glob_match;
 use super::layer::LayerInfo;
 use super::recipe::{Precision, Recipe};
@@ -79,6 +86,8 @@ pub enum Rule {
     MinFeatures,
     /// 9: an expert projection with too few rows per expert to gain.
     ExpertTokens,
+    /// 10: a dense site whose rows per call are too few to gain.
+    DenseTokens,
 }
 
 /// The policy's verdict for one site.
@@ -184,6 +193,32 @@ pub fn decide(policy: &Policy, layer: &LayerInfo, arch: Arch) -> LayerDecision {
     with_recipe(recipe, arch, Rule::Precision, why)
 }
 
+/// True when `d` is `auto`'s own low-precision choice (rules 5 and 8), which rules 9 and 10 may
+/// still overturn; overrides and fixed precisions are the user's and stand.
+fn auto_low_precision(policy: &Policy, d: &LayerDecision) -> bool {
+    policy.precision == Precision::Auto && d.rule == Rule::Precision && d.recipe != Recipe::Bf16
+}
+
+/// [`decide`] for one dense linear layer, then rule 10 when the site's `tokens` (its GEMMs' rows
+/// per call) are known.
+pub fn decide_dense(policy: &Policy, layer: &LayerInfo, arch: Arch, tokens: Option<usize>) -> LayerDecision {
+    let d = decide(policy, layer, arch);
+    let Some(tokens) = tokens.filter(|&t| t > 0 && auto_low_precision(policy, &d)) else { return d };
+    let site = SiteCost { tokens, in_features: layer.in_features, out_features: layer.out_features, recipe: d.recipe };
+    let (ms, bf16_ms) = step_ms(&[site], arch);
+    if ms < bf16_ms {
+        return d;
+    }
+    bf16(
+        Rule::DenseTokens,
+        format!(
+            "auto: {} predicted {ms:.3} ms forward + backward against bf16's {bf16_ms:.3} at {tokens} rows: too small \
+             to gain",
+            d.recipe
+        ),
+    )
+}
+
 /// [`decide`] for one projection of `experts` stacked expert weights, then rule 9 when the call's
 /// `assignments` (tokens x top-k, the grouped GEMMs' rows) are known.
 pub fn decide_experts(
@@ -194,8 +229,7 @@ pub fn decide_experts(
     assignments: Option<usize>,
 ) -> LayerDecision {
     let d = decide(policy, layer, arch);
-    let auto = policy.precision == Precision::Auto && d.rule == Rule::Precision && d.recipe != Recipe::Bf16;
-    let Some(assignments) = assignments.filter(|_| auto) else { return d };
+    let Some(assignments) = assignments.filter(|_| auto_low_precision(policy, &d)) else { return d };
     let site = GroupedSiteCost {
         experts,
         assignments,

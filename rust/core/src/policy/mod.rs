@@ -33,7 +33,7 @@ pub mod parallel;
 pub mod recipe;
 
 pub use arch::{auto_recipe, is_emulated, is_native, native_recipes, why_not_native, Arch, ArchFamily};
-pub use decide::{decide, decide_experts, LayerDecision, Policy, Rule};
+pub use decide::{decide, decide_dense, decide_experts, LayerDecision, Policy, Rule};
 pub use dispatch::{gemm_backend, GemmBackend, GemmChoice};
 pub use gemm::{GemmShape, Pass, ScalingType};
 pub use glob::glob_match;
