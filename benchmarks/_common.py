@@ -7,10 +7,21 @@ import datetime
 import json
 import os
 import platform
+import time
 
 import torch
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def first_call_s(fn) -> float:
+    """Seconds of `fn()`'s first call, compilation included, with the peak-memory counter reset
+    first (so the peak read after the timed calls covers the whole run)."""
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def time_ms(fn, warmup: int = 5, iters: int = 20, reps: int = 7) -> float:

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import time
 
 import torch
 import torch.nn.functional as F
 
 import deepwell
 import deepwell.plan.backend
-from _common import environment, header, time_ms, write_json
+from _common import environment, first_call_s, header, time_ms, write_json
 
 ops = torch.ops.deepwell
 SHAPES = [("mixtral", 8, 4096, 14336, 2), ("fine-e64", 64, 2048, 1408, 8), ("fine-e128", 128, 2048, 768, 8)]
@@ -260,11 +259,7 @@ def model_rows(steps: int, models: list[str]) -> list[dict]:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            train_step()
-            torch.cuda.synchronize()
-            first = time.perf_counter() - t0
+            first = first_call_s(train_step)
             ms = time_ms(train_step, warmup=2, iters=steps, reps=1)
             peak = torch.cuda.max_memory_allocated() / 2**30
             vs = rows[0]["step_ms"] / ms if rows else 1.0

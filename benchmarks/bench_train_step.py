@@ -34,7 +34,7 @@ import deepwell
 import deepwell.plan.backend
 from torch.profiler import ProfilerActivity, profile
 
-from _common import environment, header, time_ms, torchao_float8, torchao_version, write_json
+from _common import environment, first_call_s, header, time_ms, torchao_float8, torchao_version, write_json
 from deepwell.models import Llama
 
 VOCAB, SEQ, BATCH = 32000, 2048, 4
@@ -133,11 +133,7 @@ def run(model, compiled, tokens, targets, steps: int, warmup: int = 3, host: boo
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    step()
-    torch.cuda.synchronize()
-    first = time.perf_counter() - t0
+    first = first_call_s(step)
     ms = time_ms(step, warmup=warmup, iters=steps, reps=1)
     peak = torch.cuda.max_memory_allocated()
     row = {"step_ms": ms, "tokens_per_s": tokens.numel() / ms * 1e3, "first_call_s": first,
