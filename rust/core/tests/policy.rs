@@ -384,7 +384,7 @@ fn describe_lines() {
     assert_eq!(CpuMatmul.describe(), "torch.matmul on CPU");
     assert_eq!(
         ScaledMmBlockwise { a: BlockWise1x128, b: BlockWise128x128 }.describe(),
-        "cuBLASLt FP8 blockwise 1x128 x 128x128 (aten::_scaled_mm_v2, fp32 scales)"
+        "cuBLASLt FP8 blockwise 1x128 x 128x128 (called directly, fp32 scales)"
     );
     assert!(ScaledMmMx { block: BlockWise1x32 }.describe().starts_with("cuBLASLt MXFP8 block-scaled 1x32"));
     assert!(ScaledMmMx { block: BlockWise1x16 }.describe().starts_with("cuBLASLt NVFP4 block-scaled 1x16"));

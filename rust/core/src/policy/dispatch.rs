@@ -12,7 +12,8 @@ pub enum GemmBackend {
     CublasBf16,
     /// `torch.matmul` on the CPU (bf16 recipe on the reference device).
     CpuMatmul,
-    /// cuBLASLt FP8 with fp32 block scales via `aten::_scaled_mm_v2` (sm_90).
+    /// cuBLASLt FP8 with fp32 block scales (sm_90): the call `aten::_scaled_mm_v2` makes, made by
+    /// deepwell itself (rust/ops/src/gemm/cublaslt.rs), through aten where that path declines.
     ScaledMmBlockwise {
         /// Scaling of operand A (always 1x128 along K).
         a: ScalingType,
@@ -26,7 +27,7 @@ pub enum GemmBackend {
         /// Scaling of operand B: 128x128 (a weight) or 1x128.
         b: ScalingType,
     },
-    /// cuBLASLt FP8 with one fp32 scale per operand via `aten::_scaled_mm_v2` (sm_89+):
+    /// cuBLASLt FP8 with one fp32 scale per operand (sm_89+), called as `ScaledMmBlockwise` is:
     /// E4M3 x E4M3 (fprop), E5M2 x E4M3 (dgrad, wgrad: the gradient is operand A).
     ScaledMmTensorwise,
     /// cuBLASLt block-scaled MX / NV GEMM via `aten::_scaled_mm_v2`, both operands with this
@@ -49,13 +50,13 @@ impl GemmBackend {
             GemmBackend::CublasBf16 => "bf16 torch.matmul (cuBLAS)".to_string(),
             GemmBackend::CpuMatmul => "torch.matmul on CPU".to_string(),
             GemmBackend::ScaledMmBlockwise { a, b } => {
-                format!("cuBLASLt FP8 blockwise {} x {} (aten::_scaled_mm_v2, fp32 scales)", a.block(), b.block())
+                format!("cuBLASLt FP8 blockwise {} x {} (called directly, fp32 scales)", a.block(), b.block())
             }
             GemmBackend::Fp8BlockGemm { b } => {
                 format!("deepwell FP8 GEMM 1x128 x {} (sm_90a wgmma kernel, fp32 scales)", b.block())
             }
             GemmBackend::ScaledMmTensorwise => {
-                "cuBLASLt FP8 per-tensor scales (aten::_scaled_mm_v2, fp32 scales)".to_string()
+                "cuBLASLt FP8 per-tensor scales (called directly, fp32 scales)".to_string()
             }
             GemmBackend::ScaledMmMx { block } => {
                 let what = if block == ScalingType::BlockWise1x16 { "NVFP4" } else { "MXFP8" };
