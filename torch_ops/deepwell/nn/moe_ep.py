@@ -36,6 +36,8 @@ one unsharded process (`dcp.load(sd, checkpoint_id=d, no_dist=True)`); then
 `model.load_state_dict(sd)`. `load_state_dict` also takes the whole (E, ...) tensors of an
 unsharded model's state dict and keeps this rank's slice. `DeepwellMoE.to_hf` all-gathers the
 experts (a collective). deepwell.Trainer refuses an expert-parallel model (train/trainer.py).
+Not covered: the optimizer's state of the local experts (plain per-rank tensors under one name,
+which DCP's optimizer state dict would take for replicated too): save it per rank.
 """
 
 from __future__ import annotations
