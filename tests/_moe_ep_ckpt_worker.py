@@ -9,6 +9,12 @@ model of other weights, sharded alike, loads the checkpoint (dcp.load + load_sta
 another loads the unsharded model's state dict: each rank reports the tensors that differ from the
 saved model's (none expected), and the refusal of a plain local tensor.
 
+DEEPWELL_TEST_CASE=optimizer: the same model after one AdamW step on each rank's own tokens; its
+optimizer state through deepwell.expert_optimizer_state_dict saved with the model by DCP, loaded
+back into a model and optimizer that took another step (deepwell.load_expert_optimizer_state_dict);
+each rank reports the states that differ. Rank 0 saves the whole experts' moments, all-gathered
+(`<dir>.moments.pt`), for the test's one-process load.
+
 DEEPWELL_TEST_CASE=to_hf: a DeepSeek-V3 MoE block of transformers (8 experts, shared experts,
 score-correction bias) converted to DeepwellMoE, sharded, and converted back with `to_hf` (which
 all-gathers the experts): each rank reports the HF tensors that differ from the unsharded
@@ -92,6 +98,63 @@ def checkpoint(rank: int) -> dict:
     return result
 
 
+def _adamw_step(model, seed: int) -> torch.optim.Optimizer:
+    """An AdamW of `model` after one step on tokens drawn from `seed`, gradients reduced over the
+    processes: the optimizer has moments for every parameter."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(seed))
+    model(tokens).float().square().mean().backward()
+    deepwell.reduce_gradients(model)
+    opt.step()
+    return opt
+
+
+def _expert_moments(model, opt) -> dict[str, torch.Tensor]:
+    """AdamW's moments of every block's whole experts, all-gathered (a collective)."""
+    out = {}
+    for path, m in model.named_modules():
+        if isinstance(m, deepwell.DeepwellMoE):
+            for name in ("gate_up_proj", "down_proj"):
+                state = opt.state[getattr(m.experts, name)]
+                for k in ("exp_avg", "exp_avg_sq"):
+                    parts = [torch.empty_like(state[k]) for _ in range(dist.get_world_size())]
+                    dist.all_gather(parts, state[k])
+                    out[f"{path}.experts.{name} {k}"] = torch.cat(parts)
+    return out
+
+
+def optimizer(rank: int) -> dict:
+    """The optimizer's state through deepwell.expert_optimizer_state_dict: saved with the model by
+    DCP, loaded back into 2 expert-parallel processes whose optimizer took another step; rank 0
+    saves the gathered whole moments (`<dir>.moments.pt`) for the test's one-process load."""
+    ckpt = os.environ["DEEPWELL_TEST_CHECKPOINT"]
+    model = build(0)
+    deepwell.expert_parallel(model)
+    opt = _adamw_step(model, seed=rank)  # each rank its own tokens: the moments differ per rank
+    moments = _expert_moments(model, opt)
+    if rank == 0:
+        torch.save(moments, ckpt + ".moments.pt")
+    osd = deepwell.expert_optimizer_state_dict(model, opt)
+    state = osd["state"]["layers.0.moe.experts.gate_up_proj"]["exp_avg"]
+    result = {"moment_state": [type(state).__name__, list(state.shape)]}
+    dcp.save({"model": model.state_dict(), "optim": osd}, checkpoint_id=ckpt)
+
+    fresh = build(1)
+    deepwell.expert_parallel(fresh)
+    fresh_opt = _adamw_step(fresh, seed=10 + rank)
+    msd, fosd = fresh.state_dict(), deepwell.expert_optimizer_state_dict(fresh, fresh_opt)
+    dcp.load({"model": msd, "optim": fosd}, checkpoint_id=ckpt)
+    fresh.load_state_dict(msd)
+    deepwell.load_expert_optimizer_state_dict(fresh, fresh_opt, fosd)
+    names = {p: n for n, p in model.named_parameters()}
+    result["state_differ"] = [
+        f"{names[p]} {k}" for p, q in zip(model.parameters(), fresh.parameters())
+        for k, v in opt.state[p].items() if not torch.equal(v, fresh_opt.state[q][k])
+    ]
+    result["moments_differ"] = [k for k, v in _expert_moments(fresh, fresh_opt).items() if not torch.equal(v, moments[k])]
+    return result
+
+
 def to_hf() -> dict:
     import transformers
 
@@ -121,7 +184,8 @@ def to_hf() -> dict:
 def main() -> None:
     rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    result = checkpoint(rank) if os.environ["DEEPWELL_TEST_CASE"] == "checkpoint" else to_hf()
+    case = os.environ["DEEPWELL_TEST_CASE"]
+    result = checkpoint(rank) if case == "checkpoint" else optimizer(rank) if case == "optimizer" else to_hf()
     every = [None] * world
     dist.all_gather_object(every, result)
     finish_rank({"ranks": every}, rank, world, out)

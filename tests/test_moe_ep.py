@@ -101,6 +101,39 @@ def test_a_checkpoint_holds_every_rank_s_experts(tmp_path):
     assert [k for k, v in reference.items() if not torch.equal(got[k], v)] == []
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_the_optimizer_state_holds_every_rank_s_experts(tmp_path):
+    """deepwell.expert_optimizer_state_dict presents AdamW's moments of the local experts as
+    Shard(0) DTensors of the whole shape (tests/_moe_ep_ckpt_worker.py): saved by DCP with the
+    model, they load back into 2 expert-parallel processes bit for bit, and one unsharded process
+    reads them with torch's own get/set_optimizer_state_dict. Without it each rank's moments,
+    plain tensors under one name, would be taken for one replicated tensor: the one-process load
+    below would find one rank's moments in place of the other's."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from _moe_ep_ckpt_worker import DIM, EXPERTS, build
+
+    ckpt = tmp_path / "ckpt"
+    ranks = spawn(tmp_path, "_moe_ep_ckpt_worker.py", 2, "optim", DEEPWELL_TEST_CASE="optimizer",
+                  DEEPWELL_TEST_CHECKPOINT=str(ckpt))["ranks"]
+    for rank, r in enumerate(ranks):
+        assert r["moment_state"] == ["DTensor", [EXPERTS, 2 * DIM, DIM]], r["moment_state"]
+        assert r["state_differ"] == [] and r["moments_differ"] == [], f"rank {rank}: {r}"
+
+    model = build(3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(sd, checkpoint_id=ckpt, no_dist=True)
+    model.load_state_dict(sd["model"])
+    set_optimizer_state_dict(model, opt, sd["optim"])
+    moments = torch.load(f"{ckpt}.moments.pt")
+    params = dict(model.named_parameters())
+    for key, want in moments.items():
+        name, k = key.split(" ")
+        assert torch.equal(opt.state[params[name]][k], want), key
+
+
 def test_expert_parallel_to_hf_gathers_the_experts(tmp_path):
     """DeepwellMoE.to_hf on an expert-parallel block (2 processes) all-gathers the experts and gives
     what the unsharded block's to_hf gives, bit for bit."""

@@ -42,6 +42,8 @@ from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
 from .nn.moe import DeepwellMoE, update_expert_biases
 from .nn.moe_ep import expert_parallel, reduce_gradients
+from .nn.moe_ep_state import load_optimizer_state_dict as load_expert_optimizer_state_dict
+from .nn.moe_ep_state import optimizer_state_dict as expert_optimizer_state_dict
 from .nn.moe_hf import swap_hf_moe
 from .plan.policy import LayerDecision, LayerInfo, PrecisionPolicy
 
@@ -79,11 +81,13 @@ __all__ = [
     "clear_weight_cache",
     "compile",
     "dryrun",
+    "expert_optimizer_state_dict",
     "expert_parallel",
     "export",
     "format_report",
     "last_plan",
     "load",
+    "load_expert_optimizer_state_dict",
     "manual_seed",
     "microbatches",
     "weight_cache_info",

@@ -41,7 +41,7 @@ from ..ops.grouped_linear import block_of, grouped_linear
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..plan import recipes
 from ..plan.policy import LayerInfo, PrecisionPolicy
-from . import moe_ep
+from . import moe_ep, moe_ep_state
 
 AUX_LOSSES = ("switch", "seq", None)
 
@@ -447,7 +447,7 @@ class DeepwellMoE(nn.Module):
         from .moe_hf import to_hf
 
         if self.ep_size > 1:
-            return to_hf(moe_ep.unsharded(self), config)
+            return to_hf(moe_ep_state.unsharded(self), config)
         return to_hf(self, config)
 
 

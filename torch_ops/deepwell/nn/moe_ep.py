@@ -24,30 +24,22 @@ does both after the backward, for a training loop without a data-parallel wrappe
 The rows per source and destination cross to the host (`.tolist()`: one sync per block and pass,
 for the all-to-all's split sizes), as in torchtitan; the gather index is built on the device.
 
-Checkpoints. Every rank's local experts have the same parameter name and shape (E / world, ...)
-but different contents, so a plain state dict would look replicated to
-torch.distributed.checkpoint (DCP), which would keep one rank's copy and lose the other experts
-without a word. The block's state dict therefore presents `experts.gate_up_proj` and
-`experts.down_proj` as DTensors of the whole (E, ...) shape, Shard(0) over a 1-D DeviceMesh of the
-group (the parameters themselves stay plain tensors: the forward and the optimizer see no
-change). `dcp.save(model.state_dict(), checkpoint_id=d)` writes whole experts, and `dcp.load`
-reshards them into any layout: expert-parallel over the same or another number of processes, or
-one unsharded process (`dcp.load(sd, checkpoint_id=d, no_dist=True)`); then
-`model.load_state_dict(sd)`. `load_state_dict` also takes the whole (E, ...) tensors of an
-unsharded model's state dict and keeps this rank's slice. `DeepwellMoE.to_hf` all-gathers the
-experts (a collective). deepwell.Trainer refuses an expert-parallel model (train/trainer.py).
-Not covered: the optimizer's state of the local experts (plain per-rank tensors under one name,
-which DCP's optimizer state dict would take for replicated too): save it per rank.
+Checkpoints and Hugging Face conversion (nn/moe_ep_state.py): the block's state dict presents the
+local experts as Shard(0) DTensors of the whole (E, ...) shape, so torch.distributed.checkpoint
+writes every rank's and reshards on load; `deepwell.expert_optimizer_state_dict` and
+`deepwell.load_expert_optimizer_state_dict` do the same for the optimizer's state;
+`DeepwellMoE.to_hf` all-gathers the experts. deepwell.Trainer refuses an expert-parallel model
+(train/trainer.py).
 """
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 from torch import nn
+
+from . import moe_ep_state
 
 _WHO = "deepwell.expert_parallel"
 
@@ -78,8 +70,8 @@ def expert_parallel(model: nn.Module, group=None) -> int:
         m.ep_group, m.ep_size = group, world
         # On the block, not a closure over it: the hooks read the module they are called with, so
         # a deepcopy of the model (which copies the hook dicts) stays right.
-        m.register_state_dict_post_hook(_experts_as_dtensors)
-        m.register_load_state_dict_pre_hook(_local_experts_of)
+        m.register_state_dict_post_hook(moe_ep_state.experts_as_dtensors)
+        m.register_load_state_dict_pre_hook(moe_ep_state.local_experts_of)
     return len(blocks)
 
 
@@ -149,85 +141,3 @@ def expert_major(recv: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Te
     index = torch.arange(total, device=recv.device) + shift
     offsets = torch.cat([recv.new_zeros(1), recv.sum(0).cumsum(0)]).to(torch.int32)
     return index, offsets
-
-
-# Checkpoints and Hugging Face conversion (the module docs, "Checkpoints").
-
-_EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
-
-
-def _mesh(block, device: torch.device):
-    """The block's group as a 1-D DeviceMesh (no collective: it wraps the existing group)."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return DeviceMesh.from_group(block.ep_group or dist.group.WORLD, "cuda" if device.type == "cuda" else "cpu")
-
-
-def _experts_as_dtensors(block, state_dict, prefix, local_metadata) -> None:
-    """State-dict post-hook of an expert-parallel block: its local experts as the rank's Shard(0)
-    of DTensors of the whole (E, ...) shape (see the module docs, "Checkpoints"). The DTensors
-    wrap the state dict's tensors without a copy, so `dcp.load` into them fills the parameters."""
-    from torch.distributed.tensor import DTensor, Shard
-
-    for name in _EXPERT_WEIGHTS:
-        key = f"{prefix}experts.{name}"
-        local = state_dict[key]
-        # Every rank holds num_experts / ep_size experts: the global shape is the local one times
-        # the group's size along dim 0, which from_local infers without a collective.
-        state_dict[key] = DTensor.from_local(local, _mesh(block, local.device), [Shard(0)], run_check=False)
-
-
-def _local_experts_of(block, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                      error_msgs) -> None:
-    """Load-state-dict pre-hook of an expert-parallel block: turns the incoming experts into this
-    rank's slice before the parameters copy them. Takes the DTensors of `_experts_as_dtensors`
-    (e.g. after `dcp.load`) and the whole (E, ...) tensors of an unsharded model's state dict;
-    refuses anything else, in particular a plain (E / world, ...) tensor, whose rank is unknown."""
-    from torch.distributed.tensor import DTensor, Shard
-
-    world, rank = block.ep_size, dist.get_rank(block.ep_group)
-    local = block.num_experts // world
-    for name in _EXPERT_WEIGHTS:
-        key = f"{prefix}experts.{name}"
-        if key not in state_dict:
-            continue  # load_state_dict reports it as missing
-        value = state_dict[key]
-        whole = (block.num_experts, *getattr(block.experts, name).shape[1:])
-        if tuple(value.shape) == whole:
-            if not isinstance(value, DTensor):
-                state_dict[key] = value[rank * local:(rank + 1) * local]
-                continue
-            # This rank's shard is its experts only if the mesh orders the ranks as the group does.
-            if tuple(value.placements) == (Shard(0),) and tuple(value.device_mesh.get_coordinate() or ()) == (rank,):
-                state_dict[key] = value.to_local()
-                continue
-        got = (f"a DTensor {tuple(value.shape)} placed {tuple(value.placements)} on mesh {value.device_mesh}"
-               if isinstance(value, DTensor) else f"a plain tensor {tuple(value.shape)}")
-        raise RuntimeError(
-            f"load_state_dict of an expert-parallel block ({_WHO} over {world} processes): {key} must be "
-            f"a DTensor of shape {whole} sharded on dim 0 over the group, as state_dict() gives, or the "
-            f"whole {whole} tensor; got {got}. Load a checkpoint of another layout through "
-            "torch.distributed.checkpoint (dcp.load reshards)"
-        )
-
-
-def unsharded(block):
-    """A stand-in for an expert-parallel block holding its whole (E, ...) experts (detached),
-    all-gathered over its group: a collective, every rank must call it. What the Hugging Face
-    conversion (nn/moe_hf.py `to_hf`) reads; every other attribute is the block's own (router,
-    expert bias, shared experts)."""
-    experts = {}
-    for name in _EXPERT_WEIGHTS:
-        local = getattr(block.experts, name).detach().contiguous()
-        parts = [torch.empty_like(local) for _ in range(block.ep_size)]
-        dist.all_gather(parts, local, group=block.ep_group)
-        experts[name] = torch.cat(parts)
-    return _Unsharded(block, SimpleNamespace(**experts))
-
-
-class _Unsharded:
-    def __init__(self, block, experts):
-        self._block, self.experts = block, experts
-
-    def __getattr__(self, name):  # only names not set in __init__
-        return getattr(self.__dict__["_block"], name)

@@ -125,7 +125,8 @@ class Trainer:
                     "gradient-norm clipping would see only this process's experts, and its checkpoints do not "
                     "know that the experts are sharded. Train with a loop of your own that calls "
                     "deepwell.reduce_gradients(model) after each backward, and checkpoint with "
-                    "torch.distributed.checkpoint on model.state_dict()"
+                    "torch.distributed.checkpoint on model.state_dict() and "
+                    "deepwell.expert_optimizer_state_dict(model, optimizer)"
                 )
         #: The plan's tensor degree: that many adjacent ranks take the same rows of each batch.
         self._tensor = engine.plan.parallelism["tensor"] if getattr(engine, "plan", None) else 1
