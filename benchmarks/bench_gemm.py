@@ -18,7 +18,10 @@ under each of torch's SM carveouts (cuBLASLt's SM count target, what FSDP's plan
 finds free SMs), and sums them per block: a carveout that leaves a tile count just short of a whole
 wave costs a whole extra wave.
 
-    python benchmarks/bench_gemm.py [--quick] [--carveouts 0,4,8]
+`--tiles 256,2x128` times each deepwell row once per tile shape forced on the kernel (128 rows,
+256 rows, or 256 rows over a 2-CTA cluster sharing B; `auto` is Rust's own choice), in one process.
+
+    python benchmarks/bench_gemm.py [--quick] [--carveouts 0,4,8] [--tiles auto,256,2x128]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-import deepwell  # noqa: F401  (registers torch.ops.deepwell)
+from deepwell import _native  # (importing deepwell registers torch.ops.deepwell)
 
 from _common import environment, header, time_ms, write_json
 
@@ -37,6 +40,18 @@ DENSE = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192,
 # (experts, tokens routed, K, N): Mixtral, and the fine-grained shapes of issue 12.
 GROUPED = [(8, 32768, 4096, 14336), (64, 65536, 2048, 1408), (128, 65536, 7168, 2048)]
 BF16 = torch.bfloat16
+# The tile shapes each deepwell row is timed under (`--tiles`); None: Rust's choice.
+TILES: list[str | None] = [None]
+
+
+def tiled(row, what, fn, ref=None):
+    """`row` once per shape of TILES, forced on deepwell's FP8 GEMM around its timing."""
+    for tile in TILES:
+        _native.call("fp8_gemm_tile", {"tile": tile})
+        try:
+            row(what + (f" [{tile}]" if tile else ""), fn, ref)
+        finally:
+            _native.call("fp8_gemm_tile", {"tile": None})
 
 
 def tflops(flops: float, ms: float) -> float:
@@ -82,10 +97,11 @@ def dense_rows(m: int, k: int, n: int, check: bool) -> list[dict]:
     row("bf16 F.linear (cuBLAS)", lambda: F.linear(x, w))
     row("fprop cuBLASLt blockwise 1x128 x 128x128", lambda: F.scaled_mm(
         a, b.t(), sa_mm, ST.BlockWise1x128, sb.t(), ST.BlockWise128x128, output_dtype=BF16), fprop_ref)
-    row("fprop deepwell fp8_block_gemm", lambda: ops.fp8_block_gemm(a, sa, b, sb, None, BF16), fprop_ref)
+    tiled(row, "fprop deepwell fp8_block_gemm", lambda: ops.fp8_block_gemm(a, sa, b, sb, None, BF16), fprop_ref)
     row("wgrad cuBLASLt blockwise 1x128 x 1x128", lambda: F.scaled_mm(
         dt, xt.t(), dts_mm, ST.BlockWise1x128, xts_mm, ST.BlockWise1x128, output_dtype=BF16), wgrad_ref)
-    row("wgrad deepwell fp8_block_gemm (1x128 B)", lambda: ops.fp8_block_gemm(dt, dts, xt, xts, None, BF16), wgrad_ref)
+    tiled(row, "wgrad deepwell fp8_block_gemm (1x128 B)",
+          lambda: ops.fp8_block_gemm(dt, dts, xt, xts, None, BF16), wgrad_ref)
     one = torch.ones((), device="cuda")
     row("fprop cuBLASLt tensor-wise (torch._scaled_mm)",
         lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=BF16))
@@ -208,12 +224,12 @@ def grouped_rows(experts: int, tokens: int, k: int, n: int, check: bool) -> list
                 lambda: torch._scaled_grouped_mm(x8, w8, ones_a, ones_b, offs=ends, out_dtype=BF16))
         except RuntimeError as e:
             print(f"{shape:>26} torch._scaled_grouped_mm unavailable: {str(e).splitlines()[0]}")
-    row("fprop deepwell fp8_block_grouped_gemm",
-        lambda: ops.fp8_block_grouped_gemm(a, sa, b, sb, offsets, BF16), fprop_err)
+    tiled(row, "fprop deepwell fp8_block_grouped_gemm",
+          lambda: ops.fp8_block_grouped_gemm(a, sa, b, sb, offsets, BF16), fprop_err)
     # wgrad: dW_e = dy_e^T x_e, the same FLOPs.
     row("wgrad bf16 torch._grouped_mm", lambda: torch._grouped_mm(dy.t(), x, offs=ends))
-    row("wgrad deepwell fp8_block_grouped_wgrad",
-        lambda: ops.fp8_block_grouped_wgrad(dt, dts, xt, xts, offsets, BF16), wgrad_err)
+    tiled(row, "wgrad deepwell fp8_block_grouped_wgrad",
+          lambda: ops.fp8_block_grouped_wgrad(dt, dts, xt, xts, offsets, BF16), wgrad_err)
     return rows
 
 
@@ -224,8 +240,11 @@ def main() -> None:
     parser.add_argument("--only", choices=("dense", "grouped"), help="one family of shapes")
     parser.add_argument("--carveouts", default=None,
                         help="comma-separated SM carveouts: time one 0.95B block's step GEMMs under each instead")
-    parser.add_argument("--tag", default="", help="suffix of the JSON name (e.g. the DEEPWELL_FP8_GEMM_WAVES tried)")
+    parser.add_argument("--tag", default="", help="suffix of the JSON name")
+    parser.add_argument("--tiles", default="auto",
+                        help="comma-separated tile shapes of deepwell's kernel to time: auto (Rust's choice), 128, 256, 2x128")
     args = parser.parse_args()
+    TILES[:] = [None if t == "auto" else t for t in args.tiles.split(",")]
     env = environment()
     header("fp8_block GEMMs alone: deepwell's kernel vs cuBLAS / cuBLASLt / torch grouped", env)
     if args.carveouts is not None:

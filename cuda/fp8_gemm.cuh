@@ -17,8 +17,10 @@
 // - 3 warpgroups: warpgroups 0 and 1 multiply (64 rows each per wave), warpgroup 2's first warp
 //   loads: TMA copies of A, B and their scales into a ring of STAGES shared-memory stages, each
 //   guarded by a "full" mbarrier (copies landed) and an "empty" one (all 8 math warps done).
-// - Tile BLOCK_M x 128 x 128 (K), BLOCK_M = 128 * WAVES: WAVES = 2 halves B's traffic per FLOP
-//   where there are enough tiles for every SM (Rust's `Fp8Gemm::waves_for` decides).
+// - Tile BLOCK_M x 128 x 128 (K), BLOCK_M = 128 * WAVES: WAVES = 2 halves B's traffic per FLOP;
+//   WAVES = 1 has the registers for two fragments, so each K-block's promotion overlaps the next
+//   block's MMAs; CLUSTER = 2 (with WAVES = 1) pairs two CTAs on one 256-row tile sharing B by TMA
+//   multicast (Rust's `Fp8Gemm::shape_for` decides, per launch).
 // - GROUPING 0: one GEMM. GROUPING 1 (MoE forward / dgrad): A's rows are cut into groups by
 //   `offsets` (G + 1 row starts, any sizes), group g multiplies its own B, and a tile never spans
 //   two groups. Group g's B starts g * b_group_rows rows and g * b_group_k elements along K into
@@ -178,6 +180,34 @@ __device__ __forceinline__ bool job_of(int64_t t, const int* offsets, int64_t ro
 struct alignas(8) Pair {
     float lo, hi;
 };
+
+// Promotion of one K-block's fragment: acc += part * (sa * sb), one fused multiply-add per element
+// (the CPU reference's order: docs/NUMERICS.md "FP8 block"). sa0 / sa1: the scales of the
+// fragment's two rows; SB = 0: sb_tile, the B tile's scale; SB = 1: sbs, the stage's 128 column scales.
+template <int SB>
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64], float sa0, float sa1, float sb_tile,
+                                        const float* sbs, int frag_col) {
+    if (SB == 0) {
+        const float s0 = sa0 * sb_tile, s1 = sa1 * sb_tile;
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn) {
+            acc[4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], s0, acc[4 * jn + 0]);
+            acc[4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], s0, acc[4 * jn + 1]);
+            acc[4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], s1, acc[4 * jn + 2]);
+            acc[4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], s1, acc[4 * jn + 3]);
+        }
+    } else {
+#pragma unroll
+        for (int jn = 0; jn < 16; ++jn) {
+            const Pair sbc = *reinterpret_cast<const Pair*>(sbs + 8 * jn + frag_col);
+            acc[4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], sa0 * sbc.lo, acc[4 * jn + 0]);
+            acc[4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], sa0 * sbc.hi, acc[4 * jn + 1]);
+            acc[4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], sa1 * sbc.lo, acc[4 * jn + 2]);
+            acc[4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], sa1 * sbc.hi, acc[4 * jn + 3]);
+        }
+    }
+}
+
 template <class Out>
 __device__ __forceinline__ void store_pair(void* out, int64_t i, float lo, float hi);
 template <>
@@ -242,7 +272,14 @@ __device__ __forceinline__ void store_slab(const uint8_t* slab, void* out, int64
 // int32 (GROUPING 1, 2), else null. out: (rows, cols), or (groups, rows, cols) for GROUPING 2.
 // For GROUPING 2, K is the total length of A's and B's rows and `offsets` cut it. Grid: min(tiles,
 // SMs) CTAs (persistent); GEMM_THREADS threads; dynamic shared memory as GemmSmem says.
-template <class Out, int WAVES, int SB, int GROUPING>
+//
+// CLUSTER = 2 (WAVES = 1 only): clusters of 2 CTAs take 256-row tiles, rank r the rows [128 r,
+// 128 r + 128), and share the tile's B: each CTA copies 64 of B's 128 rows into both CTAs' shared
+// memory (TMA multicast; tma_b's box is then (128, 64)), so B costs each CTA half the L2 traffic
+// of a 128-row tile, as 256-row tiles do, while each math warpgroup keeps 64 rows and the registers
+// for the pipelined promotion. A stage is refilled only when the math warps of both CTAs have
+// released it (each arrives on both CTAs' "empty" barriers). Grid: a multiple of 2.
+template <class Out, int WAVES, int SB, int GROUPING, int CLUSTER>
 __global__ void __launch_bounds__(GEMM_THREADS, 1)
     fp8_block_gemm(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
                    const __grid_constant__ TmaDesc tma_sa, const __grid_constant__ TmaDesc tma_sb,
@@ -250,6 +287,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                    int64_t cols, int64_t k, int groups, int64_t b_group_rows, int64_t b_group_k,
                    int64_t sb_tile_row, int64_t sb_group) {
 #if defined(DEEPWELL_SM90A)
+    static_assert(CLUSTER == 1 || (CLUSTER == 2 && WAVES == 1), "clusters of 2 take 128-row tiles each");
     using S = GemmSmem<WAVES, SB, GROUPING>;
     using namespace sm90;
     extern __shared__ uint8_t gemm_smem_raw[];
@@ -258,15 +296,39 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
     const uint32_t bars = smem0 + S::BAR_OFF;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     constexpr int MATH_WARPS = 8;
+    const uint32_t rank = CLUSTER == 2 ? cluster_rank() : 0;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < S::STAGES; ++s) {
-            mbar_init(bars + 8 * s, 1);                         // the loader's arrive + the copies' bytes
-            mbar_init(bars + 8 * (S::STAGES + s), MATH_WARPS);  // one arrive per math warp
+            mbar_init(bars + 8 * s, 1);                                   // the loader's arrive + the copies' bytes
+            mbar_init(bars + 8 * (S::STAGES + s), MATH_WARPS * CLUSTER);  // one arrive per math warp of the cluster
         }
         mbar_fence_init();
     }
-    __syncthreads();
+    // The peer's barriers must be initialised before any copy or arrival reaches them.
+    if (CLUSTER == 2)
+        cluster_sync();
+    else
+        __syncthreads();
+
+    // The job of tile t of this CTA's walk (its cluster's t-th 128 * CLUSTER-row tile, its own rows).
+    auto job = [&](int64_t t, gemm_detail::Job& j) {
+        if (!gemm_detail::job_of<S::BLOCK_M * CLUSTER, GROUPING>(t, offsets, rows, cols, k, groups, b_group_rows,
+                                                                 b_group_k, j))
+            return false;
+        j.row0 += S::BLOCK_M * rank;
+        return true;
+    };
+    // A math warp's release of a stage, to the loader of every CTA that writes into it: lane r
+    // arrives on CTA r's barrier (the two arrivals in parallel, as DeepGEMM does).
+    auto release = [&](int stage) {
+        const uint32_t empty = bars + 8 * (S::STAGES + stage);
+        if (CLUSTER == 1) {
+            if (lane == 0) mbar_arrive(empty);
+        } else {
+            if (lane < CLUSTER) mbar_arrive_cluster(empty, lane);
+        }
+    };
 
     if (warp >= MATH_WARPS) {
         // The load warpgroup: its first warp walks the tiles; lane 0 issues the copies.
@@ -274,11 +336,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
         if (warp == MATH_WARPS) {
             int stage = 0;
             uint32_t phase = 0;
-            for (int64_t t = blockIdx.x;; t += gridDim.x) {
+            for (int64_t t = blockIdx.x / CLUSTER;; t += gridDim.x / CLUSTER) {
                 gemm_detail::Job j;
-                if (!gemm_detail::job_of<S::BLOCK_M, GROUPING>(t, offsets, rows, cols, k, groups, b_group_rows,
-                                                               b_group_k, j))
-                    break;
+                if (!job(t, j)) break;
                 if (lane == 0) {
                     for (int kb = j.kb0; kb < j.kb1; ++kb) {
                         const uint32_t full = bars + 8 * stage, empty = bars + 8 * (S::STAGES + stage);
@@ -287,7 +347,15 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                         const uint32_t a = smem0 + stage * S::STAGE_BYTES;
                         const int kc = kb * GEMM_BLOCK_K;
                         tma_load_2d(a, &tma_a, kc, static_cast<int>(j.row0), full);
-                        tma_load_2d(a + S::A_BYTES, &tma_b, static_cast<int>(j.b_k0) + kc, static_cast<int>(j.b_row0), full);
+                        if (CLUSTER == 1) {
+                            tma_load_2d(a + S::A_BYTES, &tma_b, static_cast<int>(j.b_k0) + kc, static_cast<int>(j.b_row0),
+                                        full);
+                        } else {
+                            // This CTA's half of B's 128 rows, into both CTAs (the same offset).
+                            const uint32_t half = 64 * GEMM_BLOCK_K * rank;
+                            tma_load_2d_multicast(a + S::A_BYTES + half, &tma_b, static_cast<int>(j.b_k0) + kc,
+                                                  static_cast<int>(j.b_row0) + 64 * rank, full, 0x3);
+                        }
                         const int sa_row = static_cast<int>(j.row0) & ~(S::SA_PAD ? 3 : 0);
                         for (int w = 0; w < WAVES; ++w)
                             tma_load_2d(smem0 + S::SA_OFF + stage * S::SA_STAGE_BYTES + w * S::SA_WAVE_FLOATS * 4, &tma_sa,
@@ -312,11 +380,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
         const int frag_col = 2 * (lane % 4);                // columns 8j + frag_col + {0, 1}
         int stage = 0;
         uint32_t phase = 0;
-        for (int64_t t = blockIdx.x;; t += gridDim.x) {
+        for (int64_t t = blockIdx.x / CLUSTER;; t += gridDim.x / CLUSTER) {
             gemm_detail::Job j;
-            if (!gemm_detail::job_of<S::BLOCK_M, GROUPING>(t, offsets, rows, cols, k, groups, b_group_rows, b_group_k,
-                                                           j))
-                break;
+            if (!job(t, j)) break;
             // SB = 0: B's 128x128 tile scale of each K-block, read from global one K-block ahead
             // (the load's latency hides behind a whole block's MMAs).
             const float* sb_row = sb_tiles;
@@ -329,56 +395,130 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < 64; ++i) acc[w][i] = 0.0f;
 
-            for (int kb = j.kb0; kb < j.kb1; ++kb) {
-                const float sb_tile = sb_next;
-                if (SB == 0 && kb + 1 < j.kb1) sb_next = __ldg(sb_row + kb + 1);
-                mbar_wait(bars + 8 * stage, phase);
-                const uint32_t a = smem0 + stage * S::STAGE_BYTES;
-                const float* sa = reinterpret_cast<const float*>(smem + S::SA_OFF + stage * S::SA_STAGE_BYTES) + sa_shift;
-                const float* sbs = reinterpret_cast<const float*>(smem + S::SB_OFF) + stage * GEMM_BLOCK_N;
-#pragma unroll
-                for (int w = 0; w < WAVES; ++w) {
-                    float part[64];
-                    fence_registers(part);
+            if constexpr (WAVES == 1) {
+                // 128-row tiles: two fragments, so the promotion of K-block kb - 1 runs while kb's
+                // MMAs are on the tensor cores (wait_group 1 instead of 0). The promotions are the
+                // same fused multiply-adds in the same K order as below: the same bits.
+                float part[2][64];
+                int held = 0;  // the stage whose MMAs are in flight and not yet promoted
+                float held_sa0 = 0.0f, held_sa1 = 0.0f, held_sb = 0.0f;
+                // Promotes the held stage's finished fragment and gives the stage back to the loader
+                // (SB = 0 before the promotion: everything it needs is in registers; SB = 1 after
+                // it, which reads the stage's column scales).
+                auto retire = [&](float(&done)[64]) {
+                    const float* sbs = reinterpret_cast<const float*>(smem + S::SB_OFF) + held * GEMM_BLOCK_N;
+                    if (SB == 0) release(held);
+                    gemm_detail::promote<SB>(acc[0], done, held_sa0, held_sa1, held_sb, sbs, frag_col);
+                    if (SB == 1) release(held);
+                };
+                // Issues K-block kb's MMAs into `issue`; unless it is the first of its batch, then
+                // waits for the previous block's (in `done`) and promotes them.
+                auto step = [&](float(&issue)[64], float(&done)[64], bool first, int kb) {
+                    const float sb_tile = sb_next;
+                    if (SB == 0 && kb + 1 < j.kb1) sb_next = __ldg(sb_row + kb + 1);
+                    mbar_wait(bars + 8 * stage, phase);
+                    const uint32_t a = smem0 + stage * S::STAGE_BYTES;
+                    fence_registers(issue);
                     wgmma_fence();
-                    const uint64_t da = smem_desc_sw128(a + (128 * w + 64 * wg) * GEMM_BLOCK_K);
+                    const uint64_t da = smem_desc_sw128(a + 64 * wg * GEMM_BLOCK_K);
                     const uint64_t db = smem_desc_sw128(a + S::A_BYTES);
 #pragma unroll
-                    for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) wgmma_m64n128k32_e4m3(part, da + 2 * kk, db + 2 * kk, kk);
+                    for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) wgmma_m64n128k32_e4m3(issue, da + 2 * kk, db + 2 * kk, kk);
                     wgmma_commit();
-                    // The row scales load while the MMAs run.
-                    const float sa0 = sa[S::SA_WAVE_FLOATS * w + frag_row], sa1 = sa[S::SA_WAVE_FLOATS * w + frag_row + 8];
-                    wgmma_wait_all();
-                    fence_registers(part);
-                    // SB = 0: everything of the stage is in registers after the last wave's MMAs:
-                    // release it before promoting, so the next copy starts sooner.
-                    if (SB == 0 && w == WAVES - 1 && lane == 0) mbar_arrive(bars + 8 * (S::STAGES + stage));
-                    // Promotion: acc += part * (sa * sb), one fused multiply-add per element.
-                    if (SB == 0) {
-                        const float s0 = sa0 * sb_tile, s1 = sa1 * sb_tile;
-#pragma unroll
-                        for (int jn = 0; jn < 16; ++jn) {
-                            acc[w][4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], s0, acc[w][4 * jn + 0]);
-                            acc[w][4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], s0, acc[w][4 * jn + 1]);
-                            acc[w][4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], s1, acc[w][4 * jn + 2]);
-                            acc[w][4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], s1, acc[w][4 * jn + 3]);
-                        }
-                    } else {
-#pragma unroll
-                        for (int jn = 0; jn < 16; ++jn) {
-                            const gemm_detail::Pair sbc = *reinterpret_cast<const gemm_detail::Pair*>(sbs + 8 * jn + frag_col);
-                            acc[w][4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], sa0 * sbc.lo, acc[w][4 * jn + 0]);
-                            acc[w][4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], sa0 * sbc.hi, acc[w][4 * jn + 1]);
-                            acc[w][4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], sa1 * sbc.lo, acc[w][4 * jn + 2]);
-                            acc[w][4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], sa1 * sbc.hi, acc[w][4 * jn + 3]);
+                    fence_registers(issue);
+                    const float* sa = reinterpret_cast<const float*>(smem + S::SA_OFF + stage * S::SA_STAGE_BYTES) + sa_shift;
+                    const float sa0 = sa[frag_row], sa1 = sa[frag_row + 8];
+                    if (!first) {
+                        wgmma_wait<1>();  // kb - 1's MMAs are done; kb's may still run
+                        fence_registers(done);
+                        retire(done);
+                    }
+                    held = stage;
+                    held_sa0 = sa0;
+                    held_sa1 = sa1;
+                    held_sb = sb_tile;
+                    if (++stage == S::STAGES) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
+                };
+                auto finish = [&](float(&last)[64]) {
+                    wgmma_wait<0>();
+                    fence_registers(last);
+                    retire(last);
+                };
+                // Batches of 4, 2 and 1 K-blocks, each issued before the previous one is promoted,
+                // and none left in flight at a batch's end: ptxas serializes every MMA of the
+                // kernel (C7514) when a pending group crosses a loop's back edge or a batch is cut
+                // short by a branch, so each batch is whole and straight-line.
+                float(&p0)[64] = part[0];
+                float(&p1)[64] = part[1];
+                int kb = j.kb0;
+                if (SB == 0 && j.row0 + 64 * wg >= j.row_end) {
+                    // This warpgroup's 64 rows lie wholly past the tile's end (a row group's last
+                    // tile, a cluster's second CTA past the rows): nothing to multiply. It still
+                    // releases each stage once it is full, which paces it with the loader (an early
+                    // arrival could complete a later phase of the stage's "empty" barrier). SB = 0
+                    // only: with SB = 1 (wgrads, whose rows are whole weights) the branch cost
+                    // spills, measured with ptxas -v.
+                    for (; kb < j.kb1; ++kb) {
+                        mbar_wait(bars + 8 * stage, phase);
+                        release(stage);
+                        if (++stage == S::STAGES) {
+                            stage = 0;
+                            phase ^= 1;
                         }
                     }
                 }
-                // SB = 1: the column scales were read by the promotion above; now the stage is free.
-                if (SB == 1 && lane == 0) mbar_arrive(bars + 8 * (S::STAGES + stage));
-                if (++stage == S::STAGES) {
-                    stage = 0;
-                    phase ^= 1;
+                for (; kb + 4 <= j.kb1; kb += 4) {
+                    step(p0, p1, true, kb);
+                    step(p1, p0, false, kb + 1);
+                    step(p0, p1, false, kb + 2);
+                    step(p1, p0, false, kb + 3);
+                    finish(p1);
+                }
+                for (; kb + 2 <= j.kb1; kb += 2) {
+                    step(p0, p1, true, kb);
+                    step(p1, p0, false, kb + 1);
+                    finish(p1);
+                }
+                if (kb < j.kb1) {
+                    step(p0, p1, true, kb);
+                    finish(p0);
+                }
+            } else {
+                for (int kb = j.kb0; kb < j.kb1; ++kb) {
+                    const float sb_tile = sb_next;
+                    if (SB == 0 && kb + 1 < j.kb1) sb_next = __ldg(sb_row + kb + 1);
+                    mbar_wait(bars + 8 * stage, phase);
+                    const uint32_t a = smem0 + stage * S::STAGE_BYTES;
+                    const float* sa = reinterpret_cast<const float*>(smem + S::SA_OFF + stage * S::SA_STAGE_BYTES) + sa_shift;
+                    const float* sbs = reinterpret_cast<const float*>(smem + S::SB_OFF) + stage * GEMM_BLOCK_N;
+#pragma unroll
+                    for (int w = 0; w < WAVES; ++w) {
+                        float part[64];
+                        fence_registers(part);
+                        wgmma_fence();
+                        const uint64_t da = smem_desc_sw128(a + (128 * w + 64 * wg) * GEMM_BLOCK_K);
+                        const uint64_t db = smem_desc_sw128(a + S::A_BYTES);
+#pragma unroll
+                        for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) wgmma_m64n128k32_e4m3(part, da + 2 * kk, db + 2 * kk, kk);
+                        wgmma_commit();
+                        // The row scales load while the MMAs run.
+                        const float sa0 = sa[S::SA_WAVE_FLOATS * w + frag_row], sa1 = sa[S::SA_WAVE_FLOATS * w + frag_row + 8];
+                        wgmma_wait<0>();
+                        fence_registers(part);
+                        // SB = 0: everything of the stage is in registers after the last wave's MMAs:
+                        // release it before promoting, so the next copy starts sooner.
+                        if (SB == 0 && w == WAVES - 1) release(stage);
+                        gemm_detail::promote<SB>(acc[w], part, sa0, sa1, sb_tile, sbs, frag_col);
+                    }
+                    // SB = 1: the column scales were read by the promotion above; now the stage is free.
+                    if (SB == 1) release(stage);
+                    if (++stage == S::STAGES) {
+                        stage = 0;
+                        phase ^= 1;
+                    }
                 }
             }
 
@@ -418,6 +558,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
             }
         }
     }
+    // Neither CTA of a cluster may exit while the other can still copy into its shared memory or
+    // arrive on its barriers.
+    if (CLUSTER == 2) cluster_sync();
 #endif
 }
 

@@ -62,6 +62,32 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Thread-block clusters (PTX ISA "Cluster of cooperative thread arrays"): CTAs of one cluster run
+// at once on one GPC and can reach each other's shared memory and mbarriers.
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of every CTA of the cluster: arrives, then waits for all (release / acquire).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// One arrival on the mbarrier at shared-window address `bar` of this CTA, in cluster CTA `rank`'s
+// shared memory. The default semantics (release at CTA scope), as CUTLASS's ClusterBarrier: a
+// release at cluster scope waits for this thread's outstanding memory operations, measured 3x
+// slower per GEMM when issued once per stage.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
+    asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [r]; }" ::"r"(
+                     bar),
+                 "r"(rank)
+                 : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bulk tensor copy global -> shared of one box at coordinates (c0 innermost, c1), completing
 // `box bytes` on barrier `bar` (elements outside the tensor arrive as zeros and still count).
 // `dst` must be 128-byte aligned (1024 with the 128-byte swizzle) and c0 * element size a multiple
@@ -73,6 +99,17 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const TmaDesc* map, in
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
             dst),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// The same copy written to the same shared-memory offset of every cluster CTA in `mask` (bit r:
+// rank r), each completing the box's bytes on its own barrier at offset `bar`.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const TmaDesc* map, int c0, int c1, uint32_t bar,
+                                                      uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+        "%3}], [%4], %5;" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
         : "memory");
 }
 
@@ -94,10 +131,14 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Waits until at most N committed MMA groups of this warpgroup are still running.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
 
 // Keeps the compiler from moving reads or writes of accumulator registers across the asynchronous
-// MMA (they are only valid after wgmma_wait_all).
+// MMA (they are only valid after the wgmma_wait that covers it).
 template <int N>
 __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #pragma unroll

@@ -258,6 +258,56 @@ def test_gpu_sms_left_to_collectives_change_the_grid_not_the_bits(gen, left):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("left", [0, 1])
+def test_gpu_every_tile_shape_gives_the_same_bits(gen, left):
+    """Rust gives each launch 128-row tiles, 256-row tiles or 256-row tiles split over a cluster of
+    two CTAs that share B through TMA multicast (`Fp8Gemm::shape_for`). Every shape sums each
+    output's K-blocks in the same order, so all give the same bits: forced in turn here (the
+    `fp8_gemm_tile` entry) on shapes where each is not Rust's choice, so clusters whose second CTA
+    lies wholly or partly past the rows or a row group, 1 to 5 K-blocks (the pipelined batches of
+    4, 2 and 1) and an odd SM count (left = 1: the cluster grid drops an SM) are covered; outputs
+    land in NaN-poisoned memory."""
+    (a, sa), (b, sb) = _operands(260, 384, 640, "cuda", gen)
+    (c, sc), (d, sd) = _operands(1000, 2816, 256, "cuda", gen, (1, 128))
+    w, sw = _quant(torch.randn(8, 256, 512, generator=gen).cuda(), (128, 128))
+    (x, sx), _ = _operands(1024, 256, 512, "cuda", gen)
+    sizes = [0, 700, 5, 0, 300, 1, 0, 18]
+    offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    dy, dys = _quant(torch.randn(1160, 1408, generator=gen).cuda(), (1, 128))
+    xt, xts = _quant(torch.randn(384, 1408, generator=gen).cuda(), (1, 128))
+    k_offsets = torch.tensor([0, 512, 512, 896, 1024, 1408], dtype=torch.int32, device="cuda")
+
+    def run():
+        return (deepwell.fp8_block_gemm(a, sa, b, sb, torch.randn(384, generator=gen).cuda(), torch.bfloat16),
+                deepwell.fp8_block_gemm(c, sc, d, sd, None, torch.float32),
+                deepwell.fp8_block_grouped_gemm(x, sx, w, sw, offsets, torch.float32),
+                deepwell.fp8_block_grouped_wgrad(dy, dys, xt, xts, k_offsets, torch.float32))
+
+    outs = {}
+    try:
+        _native.call("sm_carveout", {"sms": left})
+        for tile in ["128", "256", "2x128"]:
+            assert _native.call("fp8_gemm_tile", {"tile": tile}) == tile
+            gen.manual_seed(7)  # the same bias each time
+            _poison("cuda")
+            outs[tile] = run()
+    finally:
+        _native.call("fp8_gemm_tile", {"tile": None})
+        _native.call("sm_carveout", {"sms": 0})
+    assert _native.call("fp8_gemm_tile", {}) is None
+    for tile in ["256", "2x128"]:
+        for y, z in zip(outs["128"], outs[tile]):
+            assert not z.isnan().any(), tile
+            assert torch.equal(y, z), tile
+
+
+def test_forcing_an_unknown_tile_shape_is_refused():
+    with pytest.raises(ValueError, match=r"fp8_gemm_tile: 'tile' must be one of .* got \"64\""):
+        _native.call("fp8_gemm_tile", {"tile": "64"})
+    assert _native.call("fp8_gemm_tile", {}) is None
+
+
+@pytest.mark.gpu
 def test_gpu_misaligned_wgrad_offsets_come_out_nan_not_wrong(gen):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("deepwell's kernel runs on sm_90 only (the fallback needs CPU offsets)")

@@ -67,6 +67,9 @@ pub struct Device {
     max_smem_optin: u32,
     name: String,
     functions: RwLock<HashMap<KernelId, Function>>,
+    /// Clusters of a clustered kernel that can be resident at once (cuOccupancyMaxActiveClusters),
+    /// by kernel and cluster size: the cap of its persistent grid.
+    resident_clusters: RwLock<HashMap<(KernelId, u32), u32>>,
 }
 
 // SAFETY: the primary context handle is process-global; the table is behind an RwLock.
@@ -141,7 +144,19 @@ impl Device {
         let name = driver("cuDeviceGetName", result::device::get_name(dev))?;
         let capability = (major as u32, minor as u32);
         let functions = RwLock::new(HashMap::new());
-        Ok(Device { ordinal, ctx, arch, capability, sms, max_threads_per_sm, max_smem_optin, name, functions })
+        let resident_clusters = RwLock::new(HashMap::new());
+        Ok(Device {
+            ordinal,
+            ctx,
+            arch,
+            capability,
+            sms,
+            max_threads_per_sm,
+            max_smem_optin,
+            name,
+            functions,
+            resident_clusters,
+        })
     }
 
     pub fn ordinal(&self) -> i32 {
@@ -262,11 +277,82 @@ impl Device {
         let base = words.as_mut_ptr();
         // SAFETY: every start indexes `words`.
         let mut ptrs: Vec<*mut c_void> = starts.iter().map(|&i| unsafe { base.add(i) } as *mut c_void).collect();
+        if g.cluster > 1 {
+            // SAFETY: as below; the launch configuration lives through the call.
+            return unsafe { self.launch_clustered(kernel, f, g, stream, &mut ptrs) };
+        }
         // SAFETY: guaranteed by the caller; `words` outlives the call (cuLaunchKernel copies the
         // parameters before returning).
         driver("cuLaunchKernel", unsafe {
             result::launch_kernel(f.0, (g.grid, 1, 1), (g.block, 1, 1), g.smem, stream as sys::CUstream, &mut ptrs)
         })
+    }
+
+    /// A launch in clusters of `g.cluster` CTAs (cuLaunchKernelEx). A persistent kernel's grid is
+    /// cut to the clusters that fit at once: an SM pair split across two GPCs cannot host one, so
+    /// one CTA per SM can overshoot, and a cluster that waits for a whole earlier one to finish
+    /// would double the kernel's time.
+    ///
+    /// # Safety
+    /// As `launch`; `ptrs` point at the kernel's parameters.
+    unsafe fn launch_clustered(
+        &self,
+        kernel: KernelId,
+        f: Function,
+        g: Geometry,
+        stream: *mut c_void,
+        ptrs: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY: an all-zero launch attribute is a valid value of the C struct.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = g.cluster;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        let mut config = sys::CUlaunchConfig {
+            gridDimX: g.grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: g.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: g.smem,
+            hStream: stream as sys::CUstream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let key = (kernel, g.cluster);
+        let cached = self.resident_clusters.read().ok().and_then(|t| t.get(&key).copied());
+        let resident = match cached {
+            Some(n) => n,
+            None => {
+                let mut n: i32 = 0;
+                // SAFETY: `f` is a loaded function of this context; `config` is a complete
+                // configuration (its grid is ignored by the query).
+                let code = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.0, &config) };
+                driver("cuOccupancyMaxActiveClusters", code.result())?;
+                if let Ok(mut t) = self.resident_clusters.write() {
+                    t.insert(key, n.max(0) as u32);
+                }
+                if self::config().is_some_and(|c| c.print_compile) {
+                    eprintln!("deepwell: {} fits {n} clusters of {} at once", kernel.name_expression(), g.cluster);
+                }
+                n.max(0) as u32
+            }
+        };
+        if resident == 0 {
+            return Err(GpuError::Unsupported(format!(
+                "{} cannot run in clusters of {} on {} ({} bytes of shared memory per CTA)",
+                kernel.name_expression(),
+                g.cluster,
+                self.name,
+                g.smem
+            )));
+        }
+        config.gridDimX = g.grid.min(resident * g.cluster);
+        // SAFETY: guaranteed by the caller; cuLaunchKernelEx copies the parameters before returning.
+        let code = unsafe { sys::cuLaunchKernelEx(&config, f.0, ptrs.as_mut_ptr(), std::ptr::null_mut()) };
+        driver("cuLaunchKernelEx", code.result())
     }
 
     /// True while `stream` (torch's current stream of this device) is capturing a CUDA graph.

@@ -39,10 +39,35 @@ pub enum Grouping {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Fp8Gemm {
     pub out: Float,
-    /// 1 or 2 row waves of 128 per tile.
+    /// 1 or 2 row waves of 128 per CTA's tile.
     pub waves: u8,
     pub b_scales: BScales,
     pub grouping: Grouping,
+    /// CTAs per cluster (the kernel's `CLUSTER`): 1, or 2 with `waves` 1, the two CTAs taking the
+    /// two 128-row halves of a 256-row tile and sharing its B by TMA multicast.
+    pub cluster: u8,
+}
+
+/// The tile shapes a launch can take: (waves, cluster).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileShape {
+    /// 128 rows per tile, one CTA (the promotion of each K-block overlaps the next one's MMAs).
+    Rows128,
+    /// 256 rows per tile, one CTA (two waves of 128; B read once per 256 rows).
+    Rows256,
+    /// 256 rows per tile, a cluster of two CTAs of 128 rows each sharing B.
+    Pair128,
+}
+
+impl TileShape {
+    /// (waves, cluster) of the kernel.
+    pub fn kernel(self) -> (u8, u8) {
+        match self {
+            TileShape::Rows128 => (1, 1),
+            TileShape::Rows256 => (2, 1),
+            TileShape::Pair128 => (1, 2),
+        }
+    }
 }
 
 /// The sizes of one launch: A is (rows, k) (for `Grouping::Rows`, all groups' rows), the output
@@ -66,19 +91,37 @@ impl Fp8Gemm {
             Grouping::Rows => 1,
             Grouping::K => 2,
         };
-        ("fp8_block_gemm", vec![Arg::Float(self.out), Arg::Int(self.waves), Arg::Int(sb), Arg::Int(grouping)])
+        let args =
+            vec![Arg::Float(self.out), Arg::Int(self.waves), Arg::Int(sb), Arg::Int(grouping), Arg::Int(self.cluster)];
+        ("fp8_block_gemm", args)
     }
 
+    /// A's rows one CTA's tile covers (the box of A's copies).
     pub fn block_m(self) -> u64 {
         128 * u64::from(self.waves)
     }
 
-    /// Rows per tile for a launch of `sizes` on `sms` multiprocessors: 256 (B read once per 256
-    /// rows: a third less shared-memory traffic per FLOP) when that still gives every SM a tile
-    /// and, for row groups, the average group is long enough that the partial last tile of each
-    /// group wastes little; else 128. A K-grouped wgrad's rows are a weight's output features,
-    /// whole in every group, so only the tile count decides.
-    pub fn waves_for(grouping: Grouping, s: GemmSizes, sms: u32) -> u8 {
+    /// Rows of one tile of the walk (a cluster's tile when clustered).
+    pub fn tile_rows(self) -> u64 {
+        self.block_m() * u64::from(self.cluster)
+    }
+
+    /// Rows of B one CTA copies per stage (the box of B's copies): half the tile's 128 when a
+    /// cluster of 2 shares it.
+    pub fn b_box_rows(self) -> u64 {
+        BLOCK_N / u64::from(self.cluster)
+    }
+
+    /// The tile shape for a launch of `sizes` on `sms` multiprocessors: 256 rows (B read once per
+    /// 256 rows: a third less shared-memory traffic per FLOP) when that still gives every SM a
+    /// tile and, for row groups, the average group is long enough that the partial last tile of
+    /// each group wastes little; else 128. A K-grouped wgrad's rows are a weight's output
+    /// features, whole in every group, so only the tile count decides. A dense GEMM with 1x128
+    /// B scales (a wgrad) takes its 256-row tiles as 2-CTA clusters: measured on the H100
+    /// (bench_gemm --tiles, 2026-11-27, two runs), 0.97-1.11x the one-CTA 256-row tile at the four
+    /// dense wgrad shapes, while clusters were no gain elsewhere (dense fprop 0.94-1.07x, grouped
+    /// fprop 0.70-0.93x, grouped wgrad 0.84-1.08x).
+    pub fn shape_for(grouping: Grouping, b_scales: BScales, s: GemmSizes, sms: u32) -> TileShape {
         let matrices = if grouping == Grouping::K { s.groups.max(1) } else { 1 };
         let tiles_256 = matrices * s.rows.div_ceil(256) * s.cols.div_ceil(BLOCK_N);
         // Measured on the H100 (bench_gemm, 2026-11-26): 256-row tiles win for groups of 577
@@ -87,10 +130,12 @@ impl Fp8Gemm {
             Grouping::Dense | Grouping::K => true,
             Grouping::Rows => s.rows >= 256 * s.groups.max(1),
         };
-        if long_groups && tiles_256 >= u64::from(sms) {
-            2
+        if !long_groups || tiles_256 < u64::from(sms) {
+            TileShape::Rows128
+        } else if grouping == Grouping::Dense && b_scales == BScales::Row1x128 {
+            TileShape::Pair128
         } else {
-            1
+            TileShape::Rows256
         }
     }
 
@@ -119,7 +164,7 @@ impl Fp8Gemm {
     /// partial tile), the kernel stops at the real count it reads from the offsets.
     pub fn tiles(self, s: GemmSizes) -> u64 {
         let n_tiles = s.cols.div_ceil(BLOCK_N);
-        let m_tiles = s.rows.div_ceil(self.block_m());
+        let m_tiles = s.rows.div_ceil(self.tile_rows());
         match self.grouping {
             Grouping::Dense => m_tiles * n_tiles,
             Grouping::Rows => (m_tiles + s.groups) * n_tiles,
@@ -131,29 +176,36 @@ impl Fp8Gemm {
 impl Family for Fp8Gemm {
     type Sizes = GemmSizes;
 
-    /// Persistent: one CTA per SM (at most one per tile), each looping over tiles t, t + grid, ...
+    /// Persistent: one CTA per SM (one cluster per tile at most), each cluster looping over tiles
+    /// t, t + clusters, ... A clustered grid is a whole number of clusters (an odd SM left idle).
     fn geometry(self, s: GemmSizes, wave: Wave) -> Geometry {
-        let grid = self.tiles(s).clamp(1, u64::from(wave.sms.max(1))) as u32;
-        Geometry { grid, block: THREADS, smem: self.smem_bytes() as u32 }
+        let cluster = u64::from(self.cluster);
+        let clusters = self.tiles(s).clamp(1, (u64::from(wave.sms) / cluster).max(1));
+        Geometry {
+            grid: (clusters * cluster) as u32,
+            block: THREADS,
+            smem: self.smem_bytes() as u32,
+            cluster: self.cluster.into(),
+        }
     }
 }
 
-/// Every specialization the GEMM ops launch: dense and grouped-rows GEMMs in both tile heights
+/// Every specialization the GEMM ops launch: dense and grouped-rows GEMMs in every tile shape
 /// (dense with either B layout, row groups against weights, K-grouped wgrads); each for every
 /// output type.
 pub fn all() -> Vec<Fp8Gemm> {
     let mut v = Vec::new();
     for out in Float::ALL {
-        for waves in [1, 2] {
-            for b_scales in [BScales::Tile128, BScales::Row1x128] {
-                v.push(Fp8Gemm { out, waves, b_scales, grouping: Grouping::Dense });
+        for shape in [TileShape::Rows128, TileShape::Rows256, TileShape::Pair128] {
+            let (waves, cluster) = shape.kernel();
+            for (b_scales, grouping) in [
+                (BScales::Tile128, Grouping::Dense),
+                (BScales::Row1x128, Grouping::Dense),
+                (BScales::Tile128, Grouping::Rows),
+                (BScales::Row1x128, Grouping::K),
+            ] {
+                v.push(Fp8Gemm { out, waves, b_scales, grouping, cluster });
             }
-        }
-        for waves in [1, 2] {
-            v.push(Fp8Gemm { out, waves, b_scales: BScales::Tile128, grouping: Grouping::Rows });
-        }
-        for waves in [1, 2] {
-            v.push(Fp8Gemm { out, waves, b_scales: BScales::Row1x128, grouping: Grouping::K });
         }
     }
     v
@@ -185,7 +237,8 @@ mod tests {
         for k in all() {
             assert!(k.smem_bytes() <= 232_448, "{k:?}: {}", k.smem_bytes());
         }
-        let w2 = Fp8Gemm { out: Float::BF16, waves: 2, b_scales: BScales::Tile128, grouping: Grouping::Dense };
+        let w2 =
+            Fp8Gemm { out: Float::BF16, waves: 2, b_scales: BScales::Tile128, grouping: Grouping::Dense, cluster: 1 };
         assert_eq!(w2.smem_bytes(), 1024 + 4 * 48 * 1024 + 4 * 256 * 4 + 128 + 8 * 2048);
         let rows = Fp8Gemm { waves: 1, grouping: Grouping::Rows, ..w2 };
         assert_eq!(rows.smem_bytes(), 1024 + 6 * 32 * 1024 + 6 * 640 + 128 + 8 * 2048);
@@ -193,7 +246,8 @@ mod tests {
 
     #[test]
     fn persistent_grids() {
-        let k = Fp8Gemm { out: Float::BF16, waves: 2, b_scales: BScales::Tile128, grouping: Grouping::Dense };
+        let k =
+            Fp8Gemm { out: Float::BF16, waves: 2, b_scales: BScales::Tile128, grouping: Grouping::Dense, cluster: 1 };
         let big = GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 };
         assert_eq!(k.tiles(big), 64 * 32);
         assert_eq!(k.geometry(big, H100).grid, 132);
@@ -204,15 +258,30 @@ mod tests {
         assert_eq!(rows.tiles(GemmSizes { rows: 1000, cols: 256, k: 128, groups: 8 }), (8 + 8) * 2);
         let kg = Fp8Gemm { waves: 1, b_scales: BScales::Row1x128, grouping: Grouping::K, ..k };
         assert_eq!(kg.tiles(GemmSizes { rows: 256, cols: 384, k: 4096, groups: 4 }), 4 * 2 * 3);
+        // A cluster's tile is 256 rows; its grid a whole number of clusters.
+        let pair = Fp8Gemm { waves: 1, cluster: 2, ..k };
+        assert_eq!(pair.tiles(big), 64 * 32);
+        assert_eq!(
+            pair.geometry(big, H100),
+            Geometry { grid: 132, block: 384, smem: pair.smem_bytes() as u32, cluster: 2 }
+        );
+        assert_eq!(pair.geometry(big, Wave { sms: 127, ..H100 }).grid, 126);
+        assert_eq!(pair.geometry(small, H100).grid, 4); // two 256-row pair tiles of 128 columns
+        assert_eq!(pair.b_box_rows(), 64);
         let dense = |rows, cols| GemmSizes { rows, cols, k: 4096, groups: 1 };
-        assert_eq!(Fp8Gemm::waves_for(Grouping::Dense, dense(16384, 4096), 132), 2);
-        assert_eq!(Fp8Gemm::waves_for(Grouping::Dense, dense(2048, 1024), 132), 1);
+        let (tile, row) = (BScales::Tile128, BScales::Row1x128);
+        let shape = Fp8Gemm::shape_for;
+        assert_eq!(shape(Grouping::Dense, tile, dense(16384, 4096), 132), TileShape::Rows256);
+        assert_eq!(shape(Grouping::Dense, tile, dense(2048, 1024), 132), TileShape::Rows128);
+        // A dense wgrad pairs its 256-row tiles in clusters; too few tiles keep 128 rows.
+        assert_eq!(shape(Grouping::Dense, row, dense(4096, 16384), 132), TileShape::Pair128);
+        assert_eq!(shape(Grouping::Dense, row, dense(2048, 1024), 132), TileShape::Rows128);
         let experts = |rows, groups| GemmSizes { rows, cols: 1408, k: 2048, groups };
-        assert_eq!(Fp8Gemm::waves_for(Grouping::Rows, experts(65536, 128), 132), 2);
-        assert_eq!(Fp8Gemm::waves_for(Grouping::Rows, experts(65536, 512), 132), 1);
+        assert_eq!(shape(Grouping::Rows, tile, experts(65536, 128), 132), TileShape::Rows256);
+        assert_eq!(shape(Grouping::Rows, tile, experts(65536, 512), 132), TileShape::Rows128);
         // Wgrads: every expert's (rows, cols) output counts; few tiles keep 128 rows.
         let wgrad = |rows, cols, groups| GemmSizes { rows, cols, k: 65536, groups };
-        assert_eq!(Fp8Gemm::waves_for(Grouping::K, wgrad(2816, 2048, 64), 132), 2);
-        assert_eq!(Fp8Gemm::waves_for(Grouping::K, wgrad(512, 256, 8), 132), 1);
+        assert_eq!(shape(Grouping::K, row, wgrad(2816, 2048, 64), 132), TileShape::Rows256);
+        assert_eq!(shape(Grouping::K, row, wgrad(512, 256, 8), 132), TileShape::Rows128);
     }
 }

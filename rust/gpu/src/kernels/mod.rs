@@ -174,18 +174,21 @@ pub struct Wave {
 }
 
 /// A 1-D launch. `smem` is dynamic shared memory: every kernel's shared memory is static, so 0.
+/// `cluster`: CTAs per thread-block cluster (1: no clusters); the grid is then a multiple of it,
+/// and the launcher may cut a persistent grid to the clusters that fit at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub grid: u32,
     pub block: u32,
     pub smem: u32,
+    pub cluster: u32,
 }
 
 impl Wave {
     /// A grid-stride launch over `work` units, `per_cta` per CTA per iteration: enough CTAs to
     /// cover the work once, capped at one wave (the loops cover the rest), at least one.
     pub fn cover(self, work: u64, per_cta: u64) -> Geometry {
-        Geometry { grid: grid_blocks(work, per_cta, self.sms, self.per_sm), block: THREADS, smem: 0 }
+        Geometry { grid: grid_blocks(work, per_cta, self.sms, self.per_sm), block: THREADS, smem: 0, cluster: 1 }
     }
 
     /// The dequantize kernels of mxfp8.cuh and fp8_block.cuh (the same loops): on the vector path
@@ -238,8 +241,8 @@ pub(crate) mod tests {
     #[test]
     fn every_kernel_is_distinct_and_named_like_interface_md() {
         let all = all();
-        // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24, fp8_gemm.cuh's 24
-        assert_eq!(all.len(), 131 + 7 + 9 + 24 + 24);
+        // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24, fp8_gemm.cuh's 36
+        assert_eq!(all.len(), 131 + 7 + 9 + 24 + 36);
         let names: std::collections::HashSet<String> = all.iter().map(|k| k.name_expression()).collect();
         assert_eq!(names.len(), all.len());
         let rows =
@@ -281,7 +284,7 @@ pub(crate) mod tests {
 
     #[test]
     fn cover_is_grid_blocks() {
-        assert_eq!(H100.cover(0, 256), Geometry { grid: 1, block: 256, smem: 0 });
+        assert_eq!(H100.cover(0, 256), Geometry { grid: 1, block: 256, smem: 0, cluster: 1 });
         assert_eq!(H100.cover(1000, 256).grid, 4);
         assert_eq!(H100.cover(1 << 40, 1).grid, 132 * 8);
     }

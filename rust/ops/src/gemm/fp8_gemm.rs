@@ -12,9 +12,10 @@
 //! What it computes is the exact product of the dequantized operands up to fp32 accumulation
 //! order; `reference.rs` in ops/fp8_gemm is that product, computed on dequantized copies.
 
-use deepwell_gpu::kernels::fp8_gemm::{BScales, Fp8Gemm, GemmSizes, Grouping};
+use deepwell_gpu::kernels::fp8_gemm::{BScales, Fp8Gemm, GemmSizes, Grouping, TileShape};
 use deepwell_gpu::tma::{Elem, Map2d};
 use deepwell_gpu::Params;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::cuda::{self, float, ptr, Launch};
 use crate::dtype::DType;
@@ -66,15 +67,41 @@ pub fn fits(rows: i64, cols: i64, k: i64, b_scales: BScales) -> bool {
     rows > 0 && cols > 0 && k > 0 && k % 128 == 0 && rows % 4 == 0 && cols_ok
 }
 
-/// `DEEPWELL_FP8_GEMM_WAVES=1|2` forces the tile height (128 or 256 rows) of every launch, for
-/// benchmarking the choice `Fp8Gemm::waves_for` makes.
-fn forced_waves() -> Option<u8> {
-    static FORCED: std::sync::OnceLock<Option<u8>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| match std::env::var("DEEPWELL_FP8_GEMM_WAVES").as_deref() {
-        Ok("1") => Some(1),
-        Ok("2") => Some(2),
-        _ => None,
-    })
+/// The names of the tile shapes, as `DEEPWELL_FP8_GEMM_TILE` and the `fp8_gemm_tile` entry take them.
+const SHAPES: [(&str, TileShape); 3] =
+    [("128", TileShape::Rows128), ("256", TileShape::Rows256), ("2x128", TileShape::Pair128)];
+
+/// The tile shape every launch is forced to, for testing and benchmarking the choice
+/// `Fp8Gemm::shape_for` makes: index into `SHAPES` + 1, 0 for Rust's choice, u8::MAX before the
+/// first read of `DEEPWELL_FP8_GEMM_TILE` (its first value). Process-wide.
+static FORCED: AtomicU8 = AtomicU8::new(u8::MAX);
+
+fn forced_shape() -> Option<TileShape> {
+    let mut code = FORCED.load(Ordering::Relaxed);
+    if code == u8::MAX {
+        let env = std::env::var("DEEPWELL_FP8_GEMM_TILE").unwrap_or_default();
+        code = SHAPES.iter().position(|(name, _)| *name == env).map_or(0, |i| i as u8 + 1);
+        let _ = FORCED.compare_exchange(u8::MAX, code, Ordering::Relaxed, Ordering::Relaxed);
+        code = FORCED.load(Ordering::Relaxed);
+    }
+    code.checked_sub(1).map(|i| SHAPES[i as usize].1)
+}
+
+/// The C API's `fp8_gemm_tile` entry: `{tile?}` -> the tile shape forced on every launch of
+/// deepwell's FP8 GEMM ("128", "256", "2x128"), or null for Rust's choice; sets it when `tile` is
+/// given (null clears it).
+pub fn fp8_gemm_tile_entry(req: &serde_json::Value) -> crate::capi::Answer {
+    if let Some(given) = req.get("tile") {
+        let code = match given.as_str() {
+            None if given.is_null() => 0,
+            name => SHAPES.iter().position(|(n, _)| Some(*n) == name).map(|i| i as u8 + 1).ok_or_else(|| {
+                format!("fp8_gemm_tile: 'tile' must be one of \"128\", \"256\", \"2x128\" or null, got {given}")
+            })?,
+        };
+        FORCED.store(code, Ordering::Relaxed);
+    }
+    let name = forced_shape().and_then(|s| SHAPES.iter().find(|(_, t)| *t == s)).map(|(n, _)| *n);
+    Ok(serde_json::json!(name))
 }
 
 /// The output tensor: (rows, cols), or (groups, rows, cols) for a K-grouped launch.
@@ -87,8 +114,10 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     let out = Tensor::empty(op, &shape, g.out, device)?;
     let (rows, cols, k) = (g.rows as u64, g.cols as u64, g.k as u64);
     let sizes = GemmSizes { rows, cols, k, groups: g.groups as u64 };
-    let waves = forced_waves().unwrap_or_else(|| Fp8Gemm::waves_for(g.grouping, sizes, launch.dev.persistent_sms()));
-    let kernel = Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping };
+    let sms = launch.dev.persistent_sms();
+    let shape = forced_shape().unwrap_or_else(|| Fp8Gemm::shape_for(g.grouping, g.b_scales, sizes, sms));
+    let (waves, cluster) = shape.kernel();
+    let kernel = Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping, cluster };
     let block_m = kernel.block_m() as u32;
     let codes = |t: &Tensor, n: u64, box_rows: u32| Map2d {
         ptr: ptr(t),
@@ -123,8 +152,9 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     };
     let map_err = cuda::gpu_err(op);
     let tma_a = codes(g.a, rows, block_m).encode().map_err(&map_err)?;
+    let b_box = kernel.b_box_rows() as u32;
     let tma_b =
-        Map2d { rows: b_rows, cols: b_k, row_stride: b_k, ..codes(g.b, b_rows, 128) }.encode().map_err(&map_err)?;
+        Map2d { rows: b_rows, cols: b_k, row_stride: b_k, ..codes(g.b, b_rows, b_box) }.encode().map_err(&map_err)?;
     let tma_sa = scales(g.sa, rows, kernel.sa_box() as u32).encode().map_err(&map_err)?;
     // Tile scales are read by the math threads; a map is still passed (the kernel ignores it).
     let tma_sb = match g.b_scales {
