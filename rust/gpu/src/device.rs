@@ -67,9 +67,9 @@ pub struct Device {
     max_smem_optin: u32,
     name: String,
     functions: RwLock<HashMap<KernelId, Function>>,
-    /// Clusters of a clustered kernel that can be resident at once (cuOccupancyMaxActiveClusters),
-    /// by kernel and cluster size: the cap of its persistent grid.
-    resident_clusters: RwLock<HashMap<(KernelId, u32), u32>>,
+    /// Clusters of a clustered kernel that can be resident at once (cuOccupancyMaxActiveClusters;
+    /// the kernel fixes its cluster size and shared memory): the cap of its persistent grid.
+    resident_clusters: RwLock<HashMap<KernelId, u32>>,
 }
 
 // SAFETY: the primary context handle is process-global; the table is behind an RwLock.
@@ -321,8 +321,7 @@ impl Device {
             attrs: &mut attr,
             numAttrs: 1,
         };
-        let key = (kernel, g.cluster);
-        let cached = self.resident_clusters.read().ok().and_then(|t| t.get(&key).copied());
+        let cached = self.resident_clusters.read().ok().and_then(|t| t.get(&kernel).copied());
         let resident = match cached {
             Some(n) => n,
             None => {
@@ -332,7 +331,7 @@ impl Device {
                 let code = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.0, &config) };
                 driver("cuOccupancyMaxActiveClusters", code.result())?;
                 if let Ok(mut t) = self.resident_clusters.write() {
-                    t.insert(key, n.max(0) as u32);
+                    t.insert(kernel, n.max(0) as u32);
                 }
                 if self::config().is_some_and(|c| c.print_compile) {
                     eprintln!("deepwell: {} fits {n} clusters of {} at once", kernel.name_expression(), g.cluster);
