@@ -84,6 +84,12 @@ template <> __device__ __forceinline__ float widen<F16>(const uint32_t* w, int j
     return F16::from_bits(static_cast<uint16_t>((j & 1) ? (w[j >> 1] >> 16) : (w[j >> 1] & 0xFFFFu)));
 }
 
+// Quotient for non-negative operands; 32-bit division when both fit (the usual case).
+__device__ __forceinline__ int64_t div_nn(int64_t a, int64_t b) {
+    if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+    return a / b;
+}
+
 // True when p is a multiple of a (a power of two): kernels pick their vector path with it.
 __device__ __forceinline__ bool aligned(const void* p, unsigned a) {
     return (reinterpret_cast<uint64_t>(p) & (a - 1)) == 0;
@@ -271,6 +277,32 @@ template <class Out> __device__ __forceinline__ void store_piece(void* out, int6
     else
         *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + e) =
             make_uint4(pack2<Out>(y[0], y[1]), pack2<Out>(y[2], y[3]), pack2<Out>(y[4], y[5]), pack2<Out>(y[6], y[7]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// e^x from IEEE multiplies, adds and fmas only: `exp_f32` of rust/core/src/math.rs, operation for
+// operation, so the router's scores (moe.cuh) and SwiGLU (swiglu.cuh) match the CPU reference bit
+// for bit (CUDA's expf and libm's differ by an ulp at times).
+__device__ __forceinline__ float exp_f32(float x) {
+    const float LOG2E = __int_as_float(0x3fb8aa3b);
+    const float LN2_HI = __int_as_float(0x3f317200);
+    const float LN2_LO = __int_as_float(0x35bfbe8e);
+    if (x != x) return x;
+    if (x > 88.72284f) return __int_as_float(0x7F800000);
+    if (x < -103.97208f) return 0.0f;
+    const float n = rintf(__fmul_rn(x, LOG2E));
+    const float r = __fmaf_rn(-n, LN2_LO, __fmaf_rn(-n, LN2_HI, x));
+    float p = 0.0001984127f;
+    p = __fmaf_rn(p, r, 0.0013888889f);
+    p = __fmaf_rn(p, r, 0.008333334f);
+    p = __fmaf_rn(p, r, 0.041666668f);
+    p = __fmaf_rn(p, r, 0.16666667f);
+    p = __fmaf_rn(p, r, 0.5f);
+    p = __fmaf_rn(p, r, 1.0f);
+    p = __fmaf_rn(p, r, 1.0f);
+    const int ni = static_cast<int>(n);
+    const int a = ni / 2, b = ni - ni / 2;  // C++ and Rust both truncate toward zero
+    return __fmul_rn(__fmul_rn(p, __int_as_float((a + 127) << 23)), __int_as_float((b + 127) << 23));
 }
 
 }  // namespace deepwell

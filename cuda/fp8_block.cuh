@@ -1,5 +1,6 @@
 // FP8 block-scaled kernels (DeepSeek-V3 style; Hopper's block-scaled GEMM): quantize in 1x128,
-// 128x1 or 128x128 blocks, rows + transposed columns in one pass, and dequantize.
+// 128x1 or 128x128 blocks, rows + transposed columns in one pass (also of SwiGLU's output or
+// gradient, computed from its inputs on the way: swiglu.cuh), and dequantize.
 // Contract: docs/NUMERICS.md "FP8 block"; bit-exact twin of rust/core/src/fp8_block.rs.
 // Signatures and launch shapes: INTERFACE.md "fp8_block.cuh" (THREADS = 256, any grid size works).
 //
@@ -13,11 +14,13 @@
 // storage offset are correct.
 //
 // Work per CTA and loop iteration (rust/gpu/src/kernels/fp8_block.rs mirrors it; grid capped at one wave):
-//   quantize, rowcol: one 128 x 128 tile (quantize (1,128) tiles the flat tensor as (n/128, 128))
+//   quantize, rowcol: one 128 x 128 tile (quantize (1,128) tiles the flat tensor as (n/128, 128));
+//                     the SwiGLU backward with 16-bit inputs: a gate tile + up tile pair
 //   dequantize:       THREADS * DQ_UNROLL pieces of 16 / sizeof(Out) elements (8192 for 16-bit out,
 //                     4096 for fp32)
 #pragma once
 #include "common.cuh"
+#include "swiglu.cuh"
 
 namespace deepwell {
 namespace fp8_block_detail {
@@ -270,6 +273,90 @@ __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* o
     }
 }
 
+// What one transposing pass reads (`transposed_tiles`' Src): the chunks of the (m, k) matrix it
+// quantizes, fetched (`fetch`) and then made into the In chunks the quantizer sees (`make`):
+//   PlainSrc:      x (m, k) itself; PREFETCH: the next tile's loads fly while this tile is stored.
+//   SwigluSrc:     h = swiglu(gate_up) (swiglu.cuh), k = f, from gate_up (m, 2f): each chunk made from
+//                  the gate's and up's chunks, h rounded to In exactly as swiglu_forward writes it.
+//   SwigluBackSrc: d_gate_up = swiglu_backward(gate_up, dh), k = 2f, from gate_up (m, 2f) and dh
+//                  (m, f): a gate-half chunk from the gate, up and dh chunks, an up-half chunk from
+//                  the gate and dh chunks. PAIRED (16-bit In): one walk step makes both tiles of a
+//                  column pair (`make_pair`); fp32: the walk takes the pair's two tiles one after the
+//                  other (`column_tile`), so the second reads gate and dh from L2.
+// f % 128 == 0 (Rust checks it), so a tile lies wholly in one half and every chunk is whole.
+template <class In> struct PlainSrc {
+    static constexpr bool PREFETCH = true, PAIRED = false;
+    const void* x;
+    int64_t k;
+    struct Fetch {
+        uint32_t w[4];
+    };
+    __device__ bool aligned16() const { return aligned(x, 16); }
+    __device__ int64_t column_tile(int64_t ct, int64_t) const { return ct; }
+    template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& f) const {
+        load_chunk<In, VEC>(x, r * k + c, Geo<In>::V, f.w);
+    }
+    __device__ void make(const Fetch& f, int64_t, uint32_t (&w)[4]) const {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = f.w[i];
+    }
+};
+
+template <class In> struct SwigluSrc {
+    static constexpr bool PREFETCH = false, PAIRED = false;
+    static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;  // steps fetched at once (transposed_tiles)
+    const void* gate_up;
+    int64_t f;
+    struct Fetch {
+        uint32_t g[4], u[4];
+    };
+    __device__ bool aligned16() const { return aligned(gate_up, 16); }
+    __device__ int64_t column_tile(int64_t ct, int64_t) const { return ct; }
+    template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& t) const {
+        load_chunk<In, VEC>(gate_up, r * 2 * f + c, Geo<In>::V, t.g);
+        load_chunk<In, VEC>(gate_up, r * 2 * f + f + c, Geo<In>::V, t.u);
+    }
+    __device__ void make(const Fetch& t, int64_t, uint32_t (&w)[4]) const {
+        swiglu_detail::forward_chunk<In>(t.g, t.u, w);
+    }
+};
+
+template <class In> struct SwigluBackSrc {
+    static constexpr bool PREFETCH = false;
+    static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;
+    // 16-bit inputs: each walk step makes the gate tile and the up tile of one column pair, from
+    // one read of gate, up and dh and one sigmoid per element (the up tile waits in shared memory);
+    // fp32 (whose 64 KiB tile would not fit beside the rest) walks the two one after the other.
+    static constexpr bool PAIRED = Bytes<In>::N == 2;
+    const void* gate_up;
+    const void* dh;
+    int64_t f;
+    struct Fetch {
+        uint32_t g[4], u[4], d[4];
+    };
+    __device__ bool aligned16() const { return aligned(gate_up, 16) && aligned(dh, 16); }
+    // Unpaired: walk column ct -> pair ct / 2, its gate tile (even ct) or up tile (odd ct).
+    __device__ int64_t column_tile(int64_t ct, int64_t col_tiles) const {
+        return PAIRED ? ct : (ct & 1) * (col_tiles / 2) + (ct >> 1);
+    }
+    template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& t) const {
+        const bool gate = c < f;
+        const int64_t cc = gate ? c : c - f;
+        load_chunk<In, VEC>(gate_up, r * 2 * f + cc, Geo<In>::V, t.g);
+        if (gate) load_chunk<In, VEC>(gate_up, r * 2 * f + f + cc, Geo<In>::V, t.u);
+        load_chunk<In, VEC>(dh, r * f + cc, Geo<In>::V, t.d);
+    }
+    __device__ void make(const Fetch& t, int64_t c, uint32_t (&w)[4]) const {
+        if (c < f)
+            swiglu_detail::backward_chunk<In, true>(t.g, t.u, t.d, w);
+        else
+            swiglu_detail::backward_chunk<In, false>(t.g, t.u, t.d, w);
+    }
+    __device__ void make_pair(const Fetch& t, uint32_t (&gate)[4], uint32_t (&up)[4]) const {
+        swiglu_detail::backward_chunks<In>(t.g, t.u, t.d, gate, up);
+    }
+};
+
 // What one transposing pass over x (m, k) writes (the `transposed_tiles` template argument):
 //   ROWCOL: 1x128 row blocks (row_data, row_scale_inv) and the transposed 1x128 column blocks
 //           (col_data (k, m), col_scale_inv (k, m/128));
@@ -298,28 +385,39 @@ enum TransposedOut { ROWCOL = 0, COLS = 1, TILE_T = 2 };
 // after the next B1; the byte tile is read after B3, rewritten after the next B2 (> next B1).
 // The next tile's loads are issued before B3, so they overlap the barrier and transpose_store.
 
-template <class In, bool VEC, int MODE, int MM>
-__device__ __forceinline__ void transposed_tiles(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
+template <class In, bool VEC, int MODE, int MM, class Src>
+__device__ __forceinline__ void transposed_tiles(const Src& src, int64_t m, int64_t k, int pow2, uint8_t* row_data,
                                                  float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
-                                                 float* s_part, float* s_scale, uint32_t* s_bytes) {
+                                                 float* s_part, float* s_scale, uint32_t* s_bytes, uint4* s_second) {
     using G = Geo<In>;
     constexpr int V = G::V, L = G::L, RS = G::RS, S = G::S;
     const int li = threadIdx.x % L, rsub = threadIdx.x / L;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row_tiles = m / TILE, col_tiles = k / TILE, tiles = row_tiles * col_tiles;
-    // The chunks of tile t (this kernel holds ~80 registers for 16-bit inputs even so).
+    const int64_t row_tiles = m / TILE, col_tiles = k / TILE;
+    // A PAIRED source makes two tiles per walk step: column tiles ct and ct + col_tiles / 2.
+    const int64_t walk_cols = Src::PAIRED ? col_tiles / 2 : col_tiles, tiles = row_tiles * walk_cols;
+    // Walk step t's place: its band-walk position, then the source's column order.
+    auto place = [&](int64_t t, int64_t& rt, int64_t& ct) {
+        band_tile(t, row_tiles, walk_cols, rt, ct);
+        ct = src.column_tile(ct, col_tiles);
+    };
+    // PlainSrc (PREFETCH): the next tile's chunks load while this tile is stored (the kernel holds
+    // ~80 registers for 16-bit inputs even so). Computed sources: fetched and made at the top of
+    // the tile, GROUP steps at a time, so that two CTAs fit an SM and one computes while the other
+    // waits for memory (holding a whole tile's fetched inputs took 160-248 registers, one CTA per
+    // SM, and ran at 20-38% of copy bandwidth: bench_swiglu-*-2026-11-27).
+    typename Src::Fetch fetched[Src::PREFETCH ? S : 1];
     uint32_t raw[S][4];
     auto load_tile = [&](int64_t t) {
         int64_t rt, ct;
-        band_tile(t, row_tiles, col_tiles, rt, ct);
-        const int64_t c = ct * TILE + li * V;
+        place(t, rt, ct);
 #pragma unroll
-        for (int s = 0; s < S; ++s) load_chunk<In, VEC>(x, (rt * TILE + rsub + s * RS) * k + c, V, raw[s]);
+        for (int s = 0; s < S; ++s) src.template fetch<VEC>(rt * TILE + rsub + s * RS, ct * TILE + li * V, fetched[s]);
     };
-    if (blockIdx.x < tiles) load_tile(blockIdx.x);
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int64_t rt, ct;
-        band_tile(t, row_tiles, col_tiles, rt, ct);
+
+    // Steps 2-5 for the tile (rt, ct) whose chunks are in `raw`; `t` is the walk step (PREFETCH
+    // sources issue the next step's loads before the last barrier).
+    auto quantize_tile = [&](int64_t t, int64_t rt, int64_t ct) {
         const int64_t r0 = rt * TILE, c0 = ct * TILE, c = c0 + li * V;
 
         // 2. Row blocks.
@@ -376,12 +474,74 @@ __device__ __forceinline__ void transposed_tiles(const void* x, int64_t m, int64
             if constexpr (V == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(out[0], out[1]);
             else *dst = out[0];
         }
-        if (t + gridDim.x < tiles) load_tile(t + gridDim.x);
+        if constexpr (Src::PREFETCH)
+            if (t + gridDim.x < tiles) load_tile(t + gridDim.x);
         __syncthreads();
 
         // 5. Transposed, coalesced stores.
         transpose_store<VEC>(s_bytes, col_data, m, r0, c0);
+    };
+
+    if constexpr (Src::PREFETCH)
+        if (blockIdx.x < tiles) load_tile(blockIdx.x);
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int64_t rt, ct;
+        place(t, rt, ct);
+        const int64_t r0 = rt * TILE, c = ct * TILE + li * V;
+        if constexpr (Src::PREFETCH) {
+#pragma unroll
+            for (int s = 0; s < S; ++s) src.make(fetched[s], c, raw[s]);
+        } else {
+            constexpr int GR = Src::GROUP;
+#pragma unroll
+            for (int s0 = 0; s0 < S; s0 += GR) {
+                typename Src::Fetch fg[GR];
+#pragma unroll
+                for (int i = 0; i < GR; ++i) src.template fetch<VEC>(r0 + rsub + (s0 + i) * RS, c, fg[i]);
+#pragma unroll
+                for (int i = 0; i < GR; ++i) {
+                    if constexpr (Src::PAIRED) {
+                        // The second tile's chunk waits in this thread's own slots of s_second
+                        // (consecutive threads, consecutive 16 bytes: no bank conflicts, no barrier).
+                        uint32_t second[4];
+                        src.make_pair(fg[i], raw[s0 + i], second);
+                        s_second[(s0 + i) * THREADS + threadIdx.x] =
+                            make_uint4(second[0], second[1], second[2], second[3]);
+                    } else {
+                        src.make(fg[i], c, raw[s0 + i]);
+                    }
+                }
+            }
+        }
+        quantize_tile(t, rt, ct);
+        if constexpr (Src::PAIRED) {
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                const uint4 w = s_second[s * THREADS + threadIdx.x];
+                raw[s][0] = w.x, raw[s][1] = w.y, raw[s][2] = w.z, raw[s][3] = w.w;
+            }
+            quantize_tile(t, rt, ct + col_tiles / 2);
+        }
     }
+}
+
+// One transposing pass over src's (m, k) matrix: its shared memory, and the vector path where
+// every pointer allows it.
+// `s_second`: a PAIRED source's second tile (dynamic shared memory, TILE * TILE * sizeof(In) bytes:
+// with it the static arrays would pass the 48 KiB a block may hold statically), else null.
+template <class In, int MODE, int MM, class Src>
+__device__ __forceinline__ void transposing_pass(const Src& src, int64_t m, int64_t k, int pow2, uint8_t* row_data,
+                                                 float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
+                                                 uint4* s_second = nullptr) {
+    __shared__ float s_part[(THREADS / 32) * TILE];
+    __shared__ float s_scale[TILE];
+    __shared__ __align__(16) uint32_t s_bytes[TILE * TILE / 4];
+    if (src.aligned16() && (MODE != ROWCOL || aligned(row_data, Geo<In>::V)) && aligned(col_data, 16))
+        transposed_tiles<In, true, MODE, MM>(src, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part,
+                                             s_scale, s_bytes, s_second);
+    else
+        transposed_tiles<In, false, MODE, MM>(src, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv,
+                                              s_part, s_scale, s_bytes, s_second);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -402,11 +562,6 @@ __device__ __forceinline__ void e4m3x2_to_f32(uint32_t two, float& lo, float& hi
     hi = F16::from_bits(static_cast<uint16_t>(h2 >> 16));
 }
 
-// Quotient for non-negative operands; 32-bit division when both fit (the usual case).
-__device__ __forceinline__ int64_t div_nn(int64_t a, int64_t b) {
-    if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
-    return a / b;
-}
 
 template <class Out, int BR, int BC>
 __device__ __forceinline__ void dequant_vec(const uint8_t* data, const float* scale_inv, void* out, int64_t n,
@@ -503,15 +658,7 @@ __global__ void __launch_bounds__(THREADS)
     fp8_block_quantize_rowcol(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
                               float* row_scale_inv, uint8_t* col_data, float* col_scale_inv) {
     using namespace fp8_block_detail;
-    __shared__ float s_part[(THREADS / 32) * TILE];
-    __shared__ float s_scale[TILE];
-    __shared__ __align__(16) uint32_t s_bytes[TILE * TILE / 4];
-    if (aligned(x, 16) && aligned(row_data, Geo<In>::V) && aligned(col_data, 16))
-        transposed_tiles<In, true, ROWCOL, MM>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part,
-                                           s_scale, s_bytes);
-    else
-        transposed_tiles<In, false, ROWCOL, MM>(x, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part,
-                                            s_scale, s_bytes);
+    transposing_pass<In, ROWCOL, MM>(PlainSrc<In>{x, k}, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv);
 }
 
 // The transposed half of rowcol alone (MODE COLS, scales M-major) or x^T in 128x128 blocks
@@ -522,15 +669,26 @@ __global__ void __launch_bounds__(THREADS)
                                   float* col_scale_inv) {
     using namespace fp8_block_detail;
     static_assert(MODE == COLS || MODE == TILE_T, "MODE");
-    __shared__ float s_part[(THREADS / 32) * TILE];
-    __shared__ float s_scale[TILE];
-    __shared__ __align__(16) uint32_t s_bytes[TILE * TILE / 4];
-    if (aligned(x, 16) && aligned(col_data, 16))
-        transposed_tiles<In, true, MODE, 1>(x, m, k, pow2, nullptr, nullptr, col_data, col_scale_inv, s_part, s_scale,
-                                         s_bytes);
+    transposing_pass<In, MODE, 1>(PlainSrc<In>{x, k}, m, k, pow2, nullptr, nullptr, col_data, col_scale_inv);
+}
+
+// rowcol of h = swiglu(gate_up) (BACKWARD = 0; gate_up (m, 2f), outputs as rowcol's of an (m, f)
+// matrix) or of d_gate_up = swiglu_backward(gate_up, dh) (BACKWARD = 1; dh (m, f), outputs as
+// rowcol's of an (m, 2f) matrix), without writing h or d_gate_up: the same bytes and scales as
+// fp8_block_quantize_rowcol of swiglu_forward's / swiglu_backward's output.
+template <class In, int MM, int BACKWARD>
+__global__ void __launch_bounds__(THREADS, 2)
+    fp8_block_swiglu_quantize_rowcol(const void* gate_up, const void* dh, int64_t m, int64_t f, int pow2,
+                                     uint8_t* row_data, float* row_scale_inv, uint8_t* col_data,
+                                     float* col_scale_inv) {
+    using namespace fp8_block_detail;
+    extern __shared__ uint4 swiglu_second[];  // the pair's up tile (SwigluBackSrc::PAIRED)
+    if constexpr (BACKWARD)
+        transposing_pass<In, ROWCOL, MM>(SwigluBackSrc<In>{gate_up, dh, f}, m, 2 * f, pow2, row_data, row_scale_inv,
+                                         col_data, col_scale_inv, swiglu_second);
     else
-        transposed_tiles<In, false, MODE, 1>(x, m, k, pow2, nullptr, nullptr, col_data, col_scale_inv, s_part, s_scale,
-                                          s_bytes);
+        transposing_pass<In, ROWCOL, MM>(SwigluSrc<In>{gate_up, f}, m, f, pow2, row_data, row_scale_inv, col_data,
+                                         col_scale_inv);
 }
 
 template <class Out, int BR, int BC>

@@ -20,29 +20,6 @@ constexpr int MOE_MAX_EXPERTS = 512;
 
 namespace moe_detail {
 
-// exp_f32 of rust/core/src/moe/router.rs, operation for operation.
-__device__ __forceinline__ float exp_f32(float x) {
-    const float LOG2E = __int_as_float(0x3fb8aa3b);
-    const float LN2_HI = __int_as_float(0x3f317200);
-    const float LN2_LO = __int_as_float(0x35bfbe8e);
-    if (x != x) return x;
-    if (x > 88.72284f) return __int_as_float(0x7F800000);
-    if (x < -103.97208f) return 0.0f;
-    const float n = rintf(__fmul_rn(x, LOG2E));
-    const float r = __fmaf_rn(-n, LN2_LO, __fmaf_rn(-n, LN2_HI, x));
-    float p = 0.0001984127f;
-    p = __fmaf_rn(p, r, 0.0013888889f);
-    p = __fmaf_rn(p, r, 0.008333334f);
-    p = __fmaf_rn(p, r, 0.041666668f);
-    p = __fmaf_rn(p, r, 0.16666667f);
-    p = __fmaf_rn(p, r, 0.5f);
-    p = __fmaf_rn(p, r, 1.0f);
-    p = __fmaf_rn(p, r, 1.0f);
-    const int ni = static_cast<int>(n);
-    const int a = ni / 2, b = ni - ni / 2;  // C++ and Rust both truncate toward zero
-    return __fmul_rn(__fmul_rn(p, __int_as_float((a + 127) << 23)), __int_as_float((b + 127) << 23));
-}
-
 // The reference's order: non-NaN first, then value descending, then index ascending.
 __device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
     const bool na = va != va, nb = vb != vb;

@@ -458,11 +458,6 @@ template <int Elem> __device__ __forceinline__ void decode2(uint32_t two, float&
 }
 
 
-// Quotient for non-negative operands; 32-bit division when both fit (the usual case).
-__device__ __forceinline__ int64_t div_nn(int64_t a, int64_t b) {
-    if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
-    return a / b;
-}
 
 template <class Out, int Elem>
 __device__ __forceinline__ void dequant_vec(const uint8_t* data, const uint8_t* scale, void* out, int64_t n,

@@ -71,6 +71,19 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         ],
         "fp8_block_quantize_rowcol": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float16),), {"pow2": False})],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
+        "swiglu": [((_p(8, 64),), {}), ((_x(3, 10, dtype=torch.float32),), {}), ((_p(5, 6, dtype=torch.float16),), {})],
+        "swiglu_backward": [
+            ((_x(8, 64), _x(8, 32, seed=1)), {}),
+            ((_x(3, 10, dtype=torch.float16), _x(3, 5, dtype=torch.float16, seed=1)), {}),
+        ],
+        "fp8_block_swiglu_quantize_rowcol": [
+            ((_x(128, 256),), {}),
+            ((_x(256, 512, dtype=torch.float32),), {"pow2": False}),
+        ],
+        "fp8_block_swiglu_backward_quantize_rowcol": [
+            ((_x(128, 256), _x(128, 128, seed=1)), {}),
+            ((_x(256, 512, dtype=torch.float16), _x(256, 256, dtype=torch.float16, seed=1)), {"pow2": False}),
+        ],
         "fp8_block_quantize_transposed": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float32),), {"pow2": False})],
         "fp8_block_expert_weight": [((_x(2, 128, 256), "fprop"), {}), ((_x(3, 256, 128, dtype=torch.float32), "dgrad"), {})],
         "mxfp8_expert_weight": [((_x(2, 128, 256), "fprop"), {}), ((_x(3, 256, 128, dtype=torch.float32), "dgrad"), {})],

@@ -64,6 +64,10 @@ def good_call(op: str) -> dict:
     if op == "fp8_block_dequantize":
         data, scale_inv = ops.fp8_block_quantize(_x(4, 256))
         return dict(data=data, scale_inv=scale_inv, block_rows=1, block_cols=128, out_dtype=None)
+    if op == "fp8_block_swiglu_quantize_rowcol":
+        return dict(gate_up=_x(128, 256), pow2=True)
+    if op == "fp8_block_swiglu_backward_quantize_rowcol":
+        return dict(gate_up=_x(128, 256), grad=_x(128, 128, seed=1), pow2=True)
     if op == "swizzle_scales":
         return dict(scale=_e8m0(130, 6))
     if op == "unswizzle_scales":
@@ -88,6 +92,8 @@ ALLOWED = {
     "fp8_block_quantize": {"x": F},
     "fp8_block_quantize_rowcol": {"x": F},
     "fp8_block_dequantize": {"data": (E4M3,), "scale_inv": (torch.float32,)},
+    "fp8_block_swiglu_quantize_rowcol": {"gate_up": F},
+    "fp8_block_swiglu_backward_quantize_rowcol": {"gate_up": F, "grad": (torch.bfloat16,)},
     "swizzle_scales": {"scale": (E8M0, E4M3, U8)},
     "unswizzle_scales": {"swizzled": (E8M0, E4M3, U8)},
     "scaled_linear": {"x": F, "weight": F, "bias": F},

@@ -14,6 +14,8 @@
 //! | [`fp8_block`] | FP8 with fp32 scales per 1x128 / 128x128 block |
 //! | [`fp8_tensor`] | FP8 with one fp32 scale per tensor from its current amax (E4M3, E5M2 gradients) |
 //! | [`hadamard`], [`rng`] | NVFP4's random Hadamard transform and stochastic rounding |
+//! | [`math`] | `exp_f32`: e^x from IEEE operations only, the same bits on the CPU and the GPU |
+//! | [`swiglu`] | SwiGLU silu(gate) * up and its gradient, on that `exp_f32` |
 //! | [`swizzle`] | Blackwell's 128x4 scale-tile layout and its inverse |
 //! | [`shape`] | the (outer, k, inner) view that quantizes along any dim without a transpose |
 //! | [`policy`] | per-layer precision decisions and the GEMM dispatch table (recipe x arch x pass) |
@@ -33,12 +35,14 @@ pub mod formats;
 pub mod fp8_block;
 pub mod fp8_tensor;
 pub mod hadamard;
+pub mod math;
 pub mod moe;
 pub mod mxfp8;
 pub mod nvfp4;
 pub mod policy;
 pub mod rng;
 pub mod shape;
+pub mod swiglu;
 pub mod swizzle;
 mod tiles;
 

@@ -234,11 +234,16 @@ impl Device {
             let name = CString::new(lowered).map_err(|e| GpuError::Nvrtc(e.to_string()))?;
             let f = driver("cuModuleGetFunction", result::module::get_function(module, name))?;
             if kernel.dynamic_smem() {
-                // Opt in once to the device's whole per-block shared memory; each launch asks for
-                // what it needs (above 48 KiB a launch fails without this).
-                let attr = sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                let bytes = self.max_smem_optin as i32;
-                driver("cuFuncSetAttribute", result::function::set_function_attribute(f, attr, bytes))?;
+                // Opt in once to the device's whole per-block shared memory less the kernel's static
+                // arrays (the driver refuses more); each launch asks for what it needs (above 48 KiB
+                // in all a launch fails without this).
+                use sys::CUfunction_attribute_enum::{
+                    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC,
+                    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES as STATIC,
+                };
+                let fixed = driver("cuFuncGetAttribute", result::function::get_function_attribute(f, STATIC))?;
+                let bytes = self.max_smem_optin as i32 - fixed;
+                driver("cuFuncSetAttribute", result::function::set_function_attribute(f, MAX_DYNAMIC, bytes))?;
             }
             Ok(Function(f))
         }

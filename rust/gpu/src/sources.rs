@@ -15,10 +15,11 @@ pub enum Header {
     Moe,
     Sm90,
     Fp8Gemm,
+    Swiglu,
 }
 
 impl Header {
-    pub const ALL: [Header; 10] = [
+    pub const ALL: [Header; 11] = [
         Header::Common,
         Header::Mxfp8,
         Header::Fp8Block,
@@ -29,6 +30,7 @@ impl Header {
         Header::Moe,
         Header::Sm90,
         Header::Fp8Gemm,
+        Header::Swiglu,
     ];
 
     pub fn file_name(self) -> &'static str {
@@ -43,6 +45,7 @@ impl Header {
             Header::Moe => "moe.cuh",
             Header::Sm90 => "sm90.cuh",
             Header::Fp8Gemm => "fp8_gemm.cuh",
+            Header::Swiglu => "swiglu.cuh",
         }
     }
 
@@ -58,6 +61,7 @@ impl Header {
             Header::Moe => include_str!("../../../cuda/moe.cuh"),
             Header::Sm90 => include_str!("../../../cuda/sm90.cuh"),
             Header::Fp8Gemm => include_str!("../../../cuda/fp8_gemm.cuh"),
+            Header::Swiglu => include_str!("../../../cuda/swiglu.cuh"),
         }
     }
 }

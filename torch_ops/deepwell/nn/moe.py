@@ -7,8 +7,9 @@ One forward: the router gate (`Router`, kept in the model's precision: router ga
 policy) gives logits; `deepwell.moe_route` (Rust) picks each token's experts; torch computes the
 routing weights from those indices (differentiable); `moe_permute_index` (Rust) lays the kept
 assignments out expert by expert; `moe_dispatch` gathers the tokens; the SwiGLU experts run as two
-grouped GEMMs (`grouped_linear`, in `recipe`); `moe_combine` weights and sums them back per token in
-a fixed order. Shared experts (Qwen2-MoE's gated one, DeepSeek-V3's ungated ones) are added.
+grouped GEMMs (`swiglu_experts`: `grouped_linear` in `recipe`, deepwell's `swiglu` between them,
+fused into the FP8 quantizers where both GEMMs are deepwell's FP8 grouped ones); `moe_combine`
+weights and sums them back per token in a fixed order. Shared experts (Qwen2-MoE's gated one, DeepSeek-V3's ungated ones) are added.
 
 Router options (docs/DESIGN.md "MoE" names the system each one comes from):
 - `score_func`: "softmax" (Mixtral, Qwen) or "sigmoid" (DeepSeek-V3); selection on scores + the
@@ -37,38 +38,14 @@ from torch import nn
 from torch.fx.experimental import symbolic_shapes
 
 from .. import _env
-from ..ops.grouped_linear import block_of, grouped_linear
+from ..ops.grouped_linear import block_of
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
+from ..ops.swiglu_experts import swiglu_experts
 from ..plan import recipes
 from ..plan.policy import LayerInfo, PrecisionPolicy
 from . import moe_ep, moe_ep_state
 
 AUX_LOSSES = ("switch", "seq", None)
-
-
-def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of the experts' gate_up rows, [gate | up] halves (Hugging Face's layout)."""
-    g, u = gate_up.chunk(2, dim=-1)
-    return F.silu(g) * u
-
-
-_swiglu_fused = None  # _swiglu under Inductor, made on first use (dynamic in the row count only)
-
-
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """The experts' activation. Eager on a GPU it runs as one Inductor kernel each way (forward:
-    read gate_up, write h; backward: read gate_up and dh, write d(gate_up), silu recomputed),
-    where eager torch takes five passes and a concatenation: ~3.8 GB instead of ~8 GB at Mixtral's
-    shape (16384 rows, F 14336). Under the caller's torch.compile, and on the CPU, it is the plain
-    formula (there Inductor fuses it into the surrounding graph anyway, or there is no Triton)."""
-    global _swiglu_fused
-    if not gate_up.is_cuda or torch.compiler.is_compiling():
-        return _swiglu(gate_up)
-    if _swiglu_fused is None:
-        _swiglu_fused = torch.compile(_swiglu, dynamic=False, fullgraph=True)
-    # Rows vary with the routing; the width stays static, so the kernel knows where up begins.
-    torch._dynamo.maybe_mark_dynamic(gate_up, 0)
-    return _swiglu_fused(gate_up)
 
 
 class SwiGLU(nn.Module):
@@ -367,8 +344,8 @@ class DeepwellMoE(nn.Module):
                 # a function of the rows and weights, so this rank's backward runs the same
                 # all-to-alls as the others' (a rank that skipped one would hang them).
                 return rows + 0 * (self.experts.gate_up_proj.sum() + self.experts.down_proj.sum())
-            gate_up = grouped_linear(rows, self.experts.gate_up_proj, offs, r_up, groups_aligned=True)
-            return grouped_linear(swiglu(gate_up), self.experts.down_proj, offs, r_down, groups_aligned=True)
+            w = self.experts
+            return swiglu_experts(rows, w.gate_up_proj, w.down_proj, offs, (r_up, r_down), groups_aligned=True)
 
         if self.ep_size == 1:
             yp = expert_ffn(xp, offsets)

@@ -19,6 +19,7 @@ from .fp8_gemm import fp8_block_gemm, fp8_block_grouped_gemm, fp8_block_grouped_
 from .fp8_tensor import fp8_tensor_dequantize, fp8_tensor_quantize, fp8_tensor_quantize_rowcol
 from .mxfp8 import mxfp8_dequantize, mxfp8_quantize, mxfp8_quantize_rowcol
 from .nvfp4 import nvfp4_dequantize, nvfp4_quantize
+from .swiglu import fp8_block_swiglu_backward_quantize_rowcol, fp8_block_swiglu_quantize_rowcol, swiglu
 from .swizzle import swizzle_scales, unswizzle_scales
 
 # DTensor sharding rules for the linear ops (tensor parallelism); torch builds without distributed
@@ -34,6 +35,8 @@ __all__ = [
     "fp8_block_quantize",
     "fp8_block_quantize_rowcol",
     "fp8_block_quantize_transposed",
+    "fp8_block_swiglu_backward_quantize_rowcol",
+    "fp8_block_swiglu_quantize_rowcol",
     "fp8_tensor_dequantize",
     "fp8_tensor_linear",
     "fp8_tensor_quantize",
@@ -52,6 +55,7 @@ __all__ = [
     "quantized_linear",
     "quantized_linear_backward",
     "scaled_linear",
+    "swiglu",
     "swizzle_scales",
     "unswizzle_scales",
 ]

@@ -64,9 +64,8 @@ def _quantize_transposed_fake(x, pow2=True):
     return x.new_empty((k, m), dtype=torch.float8_e4m3fn), x.new_empty((k // 128, m // 128), dtype=torch.float32)
 
 
-@torch.library.register_fake("deepwell::fp8_block_quantize_rowcol")
-def _quantize_rowcol_fake(x, pow2=True):
-    m, k = _check_transposing("fp8_block_quantize_rowcol", x)
+def rowcol_like(x: torch.Tensor, m: int, k: int):
+    """Empty tensors like rowcol's outputs for an (m, k) matrix on x's device (the fake kernels')."""
     e4, f32 = torch.float8_e4m3fn, torch.float32
     return (
         x.new_empty((m, k), dtype=e4),
@@ -74,6 +73,11 @@ def _quantize_rowcol_fake(x, pow2=True):
         x.new_empty((k, m), dtype=e4),
         x.new_empty((k, m // 128), dtype=f32),
     )
+
+
+@torch.library.register_fake("deepwell::fp8_block_quantize_rowcol")
+def _quantize_rowcol_fake(x, pow2=True):
+    return rowcol_like(x, *_check_transposing("fp8_block_quantize_rowcol", x))
 
 
 @torch.library.register_fake("deepwell::fp8_block_dequantize")

@@ -14,6 +14,7 @@ pub mod linear;
 pub mod moe;
 pub mod mxfp8;
 pub mod nvfp4;
+pub mod swiglu;
 pub mod swizzle;
 
 use crate::arch::grid_blocks;
@@ -26,6 +27,7 @@ pub use linear::LinearEpilogue;
 pub use moe::Moe;
 pub use mxfp8::Mxfp8;
 pub use nvfp4::Nvfp4;
+pub use swiglu::Swiglu;
 pub use swizzle::Swizzle;
 
 /// Threads per CTA of every kernel but the FP8 GEMM's (cuda/common.cuh:14 `THREADS`, each kernel's
@@ -72,6 +74,7 @@ pub enum KernelId {
     Linear(LinearEpilogue),
     Moe(Moe),
     Fp8Gemm(Fp8Gemm),
+    Swiglu(Swiglu),
 }
 
 impl KernelId {
@@ -85,6 +88,7 @@ impl KernelId {
             KernelId::Linear(_) => Header::Linear,
             KernelId::Moe(_) => Header::Moe,
             KernelId::Fp8Gemm(_) => Header::Fp8Gemm,
+            KernelId::Swiglu(_) => Header::Swiglu,
         }
     }
 
@@ -99,14 +103,16 @@ impl KernelId {
             KernelId::Linear(k) => k.template(),
             KernelId::Moe(k) => k.template(),
             KernelId::Fp8Gemm(k) => k.template(),
+            KernelId::Swiglu(k) => k.template(),
         };
         let args: Vec<String> = args.iter().map(Arg::to_string).collect();
         format!("deepwell::{template}<{}>", args.join(", "))
     }
 
-    /// Whether the kernel takes more than 48 KiB of dynamic shared memory (it opts in at load).
+    /// Whether the kernel takes dynamic shared memory that, with its static arrays, may pass 48 KiB
+    /// (it opts in at load).
     pub fn dynamic_smem(self) -> bool {
-        matches!(self, KernelId::Fp8Gemm(_))
+        matches!(self, KernelId::Fp8Gemm(_) | KernelId::Fp8Block(Fp8Block::SwigluRowcol { .. }))
     }
 
     /// The whole translation unit NVRTC compiles: the header; NVRTC instantiates the template
@@ -134,7 +140,8 @@ family_ids!(
     Swizzle(Swizzle),
     Linear(LinearEpilogue),
     Moe(Moe),
-    Fp8Gemm(Fp8Gemm)
+    Fp8Gemm(Fp8Gemm),
+    Swiglu(Swiglu)
 );
 
 /// A template argument: a float tag or an `int` (cuda/INTERFACE.md: booleans and enums are ints).
@@ -163,6 +170,7 @@ pub fn all() -> Vec<KernelId> {
     v.extend(linear::all().into_iter().map(KernelId::Linear));
     v.extend(moe::all().into_iter().map(KernelId::Moe));
     v.extend(fp8_gemm::all().into_iter().map(KernelId::Fp8Gemm));
+    v.extend(swiglu::all().into_iter().map(KernelId::Swiglu));
     v
 }
 
@@ -193,8 +201,8 @@ impl Wave {
 
     /// The dequantize kernels of mxfp8.cuh and fp8_block.cuh (the same loops): on the vector path
     /// a CTA covers THREADS * DQ_UNROLL pieces of 16 / sizeof(Out) elements per iteration
-    /// (mxfp8.cuh:472, fp8_block.cuh:378), on the scalar path THREADS elements (mxfp8.cuh:511,
-    /// fp8_block.cuh:430).
+    /// (`dequant_vec` of mxfp8.cuh and fp8_block.cuh), on the scalar path THREADS elements
+    /// (`dequant_scalar`).
     fn dequantize(self, out: Float, numel: u64, vector: bool) -> Geometry {
         let p = 16 / out.bytes();
         if vector {
@@ -205,7 +213,7 @@ impl Wave {
     }
 }
 
-/// Pieces per thread of `dequant_vec` in both mxfp8.cuh:445 and fp8_block.cuh:356 (`DQ_UNROLL`).
+/// Pieces per thread of `dequant_vec` in both mxfp8.cuh and fp8_block.cuh (`DQ_UNROLL`).
 const DQ_UNROLL: u64 = 4;
 
 /// A family of kernels: its key converts to `KernelId` and sizes its own launches.
@@ -241,8 +249,9 @@ pub(crate) mod tests {
     #[test]
     fn every_kernel_is_distinct_and_named_like_interface_md() {
         let all = all();
-        // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24, fp8_gemm.cuh's 36
-        assert_eq!(all.len(), 131 + 7 + 9 + 24 + 36);
+        // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24, fp8_gemm.cuh's 36,
+        // swiglu.cuh's 6 (fp8_block.cuh's 12 fused SwiGLU quantizers are in the 131 + 12)
+        assert_eq!(all.len(), 131 + 12 + 7 + 9 + 24 + 36 + 6);
         let names: std::collections::HashSet<String> = all.iter().map(|k| k.name_expression()).collect();
         assert_eq!(names.len(), all.len());
         let rows =

@@ -73,7 +73,7 @@ impl Family for Mxfp8 {
             }
             // One RC_TILE x RC_TILE tile per CTA; partial edge tiles count (mxfp8.cuh:306, 336).
             Mxfp8::Rowcol { .. } => wave.cover(s.outer.div_ceil(RC_TILE) * s.k.div_ceil(RC_TILE), 1),
-            // The vector path needs inner == 1 or inner % (16 / sizeof(Out)) == 0 (mxfp8.cuh:564).
+            // The vector path needs inner == 1 or inner % (16 / sizeof(Out)) == 0 (mxfp8.cuh `mxfp8_dequantize`).
             Mxfp8::Dequantize { out, .. } => {
                 wave.dequantize(out, n, s.aligned && (s.inner == 1 || s.inner % (16 / out.bytes()) == 0))
             }

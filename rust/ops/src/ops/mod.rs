@@ -15,6 +15,7 @@ pub mod linear;
 pub mod moe;
 pub mod mxfp8;
 pub mod nvfp4;
+pub mod swiglu;
 pub mod swizzle;
 
 use crate::check::Backend;
@@ -46,5 +47,6 @@ pub fn all_kernels() -> Vec<Kernel> {
     k.extend(swizzle::kernels());
     k.extend(linear::kernels());
     k.extend(moe::kernels());
+    k.extend(swiglu::kernels());
     k
 }

@@ -230,14 +230,17 @@ impl QuantizeRowCol {
         Ok(QuantizeRowCol { x, dtype, device, m, k, pow2, scales: ScaleLayout::RowMajor })
     }
 
-    /// Row data (m, k), row scales (m, k/128), transposed col data (k, m), col scales (k, m/128);
-    /// the scales' storage transposed for `ScaleLayout::MMajor`.
     fn shapes(&self) -> [Vec<i64>; 4] {
-        let (m, k) = (self.m, self.k);
-        match self.scales {
-            ScaleLayout::RowMajor => [vec![m, k], vec![m, k / BLOCK], vec![k, m], vec![k, m / BLOCK]],
-            ScaleLayout::MMajor => [vec![m, k], vec![k / BLOCK, m], vec![k, m], vec![m / BLOCK, k]],
-        }
+        rowcol_shapes(self.m, self.k, self.scales)
+    }
+}
+
+/// What rowcol of an (m, k) matrix writes: row data (m, k), row scales (m, k/128), transposed col
+/// data (k, m), col scales (k, m/128); the scales' storage transposed for `ScaleLayout::MMajor`.
+pub(crate) fn rowcol_shapes(m: i64, k: i64, scales: ScaleLayout) -> [Vec<i64>; 4] {
+    match scales {
+        ScaleLayout::RowMajor => [vec![m, k], vec![m, k / BLOCK], vec![k, m], vec![k, m / BLOCK]],
+        ScaleLayout::MMajor => [vec![m, k], vec![k / BLOCK, m], vec![k, m], vec![m / BLOCK, k]],
     }
 }
 
