@@ -1,6 +1,6 @@
 // FP8 block-scaled kernels (DeepSeek-V3 style; Hopper's block-scaled GEMM): quantize in 1x128,
-// 128x1 or 128x128 blocks, rows + transposed columns in one pass (also of SwiGLU's output or
-// gradient, computed from its inputs on the way: swiglu.cuh), and dequantize.
+// 128x1 or 128x128 blocks, rows + transposed columns in one pass (the pass takes a source: swiglu.cuh
+// feeds it SwiGLU's output and gradient computed on the way), and dequantize.
 // Contract: docs/NUMERICS.md "FP8 block"; bit-exact twin of rust/core/src/fp8_block.rs.
 // Signatures and launch shapes: INTERFACE.md "fp8_block.cuh" (THREADS = 256, any grid size works).
 //
@@ -14,13 +14,11 @@
 // storage offset are correct.
 //
 // Work per CTA and loop iteration (rust/gpu/src/kernels/fp8_block.rs mirrors it; grid capped at one wave):
-//   quantize, rowcol: one 128 x 128 tile (quantize (1,128) tiles the flat tensor as (n/128, 128));
-//                     the SwiGLU backward with 16-bit inputs: a gate tile + up tile pair
+//   quantize, rowcol: one 128 x 128 tile (quantize (1,128) tiles the flat tensor as (n/128, 128))
 //   dequantize:       THREADS * DQ_UNROLL pieces of 16 / sizeof(Out) elements (8192 for 16-bit out,
 //                     4096 for fp32)
 #pragma once
 #include "common.cuh"
-#include "swiglu.cuh"
 
 namespace deepwell {
 namespace fp8_block_detail {
@@ -274,16 +272,12 @@ __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* o
 }
 
 // What one transposing pass reads (`transposed_tiles`' Src): the chunks of the (m, k) matrix it
-// quantizes, fetched (`fetch`) and then made into the In chunks the quantizer sees (`make`):
-//   PlainSrc:      x (m, k) itself; PREFETCH: the next tile's loads fly while this tile is stored.
-//   SwigluSrc:     h = swiglu(gate_up) (swiglu.cuh), k = f, from gate_up (m, 2f): each chunk made from
-//                  the gate's and up's chunks, h rounded to In exactly as swiglu_forward writes it.
-//   SwigluBackSrc: d_gate_up = swiglu_backward(gate_up, dh), k = 2f, from gate_up (m, 2f) and dh
-//                  (m, f): a gate-half chunk from the gate, up and dh chunks, an up-half chunk from
-//                  the gate and dh chunks. PAIRED (16-bit In): one walk step makes both tiles of a
-//                  column pair (`make_pair`); fp32: the walk takes the pair's two tiles one after the
-//                  other (`column_tile`), so the second reads gate and dh from L2.
-// f % 128 == 0 (Rust checks it), so a tile lies wholly in one half and every chunk is whole.
+// quantizes, fetched (`fetch(row, col, Fetch&)`) and then made into the In chunks the quantizer
+// sees (`make(fetched, col, chunk)`). PREFETCH: the next tile's loads fly while this tile is stored;
+// else GROUP steps are fetched and made at a time at the top of each tile. PAIRED: each walk step
+// makes column tiles ct and ct + k/256 (`make_pair`, the second through `s_second`); `column_tile`
+// maps the walk's column to the tile's. PlainSrc reads x (m, k) itself; swiglu.cuh's sources make
+// SwiGLU's output and gradient from its inputs.
 template <class In> struct PlainSrc {
     static constexpr bool PREFETCH = true, PAIRED = false;
     const void* x;
@@ -299,61 +293,6 @@ template <class In> struct PlainSrc {
     __device__ void make(const Fetch& f, int64_t, uint32_t (&w)[4]) const {
 #pragma unroll
         for (int i = 0; i < 4; ++i) w[i] = f.w[i];
-    }
-};
-
-template <class In> struct SwigluSrc {
-    static constexpr bool PREFETCH = false, PAIRED = false;
-    static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;  // steps fetched at once (transposed_tiles)
-    const void* gate_up;
-    int64_t f;
-    struct Fetch {
-        uint32_t g[4], u[4];
-    };
-    __device__ bool aligned16() const { return aligned(gate_up, 16); }
-    __device__ int64_t column_tile(int64_t ct, int64_t) const { return ct; }
-    template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& t) const {
-        load_chunk<In, VEC>(gate_up, r * 2 * f + c, Geo<In>::V, t.g);
-        load_chunk<In, VEC>(gate_up, r * 2 * f + f + c, Geo<In>::V, t.u);
-    }
-    __device__ void make(const Fetch& t, int64_t, uint32_t (&w)[4]) const {
-        swiglu_detail::forward_chunk<In>(t.g, t.u, w);
-    }
-};
-
-template <class In> struct SwigluBackSrc {
-    static constexpr bool PREFETCH = false;
-    static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;
-    // 16-bit inputs: each walk step makes the gate tile and the up tile of one column pair, from
-    // one read of gate, up and dh and one sigmoid per element (the up tile waits in shared memory);
-    // fp32 (whose 64 KiB tile would not fit beside the rest) walks the two one after the other.
-    static constexpr bool PAIRED = Bytes<In>::N == 2;
-    const void* gate_up;
-    const void* dh;
-    int64_t f;
-    struct Fetch {
-        uint32_t g[4], u[4], d[4];
-    };
-    __device__ bool aligned16() const { return aligned(gate_up, 16) && aligned(dh, 16); }
-    // Unpaired: walk column ct -> pair ct / 2, its gate tile (even ct) or up tile (odd ct).
-    __device__ int64_t column_tile(int64_t ct, int64_t col_tiles) const {
-        return PAIRED ? ct : (ct & 1) * (col_tiles / 2) + (ct >> 1);
-    }
-    template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& t) const {
-        const bool gate = c < f;
-        const int64_t cc = gate ? c : c - f;
-        load_chunk<In, VEC>(gate_up, r * 2 * f + cc, Geo<In>::V, t.g);
-        if (gate) load_chunk<In, VEC>(gate_up, r * 2 * f + f + cc, Geo<In>::V, t.u);
-        load_chunk<In, VEC>(dh, r * f + cc, Geo<In>::V, t.d);
-    }
-    __device__ void make(const Fetch& t, int64_t c, uint32_t (&w)[4]) const {
-        if (c < f)
-            swiglu_detail::backward_chunk<In, true>(t.g, t.u, t.d, w);
-        else
-            swiglu_detail::backward_chunk<In, false>(t.g, t.u, t.d, w);
-    }
-    __device__ void make_pair(const Fetch& t, uint32_t (&gate)[4], uint32_t (&up)[4]) const {
-        swiglu_detail::backward_chunks<In>(t.g, t.u, t.d, gate, up);
     }
 };
 
@@ -670,25 +609,6 @@ __global__ void __launch_bounds__(THREADS)
     using namespace fp8_block_detail;
     static_assert(MODE == COLS || MODE == TILE_T, "MODE");
     transposing_pass<In, MODE, 1>(PlainSrc<In>{x, k}, m, k, pow2, nullptr, nullptr, col_data, col_scale_inv);
-}
-
-// rowcol of h = swiglu(gate_up) (BACKWARD = 0; gate_up (m, 2f), outputs as rowcol's of an (m, f)
-// matrix) or of d_gate_up = swiglu_backward(gate_up, dh) (BACKWARD = 1; dh (m, f), outputs as
-// rowcol's of an (m, 2f) matrix), without writing h or d_gate_up: the same bytes and scales as
-// fp8_block_quantize_rowcol of swiglu_forward's / swiglu_backward's output.
-template <class In, int MM, int BACKWARD>
-__global__ void __launch_bounds__(THREADS, 2)
-    fp8_block_swiglu_quantize_rowcol(const void* gate_up, const void* dh, int64_t m, int64_t f, int pow2,
-                                     uint8_t* row_data, float* row_scale_inv, uint8_t* col_data,
-                                     float* col_scale_inv) {
-    using namespace fp8_block_detail;
-    extern __shared__ uint4 swiglu_second[];  // the pair's up tile (SwigluBackSrc::PAIRED)
-    if constexpr (BACKWARD)
-        transposing_pass<In, ROWCOL, MM>(SwigluBackSrc<In>{gate_up, dh, f}, m, 2 * f, pow2, row_data, row_scale_inv,
-                                         col_data, col_scale_inv, swiglu_second);
-    else
-        transposing_pass<In, ROWCOL, MM>(SwigluSrc<In>{gate_up, f}, m, f, pow2, row_data, row_scale_inv, col_data,
-                                         col_scale_inv);
 }
 
 template <class Out, int BR, int BC>

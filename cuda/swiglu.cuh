@@ -9,11 +9,15 @@
 // Kernels (INTERFACE.md "swiglu.cuh"; THREADS threads, any grid size):
 //   swiglu_forward<In>   h = silu(gate) * up
 //   swiglu_backward<In>  d_gate_up = [dgate | dup] for the gradient dh
+//   fp8_block_swiglu_quantize_rowcol<In, MM, BACKWARD>  fp8_block_quantize_rowcol of h or of
+//                        d_gate_up, made from the inputs inside fp8_block.cuh's transposing pass
 // Work per CTA and loop iteration: THREADS chunks of 16 / sizeof(In) elements of h (the vector path:
-// f a multiple of the chunk, every pointer 16-byte aligned), else THREADS elements.
-// The chunk helpers below also feed fp8_block.cuh's fused SwiGLU quantizers.
+// f a multiple of the chunk, every pointer 16-byte aligned), else THREADS elements; the fused
+// quantizers: one 128 x 128 tile of the quantized matrix, or (backward, 16-bit In) a gate tile + up
+// tile pair.
 #pragma once
 #include "common.cuh"
+#include "fp8_block.cuh"
 
 namespace deepwell {
 namespace swiglu_detail {
@@ -101,6 +105,80 @@ template <class In> __device__ __forceinline__ char* at(void* p, int64_t i) {
     return static_cast<char*>(p) + i * Bytes<In>::N;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The fused quantizers' sources for fp8_block.cuh's transposing pass (its Src interface):
+//   SwigluSrc:     h = swiglu(gate_up), k = f, from gate_up (m, 2f): each chunk made from the gate's
+//                  and up's chunks, h rounded to In exactly as swiglu_forward writes it.
+//   SwigluBackSrc: d_gate_up = swiglu_backward(gate_up, dh), k = 2f, from gate_up (m, 2f) and dh
+//                  (m, f): a gate-half chunk from the gate, up and dh chunks, an up-half chunk from
+//                  the gate and dh chunks. PAIRED (16-bit In): one walk step makes both tiles of a
+//                  column pair (`make_pair`); fp32: the walk takes the pair's two tiles one after the
+//                  other (`column_tile`), so the second reads gate and dh from L2.
+// f % 128 == 0 (Rust checks it), so a tile lies wholly in one half and every chunk is whole.
+// Computed sources fetch GROUP steps at a time, so that two CTAs fit an SM and one computes while
+// the other waits for memory.
+
+// A chunk of an In tensor at element i for the transposing pass (fp8_block.cuh's load: one 16-byte
+// load on the vector path, element loads otherwise).
+template <class In, bool VEC> __device__ __forceinline__ void fetch_chunk(const void* p, int64_t i, uint32_t (&w)[4]) {
+    fp8_block_detail::load_chunk<In, VEC>(p, i, Chunk<In>::V, w);
+}
+
+template <class In> struct SwigluSrc {
+    static constexpr bool PREFETCH = false, PAIRED = false;
+    static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;  // steps fetched at once (transposed_tiles)
+    const void* gate_up;
+    int64_t f;
+    struct Fetch {
+        uint32_t g[4], u[4];
+    };
+    __device__ bool aligned16() const { return aligned(gate_up, 16); }
+    __device__ int64_t column_tile(int64_t ct, int64_t) const { return ct; }
+    template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& t) const {
+        fetch_chunk<In, VEC>(gate_up, r * 2 * f + c, t.g);
+        fetch_chunk<In, VEC>(gate_up, r * 2 * f + f + c, t.u);
+    }
+    __device__ void make(const Fetch& t, int64_t, uint32_t (&w)[4]) const {
+        forward_chunk<In>(t.g, t.u, w);
+    }
+};
+
+template <class In> struct SwigluBackSrc {
+    static constexpr bool PREFETCH = false;
+    static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;
+    // 16-bit inputs: each walk step makes the gate tile and the up tile of one column pair, from
+    // one read of gate, up and dh and one sigmoid per element (the up tile waits in shared memory);
+    // fp32 (whose 64 KiB tile would not fit beside the rest) walks the two one after the other.
+    static constexpr bool PAIRED = Bytes<In>::N == 2;
+    const void* gate_up;
+    const void* dh;
+    int64_t f;
+    struct Fetch {
+        uint32_t g[4], u[4], d[4];
+    };
+    __device__ bool aligned16() const { return aligned(gate_up, 16) && aligned(dh, 16); }
+    // Unpaired: walk column ct -> pair ct / 2, its gate tile (even ct) or up tile (odd ct).
+    __device__ int64_t column_tile(int64_t ct, int64_t col_tiles) const {
+        return PAIRED ? ct : (ct & 1) * (col_tiles / 2) + (ct >> 1);
+    }
+    template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& t) const {
+        const bool gate = c < f;
+        const int64_t cc = gate ? c : c - f;
+        fetch_chunk<In, VEC>(gate_up, r * 2 * f + cc, t.g);
+        if (gate) fetch_chunk<In, VEC>(gate_up, r * 2 * f + f + cc, t.u);
+        fetch_chunk<In, VEC>(dh, r * f + cc, t.d);
+    }
+    __device__ void make(const Fetch& t, int64_t c, uint32_t (&w)[4]) const {
+        if (c < f)
+            backward_chunk<In, true>(t.g, t.u, t.d, w);
+        else
+            backward_chunk<In, false>(t.g, t.u, t.d, w);
+    }
+    __device__ void make_pair(const Fetch& t, uint32_t (&gate)[4], uint32_t (&up)[4]) const {
+        backward_chunks<In>(t.g, t.u, t.d, gate, up);
+    }
+};
+
 }  // namespace swiglu_detail
 
 // =============================================================================================
@@ -156,6 +234,26 @@ __global__ void __launch_bounds__(THREADS)
             In::store(d_gate_up, r * 2 * f + f + c, du);
         }
     }
+}
+
+// rowcol of h = swiglu(gate_up) (BACKWARD = 0; gate_up (m, 2f), outputs as rowcol's of an (m, f)
+// matrix) or of d_gate_up = swiglu_backward(gate_up, dh) (BACKWARD = 1; dh (m, f), outputs as
+// rowcol's of an (m, 2f) matrix), without writing h or d_gate_up: the same bytes and scales as
+// fp8_block_quantize_rowcol of swiglu_forward's / swiglu_backward's output.
+template <class In, int MM, int BACKWARD>
+__global__ void __launch_bounds__(THREADS, 2)
+    fp8_block_swiglu_quantize_rowcol(const void* gate_up, const void* dh, int64_t m, int64_t f, int pow2,
+                                     uint8_t* row_data, float* row_scale_inv, uint8_t* col_data,
+                                     float* col_scale_inv) {
+    using namespace fp8_block_detail;
+    using namespace swiglu_detail;
+    extern __shared__ uint4 swiglu_second[];  // the pair's up tile (SwigluBackSrc::PAIRED)
+    if constexpr (BACKWARD)
+        transposing_pass<In, ROWCOL, MM>(SwigluBackSrc<In>{gate_up, dh, f}, m, 2 * f, pow2, row_data, row_scale_inv,
+                                         col_data, col_scale_inv, swiglu_second);
+    else
+        transposing_pass<In, ROWCOL, MM>(SwigluSrc<In>{gate_up, f}, m, f, pow2, row_data, row_scale_inv, col_data,
+                                         col_scale_inv);
 }
 
 }  // namespace deepwell

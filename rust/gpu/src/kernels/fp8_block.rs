@@ -39,13 +39,6 @@ pub enum Fp8Block {
         input: Float,
         m_major: bool,
     },
-    /// Rowcol of swiglu(gate_up) (`backward` false) or of swiglu_backward(gate_up, dh) (true),
-    /// from the SwiGLU inputs (template `MM`, `BACKWARD`; cuda/swiglu.cuh's maths).
-    SwigluRowcol {
-        input: Float,
-        backward: bool,
-        m_major: bool,
-    },
     /// One half of a transposing pass (`fp8_block_quantize_transposed`).
     Transposed {
         input: Float,
@@ -103,9 +96,6 @@ impl Fp8Block {
                 ("fp8_block_quantize", vec![F(input), I(br), I(bc), I(m_major as u8)])
             }
             Fp8Block::Rowcol { input, m_major } => ("fp8_block_quantize_rowcol", vec![F(input), I(m_major as u8)]),
-            Fp8Block::SwigluRowcol { input, backward, m_major } => {
-                ("fp8_block_swiglu_quantize_rowcol", vec![F(input), I(m_major as u8), I(backward as u8)])
-            }
             Fp8Block::Transposed { input, out } => ("fp8_block_quantize_transposed", vec![F(input), I(out.mode())]),
             Fp8Block::Dequantize { out, block } => {
                 let (br, bc) = block.shape();
@@ -128,29 +118,12 @@ impl Family for Fp8Block {
                 let (nrows, ncols) = if block == Block::Row { (n / TILE, TILE) } else { (s.batch * s.rows, s.cols) };
                 wave.cover(nrows.div_ceil(TILE) * ncols.div_ceil(TILE), 1)
             }
-            // Whole tiles only (m, k multiples of 128; `transposed_tiles`). SwigluRowcol's sizes are
-            // those of the matrix it quantizes: h (m, f) or d_gate_up (m, 2f).
+            // Whole tiles only (m, k multiples of 128; `transposed_tiles`).
             Fp8Block::Rowcol { .. } | Fp8Block::Transposed { .. } => wave.cover((s.rows / TILE) * (s.cols / TILE), 1),
-            Fp8Block::SwigluRowcol { input, backward, .. } => {
-                let tiles = (s.rows / TILE) * (s.cols / TILE);
-                if swiglu_paired(input, backward) {
-                    // One walk step per column pair (gate tile + up tile), the up tile's In chunks in
-                    // dynamic shared memory (SwigluBackSrc::PAIRED).
-                    Geometry { smem: (TILE * TILE * input.bytes()) as u32, ..wave.cover(tiles / 2, 1) }
-                } else {
-                    wave.cover(tiles, 1)
-                }
-            }
             // The vector path needs cols % (16 / sizeof(Out)) == 0 (fp8_block.cuh `fp8_block_dequantize`).
             Fp8Block::Dequantize { out, .. } => wave.dequantize(out, n, s.aligned && s.cols % (16 / out.bytes()) == 0),
         }
     }
-}
-
-/// Whether the SwiGLU backward quantizer makes a gate tile and an up tile per walk step
-/// (fp8_block.cuh `SwigluBackSrc::PAIRED`: 16-bit inputs).
-fn swiglu_paired(input: Float, backward: bool) -> bool {
-    backward && input.bytes() == 2
 }
 
 /// Every specialization the FP8-block ops launch.
@@ -164,11 +137,6 @@ pub fn all() -> Vec<Fp8Block> {
         v.push(Fp8Block::Quantize { input, block: Block::Row, m_major: true });
         v.push(Fp8Block::Rowcol { input, m_major: false });
         v.push(Fp8Block::Rowcol { input, m_major: true });
-        for backward in [false, true] {
-            for m_major in [false, true] {
-                v.push(Fp8Block::SwigluRowcol { input, backward, m_major });
-            }
-        }
         for out in Transposed::ALL {
             v.push(Fp8Block::Transposed { input, out });
         }
@@ -213,18 +181,6 @@ mod tests {
             assert_eq!(grid(k, 1, 1024, 512), 32);
             assert_eq!(grid(k, 1, 16384, 4096), 132 * 8);
         }
-    }
-
-    #[test]
-    fn swiglu_backward_walks_column_pairs() {
-        let k = |input, backward| Fp8Block::SwigluRowcol { input, backward, m_major: false };
-        let g = |key: Fp8Block, rows, cols| key.geometry(Sizes { batch: 1, rows, cols, aligned: true }, H100);
-        assert_eq!(g(k(Float::BF16, false), 256, 256).grid, 4);
-        assert_eq!((g(k(Float::BF16, false), 256, 256).smem), 0);
-        let paired = g(k(Float::BF16, true), 256, 512);
-        assert_eq!((paired.grid, paired.smem), (4, 32768));
-        let f32 = g(k(Float::F32, true), 256, 512);
-        assert_eq!((f32.grid, f32.smem), (8, 0));
     }
 
     #[test]

@@ -112,7 +112,7 @@ impl KernelId {
     /// Whether the kernel takes dynamic shared memory that, with its static arrays, may pass 48 KiB
     /// (it opts in at load).
     pub fn dynamic_smem(self) -> bool {
-        matches!(self, KernelId::Fp8Gemm(_) | KernelId::Fp8Block(Fp8Block::SwigluRowcol { .. }))
+        matches!(self, KernelId::Fp8Gemm(_) | KernelId::Swiglu(Swiglu::Rowcol { .. }))
     }
 
     /// The whole translation unit NVRTC compiles: the header; NVRTC instantiates the template
@@ -250,8 +250,8 @@ pub(crate) mod tests {
     fn every_kernel_is_distinct_and_named_like_interface_md() {
         let all = all();
         // + moe.cuh's 7 routing / permutation and 9 value-move kernels, fp8_tensor.cuh's 24, fp8_gemm.cuh's 36,
-        // swiglu.cuh's 6 (fp8_block.cuh's 12 fused SwiGLU quantizers are in the 131 + 12)
-        assert_eq!(all.len(), 131 + 12 + 7 + 9 + 24 + 36 + 6);
+        // swiglu.cuh's 6 elementwise and 12 fused quantizers
+        assert_eq!(all.len(), 131 + 7 + 9 + 24 + 36 + 6 + 12);
         let names: std::collections::HashSet<String> = all.iter().map(|k| k.name_expression()).collect();
         assert_eq!(names.len(), all.len());
         let rows =

@@ -1,9 +1,8 @@
-//! CUDA launches of the SwiGLU ops (cuda/swiglu.cuh; the fused quantizers cuda/fp8_block.cuh
-//! `fp8_block_swiglu_quantize_rowcol`), bit-identical to `cpu.rs`. Inputs are made contiguous.
+//! CUDA launches of the SwiGLU ops (cuda/swiglu.cuh, whose fused quantizers run fp8_block.cuh's
+//! transposing pass), bit-identical to `cpu.rs`. Inputs are made contiguous.
 
-use deepwell_gpu::kernels::fp8_block::Sizes as BlockSizes;
 use deepwell_gpu::kernels::swiglu::Sizes;
-use deepwell_gpu::kernels::{Fp8Block, Matrix, Swiglu as Kernel};
+use deepwell_gpu::kernels::{Matrix, Swiglu as Kernel};
 use deepwell_gpu::Params;
 
 use super::{Swiglu, SwigluQuantize};
@@ -66,12 +65,9 @@ pub(super) fn quantize_rowcol(op: Op, q: SwigluQuantize) -> Result<Vec<Tensor>> 
     let cs = Tensor::empty(op, &shapes[3], DType::F32, s.device)?;
     let p = Params::new().ptr(ptr(&gate_up)).ptr(grad.as_ref().map_or(NULL, ptr)).i64(m).i64(s.f as i64);
     let p = p.i32(q.pow2 as i32).ptr(ptr(&rd)).ptr(ptr(&rs)).ptr(ptr(&cd)).ptr(ptr(&cs));
-    let kernel = Fp8Block::SwigluRowcol {
-        input: float(s.dtype),
-        backward: grad.is_some(),
-        m_major: q.scales == ScaleLayout::MMajor,
-    };
-    let sizes = BlockSizes { batch: 1, rows: m as u64, cols: k as u64, aligned: cuda::aligned(&[&gate_up]) };
+    let kernel =
+        Kernel::Rowcol { input: float(s.dtype), backward: grad.is_some(), m_major: q.scales == ScaleLayout::MMajor };
+    let sizes = Sizes { h: Matrix { rows: m as u64, cols: k as u64 }, aligned: cuda::aligned(&[&gate_up]) };
     // SAFETY: contiguous CUDA tensors on the launch's device: gate_up (m, 2f), grad (m, f) or null
     // for the forward, outputs of rowcol's shapes for the (m, k) matrix; m, f multiples of 128.
     unsafe { launch.run(op, kernel, sizes, p)? };
