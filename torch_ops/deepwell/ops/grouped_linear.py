@@ -6,7 +6,7 @@ gradient (dgrad) and weight gradient (wgrad) all run in `recipe`. Which way runs
 
 | backend | when | how |
 |---|---|---|
-| `grouped_mm` | bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere |
+| `grouped_mm` | bf16 (and fp32/fp16 inputs) | `torch._grouped_mm` with torch's autograd: one CUTLASS grouped kernel on sm_90 / sm_100 for bf16, torch's own per-group loop elsewhere (through `deepwell_moe::grouped_mm` where torch's fake kernel refuses the dtype: grouped_mm.py) |
 | `fp8_block_grouped` | fp8_block on sm_90, groups padded to 128 | deepwell's FP8 grouped GEMMs (cuda/fp8_gemm.cuh): x and W quantized once for the whole buffer / all experts, forward and dgrad as row-grouped GEMMs (W^T's tiles from one transposing pass over the stacked weights), wgrad as a K-grouped GEMM over each expert's tokens; x^T's codes and the weight saved for the backward; no host sync |
 | `mxfp8_grouped` | mxfp8 on sm_100 with torch's MXFP8 grouped GEMM, groups padded to 32, features multiples of 128 | `torch._scaled_grouped_mm` per pass on the grouped emulation's operands, their scales in the grouped GEMM's tiled layouts (mxfp8_grouped.py; checked against the emulation on first use, never run here: no Blackwell GPU); no host sync |
 | `emulated_grouped` | fp8_block, mxfp8 where Rust's dispatch marks them emulated (fp8_block off sm_90, mxfp8 off Blackwell, the CPU), groups padded | grouped exact emulation: the dense layer's quantizers on the whole buffer / all experts, dequantized, then `torch._grouped_mm` per pass (no host sync) |
@@ -25,6 +25,8 @@ import torch
 
 from ..plan import recipes
 from . import _checks, mxfp8_grouped
+from ._function import cast
+from .grouped_mm import grouped_mm
 
 _OP = "grouped_linear"
 
@@ -152,7 +154,7 @@ class _GroupedEmulated(torch.autograd.Function):
         ctx.save_for_backward(x, weight, offsets)
         ctx.recipe = recipe
         xq, wq = _fake(recipe, x, -1, "act"), _fake(recipe, weight, -1, "weight")
-        return torch._grouped_mm(xq, wq.transpose(-2, -1), offs=offsets[1:]).to(x.dtype)
+        return cast(grouped_mm(xq, wq.transpose(-2, -1), offsets[1:]), x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -163,10 +165,10 @@ class _GroupedEmulated(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # W^T along N: fp8_block's 128x128 tiles are the same either way; MXFP8 re-quantizes.
             wt = _fake(recipe, weight, -1 if recipe == "fp8_block" else 1, "weight")
-            dx = torch._grouped_mm(_fake(recipe, grad, -1, "act"), wt, offs=ends).to(x.dtype)
+            dx = grouped_mm(_fake(recipe, grad, -1, "act"), wt, ends).to(x.dtype)
         if ctx.needs_input_grad[1]:
             gq, xq = _fake(recipe, grad, 0, "act"), _fake(recipe, x, 0, "act")
-            dw = torch._grouped_mm(gq.t(), xq, offs=ends).to(weight.dtype)
+            dw = grouped_mm(gq.t(), xq, ends).to(weight.dtype)
         return dx, dw, None, None
 
 
@@ -247,7 +249,7 @@ def grouped_linear(
     _check(x, weight, offsets, recipe)
     if recipe == "bf16":
         # torch._grouped_mm takes the groups' end offsets and wants both operands in one dtype.
-        return torch._grouped_mm(x, weight.to(x.dtype).transpose(-2, -1), offs=offsets[1:])
+        return grouped_mm(x, weight.to(x.dtype).transpose(-2, -1), offsets[1:])
     block = block_of(recipe)
     for d, what in ((2, "in_features"), (1, "out_features")):
         _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")

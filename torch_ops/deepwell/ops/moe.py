@@ -22,6 +22,7 @@ import math
 import torch
 
 from . import _checks, _nondiff
+from ._function import cast
 from ._library import define
 
 define(
@@ -264,7 +265,7 @@ def _sum_slots(rows: torch.Tensor, row_of_slot: torch.Tensor, weights: torch.Ten
     acc = _acc(rows.dtype)
     out = None
     for j in range(row_of_slot.shape[1]):
-        term = _gather_rows(rows, row_of_slot[:, j]).to(acc)
+        term = cast(_gather_rows(rows, row_of_slot[:, j]), acc)
         if weights is not None:
             term = term * weights[:, j : j + 1].to(acc)
         out = term if out is None else out + term
@@ -307,7 +308,7 @@ class _Combine(torch.autograd.Function):
         if _fused(rows, weights) and row_of_slot.dtype == torch.int32:
             # The sum reads the weights as fp32 either way (_sum_slots' .to(acc)).
             return torch.ops.deepwell.moe_sum_slots(rows, row_of_slot, weights.float())
-        return _sum_slots(rows, row_of_slot, weights).to(rows.dtype)
+        return cast(_sum_slots(rows, row_of_slot, weights), rows.dtype)
 
     @staticmethod
     def backward(ctx, grad):

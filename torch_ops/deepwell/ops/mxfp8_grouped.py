@@ -30,6 +30,7 @@ import warnings
 import torch
 
 from . import _checks, _nondiff
+from ._function import cast
 from ._library import define
 
 #: MXFP8's block along the quantized dimension, and the tiled layout's tile (rows x scale columns).
@@ -133,7 +134,7 @@ class GroupedMxfp8(torch.autograd.Function):
                                        w_s, offs=offsets[1:], out_dtype=torch.bfloat16)
         ctx.save_for_backward(x_cols, x_cols_s, weight, offsets)
         ctx.x_dtype = x.dtype
-        return out.to(x.dtype)
+        return cast(out, x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
