@@ -103,8 +103,9 @@ def main() -> None:
     # Every block planned alike: FSDP2 compiles one graph per block (plan/backend.py _shared_decision).
     policy = deepwell.PrecisionPolicy(precision=RECIPE, min_features=128, first_last_bf16=False)
     tp = tensor if tensor > 1 else None
+    sequence_parallel = os.environ.get("DEEPWELL_TEST_SP") == "1"
     plan = deepwell.autoplan(ir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER,
-                             sequence_parallel=os.environ.get("DEEPWELL_TEST_SP") == "1")
+                             sequence_parallel=sequence_parallel)
     if os.environ.get("DEEPWELL_TEST_UNITS"):  # the GPU plan's FSDP layout, which the CPU's never picks
         units = [int(n) for n in os.environ["DEEPWELL_TEST_UNITS"].split(",")]
         plan.sharding.update(unit_blocks=units, reshard_after_forward=False)
@@ -136,7 +137,10 @@ def main() -> None:
             torch.manual_seed(123)  # other initial weights: the checkpoint must bring them back
             fresh = Llama(VOCAB, DIM, 2, 4, 2 * DIM, max_seq=SEQ).to(DTYPE)
             fir = deepwell.capture(fresh, (data[0, rows, :-1],))
-            fplan = deepwell.autoplan(fir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER)
+            # The run's own plan (sequence parallelism included: without it the resumed model
+            # reduces in another order, and torch 2.11 gave losses 1e-4 apart).
+            fplan = deepwell.autoplan(fir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER,
+                                      sequence_parallel=sequence_parallel)
             feng = deepwell.compile(fir, plan=fplan)
             t = deepwell.Trainer.from_engine(feng, optimizer=torch.optim.AdamW(fresh.parameters(), lr=1e-3),
                                              max_steps=STEPS, progress=False, plot=False)
