@@ -191,6 +191,21 @@ def main() -> None:
         bwd = time_ms(lambda: ops.fp8_tensor_linear_backward(dy, codes, scale, w, "fp8_tensor", True, True))
         print(f"{shape:>20} {'fp8_tensor':>10} backward from the saved codes alone: {bwd:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_tensor", "backward_saved_ms": bwd})
+        # fp8_block the same way: one rowcol pass over x for both copies, the column copy saved.
+        def block_saved_step():
+            return torch.autograd.grad(deepwell.fp8_block_linear(x, w, None), (x, w), dy)
+
+        ms = time_ms(block_saved_step)
+        print(f"{shape:>20} {'fp8_block_linear (x codes saved)':>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block_linear", "step_ms": ms, "speedup": base_step / ms})
+        codes = ops.fp8_block_quantize_rowcol(x.detach(), True, True)
+        with torch.no_grad():
+            fwd = time_ms(lambda: ops.fp8_block_linear_from_codes(x, *codes, w, None, "fp8_block"))
+        bwd = time_ms(lambda: ops.fp8_block_linear_backward(dy, codes[2], codes[3], w, "fp8_block", True, True))
+        print(f"{shape:>20} {'fp8_block':>10} forward from shared codes: {fwd:.3f} ms, "
+              f"backward from the saved codes alone: {bwd:.3f} ms")
+        rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "fwd_from_codes_ms": fwd, "backward_saved_ms": bwd})
+        del codes
         # The backward op alone (dgrad + wgrad, the weight quantized in it), for the breakdown.
         bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))
         print(f"{shape:>20} {'fp8_block':>10} backward op alone: {bwd:.3f} ms")

@@ -19,7 +19,7 @@ launch) and each deepwell op's host time from Rust's spans. `--cudagraphs` runs 
 graphs (mode="reduce-overhead"; deepwell's `cudagraphs=True`).
 
     python benchmarks/bench_train_step.py [--quick] [--model 1b|8b] [--layers N] [--torchao tensorwise,rowwise]
-        [--precisions auto,fp8_tensor] [--kernels N] [--cudagraphs]
+        [--precisions auto,fp8_tensor,auto+codes,auto+recompute] [--kernels N] [--cudagraphs]
 """
 
 from __future__ import annotations
@@ -153,7 +153,9 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="1b")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--torchao", default="tensorwise,rowwise", help="torchao float8 recipes to run ('' for none)")
-    p.add_argument("--precisions", default="auto,fp8_tensor", help="deepwell precisions to run (auto first)")
+    p.add_argument("--precisions", default="auto,fp8_tensor",
+                   help="deepwell precisions to run (auto first); 'NAME+codes' / 'NAME+recompute' compile with "
+                        "fp8_block_codes=True / False")
     p.add_argument("--kernels", type=int, default=0, help="print each run's N longest kernels per step")
     p.add_argument("--cudagraphs", action="store_true",
                    help="every run replays CUDA graphs: mode='reduce-overhead', deepwell's cudagraphs=True")
@@ -193,18 +195,21 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     deepwell_rows = []
-    for precision in [p for p in args.precisions.split(",") if p]:
+    for name in [p for p in args.precisions.split(",") if p]:
+        precision, _, how = name.partition("+")
+        codes = {"": None, "codes": True, "recompute": False}[how]
         model = make_model(spec, layers)
         torch._dynamo.reset()
         ir = deepwell.capture(model, (tokens,))
         plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=precision)
-        engine = deepwell.compile(ir, plan=plan, cudagraphs=args.cudagraphs)
+        engine = deepwell.compile(ir, plan=plan, cudagraphs=args.cudagraphs, fp8_block_codes=codes)
         estimate = deepwell.dryrun(engine)
         planning_before = deepwell.plan.backend.STATS["planning_s"]
         row = run(model, engine, tokens, targets, args.steps, host=bool(args.kernels))
         planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
         recipes = sorted({s.recipe for s in plan.sites})
-        row = {"what": f"deepwell {precision} ({'/'.join(recipes)})", **row,
+        codes_note = {None: "", True: ", x codes saved", False: ", x recomputed"}[codes]
+        row = {"what": f"deepwell {precision} ({'/'.join(recipes)}{codes_note})", **row,
                "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
                "predicted_speedup": estimate.speedup, "planning_s": planning, "precision": precision,
                "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}}
@@ -233,9 +238,11 @@ def main() -> None:
         print(f"{r['what']:<32} {r['step_ms']:8.1f} {r['kernel_ms']:10.1f} {r['tokens_per_s']:10.0f} "
               f"{r['tokens_per_s'] / base:8.2f} {r['peak_bytes'] / 2**30:9.2f} {r['first_call_s']:12.1f} "
               f"{first_loss:9.4f} -> {last_loss:.4f}")
-    err = dw["predicted_peak_bytes"] / dw["peak_bytes"] - 1
-    print(f"dryrun: predicted peak {dw['predicted_peak_bytes'] / 2**30:.2f} GiB vs measured {dw['peak_bytes'] / 2**30:.2f} GiB "
-          f"({err * 100:+.1f}%); predicted step {dw['predicted_step_ms']:.1f} ms ({dw['predicted_speedup']:.2f}x bf16)")
+    for r, _, _ in deepwell_rows:
+        err = r["predicted_peak_bytes"] / r["peak_bytes"] - 1
+        print(f"dryrun, {r['what']}: predicted peak {r['predicted_peak_bytes'] / 2**30:.2f} GiB vs measured "
+              f"{r['peak_bytes'] / 2**30:.2f} GiB ({err * 100:+.1f}%); predicted step {r['predicted_step_ms']:.1f} ms "
+              f"({r['predicted_speedup']:.2f}x bf16)")
     print(estimate)
     print(f"planning {dw['planning_s'] * 1e3:.1f} ms of a {dw['first_call_s']:.1f} s first call "
           f"({dw['planning_s'] / dw['first_call_s'] * 100:.2f}% of compile time)")

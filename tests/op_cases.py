@@ -25,6 +25,11 @@ def _fb(x, *block):
     return torch.ops.deepwell.fp8_block_quantize(x, *block)
 
 
+def _fbc(x):
+    """x's fp8_block rowcol codes with M-major scales, as fp8_block_linear_from_codes takes them."""
+    return torch.ops.deepwell.fp8_block_quantize_rowcol(x, True, True)
+
+
 def _p(*shape, dtype=torch.bfloat16, seed=0):
     """A leaf tensor that requires grad (opcheck then checks the autograd formula too)."""
     return _x(*shape, dtype=dtype, seed=seed).requires_grad_()
@@ -69,7 +74,11 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(128, 256, dtype=torch.float32), 128, 128, False), {}),
             ((_x(256, 8), 128, 1), {}),
         ],
-        "fp8_block_quantize_rowcol": [((_x(128, 256),), {}), ((_x(256, 128, dtype=torch.float16),), {"pow2": False})],
+        "fp8_block_quantize_rowcol": [
+            ((_x(128, 256),), {}),
+            ((_x(256, 128, dtype=torch.float16),), {"pow2": False}),
+            ((_x(256, 384),), {"m_major_scales": True}),
+        ],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
         "swiglu": [((_p(8, 64),), {}), ((_x(3, 10, dtype=torch.float32),), {}), ((_p(5, 6, dtype=torch.float16),), {})],
         "swiglu_backward": [
@@ -137,6 +146,16 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
               _x(32, 48, seed=2), "fp8_tensor@sm_90", False, True), {}),
             ((_x(64, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(64, 48), _x(32, 48, seed=2), None)[1:],
               _x(32, 48, seed=2), "fp8_tensor@sm_90", True, True, amax_of(_x(64, 32)), amax_of(_x(32, 48, seed=2))), {}),
+        ],
+        "fp8_block_linear_from_codes": [
+            ((_p(2, 128, 256), *_fbc(_x(256, 256)), _p(128, 256, seed=1), _p(128, seed=2)), {}),
+            ((_p(128, 128, dtype=torch.float32), *_fbc(_x(128, 128, dtype=torch.float32)),
+              _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90"), {}),
+        ],
+        "fp8_block_linear_backward": [
+            ((_x(2, 128, 128), *_fbc(_x(256, 256))[2:], _x(128, 256, seed=1), "fp8_block", True, True), {}),
+            ((_x(128, 256), *_fbc(_x(128, 128))[2:], _x(256, 128, seed=1), "fp8_block@sm_90", False, True), {}),
+            ((_x(128, 256), *_fbc(_x(128, 128))[2:], _x(256, 128, seed=1), "fp8_block@sm_90", True, False), {}),
         ],
         "mxfp8_linear": [
             ((_p(2, 3, 64), _p(32, 64, seed=1)), {}),

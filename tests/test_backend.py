@@ -4,6 +4,7 @@ deepwell ops, compiled training within the recipe's tolerance of eager, no recom
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -63,14 +64,18 @@ def test_the_rewritten_graph_calls_deepwell_ops():
     def spy(gm, example_inputs, **kw):
         from deepwell.plan.backend import plan_graph, rewrite
 
-        plan, found = plan_graph(gm, {"precision": "fp8_block"})
-        rewrite(gm, found)
-        seen.append(sum(n.target == torch.ops.deepwell.scaled_linear.default for n in gm.graph.nodes))
+        ops = torch.ops.deepwell
+        for codes in (False, True):
+            g = copy.deepcopy(gm)
+            plan, found = plan_graph(g, {"precision": "fp8_block"})
+            rewrite(g, found, fp8_block_codes=codes)
+            targets = [n.target for n in g.graph.nodes]
+            seen.append((targets.count(ops.scaled_linear.default), targets.count(ops.fp8_block_linear_from_codes.default)))
         return gm.forward
 
     torch._dynamo.reset()
     torch.compile(_model(), backend=spy)(_tokens())
-    assert seen == [7 * LAYERS - 1]
+    assert seen == [(7 * LAYERS - 1, 0), (0, 7 * LAYERS - 1)]
 
 
 def _rel(a, b):
@@ -312,7 +317,7 @@ def test_optimize_warns_when_dynamo_skips_the_whole_frame(graph_break):
 
 
 def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch):
-    """The backend lets the partitioner recompute the bf16 inputs of deepwell GEMMs (norm and
+    """With `fp8_block_codes=False` the backend lets the partitioner recompute the bf16 inputs of deepwell GEMMs (norm and
     SwiGLU outputs) in the backward instead of saving them (backend._partitioner_options): a bf16
     model with fp8_block on every GEMM saves fewer activation bytes than torch.compile in bf16 (it
     saved exactly as many before), and its gradients are as close to fp32 eager as the same graph
@@ -334,15 +339,17 @@ def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch
         errors = [_rel(p.grad.float(), q.grad) for p, q in zip(model.parameters(), reference.parameters())]
         return saved, max(errors)
 
-    def deepwell_fp8(model):
-        return torch.compile(model, backend="deepwell", options={"policy": policy})
+    def deepwell_fp8(model, codes=False):
+        return torch.compile(model, backend="deepwell", options={"policy": policy, "fp8_block_codes": codes})
 
     bf16_saved, _ = run(torch.compile)
     recomputed, error = run(deepwell_fp8)
+    # The default: x's FP8 column copies saved instead (1 byte per element, where bf16 saves 2).
+    codes_saved, error_codes = run(lambda model: deepwell_fp8(model, codes=True))
     monkeypatch.setattr(dw_backend, "_partitioner_options", lambda rewritten: {})
     saved_all, error_saved_all = run(deepwell_fp8)
-    assert saved_all >= bf16_saved > recomputed
-    assert error < 0.16 and error < error_saved_all * 1.1
+    assert saved_all >= bf16_saved > codes_saved > recomputed
+    assert error < 0.16 and error < error_saved_all * 1.1 and error_codes < 0.16
 
 
 def test_a_hugging_face_moe_block_in_the_graph_is_named_with_the_way_to_swap_it():

@@ -66,6 +66,8 @@ GEMM_OPS = {
     "fp8_tensor_linear": 5e-3,
     "fp8_tensor_linear_backward": 5e-3,
     "fp8_tensor_linear_from_codes": 5e-3,
+    "fp8_block_linear_from_codes": 5e-3,
+    "fp8_block_linear_backward": 5e-3,
     "fp8_block_gemm": 5e-3,
     "fp8_block_grouped_gemm": 5e-3,
     "fp8_block_grouped_wgrad": 5e-3,
@@ -133,7 +135,8 @@ def test_fp8_block_random(dtype, block, pow2, gen):
     assert_cuda_matches_cpu(ops.fp8_block_quantize, x, *block, pow2)
     data, s = ops.fp8_block_quantize(x, *block, pow2)
     assert_cuda_matches_cpu(ops.fp8_block_dequantize, data, s, *block, torch.float32)
-    assert_cuda_matches_cpu(ops.fp8_block_quantize_rowcol, x, pow2)
+    for m_major in (False, True):
+        assert_cuda_matches_cpu(ops.fp8_block_quantize_rowcol, x, pow2, m_major)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -65,14 +65,15 @@ def _deepwell_calls(run) -> list[str]:
     return [e.name.split("::")[1] for e in prof.events() if e.name.startswith("deepwell::")]
 
 
-def test_the_memory_trace_runs_fp8_tensor_sites_as_the_backend_does():
-    """dryrun's trace (plan/memory.py `fp8_tensor_codes`) quantizes each input once however many
-    fp8_tensor sites read it (q/k/v, w1/w3: 4 quantizations for 7 sites per block), computes what
-    `scaled_linear(..., "fp8_tensor")` computes, and so saves the codes the backward keeps: more than
-    the plain GEMMs' stand-in, by at most the codes' bytes (the bf16 inputs they replace are no
-    longer kept). The sites' forwards are nn.Linear's again afterwards."""
+@pytest.mark.parametrize("recipe", ["fp8_tensor", "fp8_block"])
+def test_the_memory_trace_runs_code_saving_sites_as_the_backend_does(recipe):
+    """dryrun's trace (plan/memory.py `saved_codes`) quantizes each input once however many sites
+    read it (q/k/v, w1/w3: 4 quantizations for 7 sites per block; fp8_block under the backend's
+    `fp8_block_codes`), computes what `scaled_linear(..., recipe)` computes, and so saves the codes
+    the backward keeps: more than the plain GEMMs' stand-in, by at most the codes' bytes (the bf16
+    inputs they replace are no longer kept). The sites' forwards are nn.Linear's again afterwards."""
     from deepwell.models import Llama
-    from deepwell.plan.memory import codes_of, fp8_tensor_codes
+    from deepwell.plan.memory import codes_of, saved_codes
     from deepwell.plan.memory import saved_activation_bytes as traced
 
     torch.manual_seed(0)
@@ -80,26 +81,31 @@ def test_the_memory_trace_runs_fp8_tensor_sites_as_the_backend_does():
     model = Llama(256, d, layers, 4, f, max_seq=128).bfloat16()
     tokens = torch.randint(0, 256, (2, 128))
     ir = deepwell.capture(model, (tokens,))
-    plan = deepwell.autoplan(ir, policy=deepwell.PrecisionPolicy(precision="fp8_tensor", min_features=128,
+    plan = deepwell.autoplan(ir, policy=deepwell.PrecisionPolicy(precision=recipe, min_features=128,
                                                                  first_last_bf16=False))
-    codes = codes_of(plan)
+    if recipe == "fp8_block":
+        assert codes_of(plan, fp8_block_codes=False) == {}
+    codes = codes_of(plan, fp8_block_codes=True)
     assert len(codes) == 7 * layers
-    with fp8_tensor_codes(model, codes):
+    quantize, linear = f"{recipe}_quantize_rowcol", f"{recipe}_linear_from_codes"
+    with saved_codes(model, codes):
         calls = _deepwell_calls(lambda: model(tokens))
         got = model(tokens)
-    assert calls.count("fp8_tensor_quantize_rowcol") == 4 * layers
-    assert calls.count("fp8_tensor_linear_from_codes") == 7 * layers
+    assert calls.count(quantize) == 4 * layers
+    assert calls.count(linear) == 7 * layers
     assert all("forward" not in model.get_submodule(name).__dict__ for name in codes)
     sites = [model.get_submodule(name) for name in codes]
     for m in sites:
-        m.forward = lambda x, m=m: ops.scaled_linear(x, m.weight, m.bias, "fp8_tensor", None)
+        m.forward = lambda x, m=m: ops.scaled_linear(x, m.weight, m.bias, recipe, None)
     want = model(tokens)
     for m in sites:
         del m.forward
     assert same_bits(got, want)
     plain = traced(model, ir.example_inputs, True)[0]
     with_codes = traced(model, ir.example_inputs, True, codes=codes)[0]
-    assert 0 < with_codes - plain <= layers * t * (3 * d + f) + 4 * 4 * layers  # the codes and their scales
+    # The codes (1 byte per element) and their scales: one per tensor, or one per 128 elements.
+    scales = 4 * 4 * layers if recipe == "fp8_tensor" else layers * t * (3 * d + f) * 4 // 128
+    assert 0 < with_codes - plain <= layers * t * (3 * d + f) + scales
 
 
 def test_deepwell_linear_and_backend_use_it(gen):

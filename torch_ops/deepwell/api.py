@@ -16,6 +16,7 @@ def optimize(
     verbose: bool = False,
     swap_moe: bool = True,
     cudagraphs: bool = False,
+    fp8_block_codes: bool | None = None,
     **compile_kw,
 ):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
@@ -25,7 +26,8 @@ def optimize(
     With `swap_moe` (default) the Hugging Face MoE blocks of `model` (Mixtral, Qwen2/3-MoE,
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
     experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role).
-    `cudagraphs=True` replays the compiled graphs as CUDA graphs (`mode="reduce-overhead"`)."""
+    `cudagraphs=True` replays the compiled graphs as CUDA graphs (`mode="reduce-overhead"`).
+    `fp8_block_codes`: the backend's option of that name (`deepwell.compile` says what it does)."""
     if swap_moe and isinstance(model, torch.nn.Module):
         from .nn.moe_hf import swap_hf_moe
 
@@ -33,6 +35,8 @@ def optimize(
         if verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
     options = {"precision": precision, "verbose": verbose, "cudagraphs": cudagraphs}
+    if fp8_block_codes is not None:
+        options["fp8_block_codes"] = fp8_block_codes
     if policy is not None:
         options["policy"] = policy
     compiled = torch.compile(model, backend="deepwell", options=options, **compile_kw)

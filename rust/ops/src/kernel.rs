@@ -67,6 +67,26 @@ macro_rules! cpu_and_cuda {
 }
 pub(crate) use cpu_and_cuda;
 
+/// The CPU and the CUDA registration of an op with one body for both devices, `$f(args)` (the linear
+/// layers: the device-specific work happens in the quantizers and GEMMs they call).
+macro_rules! one_body {
+    ($spec:path, $f:ident) => {
+        [
+            $crate::kernel::Kernel {
+                spec: &$spec,
+                dispatch_key: "CPU",
+                boxed: $crate::kernel::boxed_kernel!($spec, $f),
+            },
+            $crate::kernel::Kernel {
+                spec: &$spec,
+                dispatch_key: "CUDA",
+                boxed: $crate::kernel::boxed_kernel!($spec, $f),
+            },
+        ]
+    };
+}
+pub(crate) use one_body;
+
 fn panic_message(payload: Box<dyn Any + Send>) -> String {
     payload
         .downcast_ref::<&str>()

@@ -6,6 +6,7 @@ import torch
 
 from .linear import mxfp8_linear, scaled_linear
 from .fp8_tensor_linear import fp8_tensor_linear
+from .fp8_block_linear import fp8_block_linear
 from .quantized_linear import quantized_linear, quantized_linear_backward
 from .grouped_linear import grouped_linear
 from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
@@ -32,6 +33,7 @@ __all__ = [
     "fp8_block_gemm",
     "fp8_block_grouped_gemm",
     "fp8_block_grouped_wgrad",
+    "fp8_block_linear",
     "fp8_block_quantize",
     "fp8_block_quantize_rowcol",
     "fp8_block_quantize_transposed",

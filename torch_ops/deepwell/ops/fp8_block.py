@@ -19,7 +19,7 @@ define(
     "-> (Tensor data, Tensor scale_inv)"
 )
 define(
-    "fp8_block_quantize_rowcol(Tensor x, bool pow2=True) "
+    "fp8_block_quantize_rowcol(Tensor x, bool pow2=True, bool m_major_scales=False) "
     "-> (Tensor row_data, Tensor row_scale_inv, Tensor col_data, Tensor col_scale_inv)"
 )
 define("fp8_block_quantize_transposed(Tensor x, bool pow2=True) -> (Tensor data, Tensor scale_inv)")
@@ -64,20 +64,21 @@ def _quantize_transposed_fake(x, pow2=True):
     return x.new_empty((k, m), dtype=torch.float8_e4m3fn), x.new_empty((k // 128, m // 128), dtype=torch.float32)
 
 
-def rowcol_like(x: torch.Tensor, m: int, k: int):
+def rowcol_like(x: torch.Tensor, m: int, k: int, m_major_scales: bool = False):
     """Empty tensors like rowcol's outputs for an (m, k) matrix on x's device (the fake kernels')."""
     e4, f32 = torch.float8_e4m3fn, torch.float32
+    row_scales, col_scales = ((k // 128, m), (m // 128, k)) if m_major_scales else ((m, k // 128), (k, m // 128))
     return (
         x.new_empty((m, k), dtype=e4),
-        x.new_empty((m, k // 128), dtype=f32),
+        x.new_empty(row_scales, dtype=f32),
         x.new_empty((k, m), dtype=e4),
-        x.new_empty((k, m // 128), dtype=f32),
+        x.new_empty(col_scales, dtype=f32),
     )
 
 
 @torch.library.register_fake("deepwell::fp8_block_quantize_rowcol")
-def _quantize_rowcol_fake(x, pow2=True):
-    return rowcol_like(x, *_check_transposing("fp8_block_quantize_rowcol", x))
+def _quantize_rowcol_fake(x, pow2=True, m_major_scales=False):
+    return rowcol_like(x, *_check_transposing("fp8_block_quantize_rowcol", x), m_major_scales)
 
 
 @torch.library.register_fake("deepwell::fp8_block_dequantize")
@@ -112,7 +113,7 @@ def fp8_block_quantize(
 
 
 def fp8_block_quantize_rowcol(
-    x: torch.Tensor, pow2: bool = True
+    x: torch.Tensor, pow2: bool = True, m_major_scales: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both copies a Hopper FP8 GEMM pipeline needs, from one read of the (m, k) tensor x.
 
@@ -121,9 +122,11 @@ def fp8_block_quantize_rowcol(
     multiples of 128.
 
     Returns:
-        (row_data (m, k), row_scale_inv (m, k/128), col_data (k, m), col_scale_inv (k, m/128)).
+        (row_data (m, k), row_scale_inv (m, k/128), col_data (k, m), col_scale_inv (k, m/128)); with
+        `m_major_scales` each scale tensor is stored transposed, (k/128, m) and (m/128, k): the layout
+        Hopper's block-scaled GEMMs read (`fp8_block_linear_from_codes` takes them so).
     """
-    return torch.ops.deepwell.fp8_block_quantize_rowcol(x, pow2)
+    return torch.ops.deepwell.fp8_block_quantize_rowcol(x, pow2, m_major_scales)
 
 
 def fp8_block_quantize_transposed(x: torch.Tensor, pow2: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ import torch
 from . import _checks, _nondiff
 from ._library import define
 from .fp8_tensor import amax_of, check_amax
-from .linear import _bias_arg, _bias_grad, _check_bias, _check_layer, _parse_recipe
+from .linear import _bias_arg, _bias_grad, _check_bias, _check_layer, _parse_recipe, check_saved_layer
 
 define(
     "fp8_tensor_linear(Tensor x, Tensor weight, Tensor? bias, str recipe=\"fp8_tensor\") "
@@ -67,25 +67,7 @@ def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input,
         check_amax(op, "grad_amax", grad_amax, ("grad_out", grad_out))
     if weight_amax is not None:
         check_amax(op, "weight_amax", weight_amax, ("weight", weight))
-    _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
-    _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
-    _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.uint8, torch.float8_e4m3fn))
-    _checks.dtype_in(op, "x_scale_inv", x_scale_inv, (torch.float32,))
-    _checks.same_device(op, ("grad_out", grad_out), ("x_codes_t", x_codes_t), ("x_scale_inv", x_scale_inv),
-                        ("weight", weight))
-    _checks.shape_eq(op, "x_scale_inv", x_scale_inv, [])
-    for arg, t in (("weight", weight), ("x_codes_t", x_codes_t)):
-        if t.dim() != 2:
-            _checks.fail(op, arg, "be 2-d", f"a {t.dim()}-d tensor")
-    _checks.non_empty(op, "weight", weight, 2)
-    _checks.non_empty(op, "grad_out", grad_out, 1)
-    n, k = weight.shape
-    _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, grad_out.numel() // n])
-    if grad_out.shape[-1] != n:
-        raise RuntimeError(
-            f"deepwell.{op}: grad_out has {grad_out.shape[-1]} features (shape {_checks.shape_str(grad_out.shape)}) "
-            f"but weight has out_features {n}"
-        )
+    _, k, _ = check_saved_layer(op, grad_out, x_codes_t, ("x_scale_inv", x_scale_inv), weight, lambda m, k: [])
     dx = grad_out.new_empty((*grad_out.shape[:-1], k)) if need_input else grad_out.new_empty((0,))
     dw = weight.new_empty(weight.shape) if need_weight else weight.new_empty((0,))
     return dx, dw

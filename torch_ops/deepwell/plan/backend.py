@@ -18,7 +18,11 @@ precision wins over `precision`), `verbose` (print the plan; also DEEPWELL_PRINT
 (a fixed deepwell.Plan from `deepwell.autoplan`: sites are looked up by name instead of planned)
 with `fallback` ("safe": a site the plan lacks runs bf16; "error": it raises), `cudagraphs` (True:
 replay each graph as a CUDA graph, Inductor's CUDA graph trees: what `mode="reduce-overhead"` gives
-torch.compile, which does not take both a mode and options).
+torch.compile, which does not take both a mode and options), `fp8_block_codes` (True: each input
+of fp8_block sites is quantized once, both copies, for all the sites reading it, and its column copy
+saved for their backwards, `fp8_block_linear_from_codes`; False: `scaled_linear` per site, its
+input recomputed in the backward; default `fp8_block_codes_default()`: on in one process, off with
+several).
 A graph break splits the model into graphs planned separately (each has its own first and last site).
 """
 
@@ -32,6 +36,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import deepwell  # noqa: F401  (the ops and their fake kernels exist before tracing)
 
@@ -44,6 +49,23 @@ from .sites import Plan, Site, plan_sites, role_of
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _MATMULS = (operator.matmul, torch.matmul, torch.mm)
 _TRANSPOSES = (torch.t, torch.ops.aten.numpy_T, torch.ops.aten.numpy_T.default, torch.ops.aten.t.default)
+
+#: The `fp8_block_codes` option's default in one process: whether fp8_block sites save x's FP8
+#: column copy for the backward (`fp8_block_linear_from_codes`) instead of letting the partitioner
+#: recompute x (`fp8_block_codes_default` says where it applies).
+FP8_BLOCK_CODES = True
+
+
+def fp8_block_codes_default() -> bool:
+    """The `fp8_block_codes` option where the options leave it out: `FP8_BLOCK_CODES` in one process,
+    off under torch.distributed with several processes. There it measured slower on 2 H100s with
+    FSDP2 (the 0.95B step at 4x2048 rows per GPU: 114-123 ms against 100-105 ms with the recompute,
+    the host taking 107-113 ms to launch a step against 82-85; README "fp8_block: x's two FP8 copies
+    from one pass"), for a cause not yet found; pass the option to choose."""
+    dist = torch.distributed
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return FP8_BLOCK_CODES and not several
+
 
 #: Every plan made in this process, newest last (`deepwell.last_plan()`), with planning time.
 PLANS: list[Plan] = []
@@ -172,37 +194,51 @@ def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
         )
 
 
-def _saves_codes(g: Gemm) -> bool:
-    """Whether the site runs on x's FP8 codes (`fp8_tensor_linear_from_codes`: saved for the
-    backward instead of x): fp8_tensor sites, except on DTensor weights (tensor parallelism), for
-    which only `scaled_linear` has sharding rules (ops/sharding.py)."""
-    if g.site.recipe.partition("@")[0] != "fp8_tensor":
+def _saves_codes(g: Gemm, fp8_block_codes: bool) -> bool:
+    """Whether the site runs on x's FP8 codes, made once per input and saved for the backward instead
+    of x: fp8_tensor sites always (`fp8_tensor_linear_from_codes`), fp8_block sites with
+    `fp8_block_codes` and a token count the column copy's 1x128 blocks divide
+    (`fp8_block_linear_from_codes`); never on weights that are tensor subclasses, which only
+    `scaled_linear` reads: DTensors (tensor parallelism: its sharding rules, ops/sharding.py) and
+    FSDP2's FP8-gathered weights (plan/fp8_weights.py)."""
+    family = g.site.recipe.partition("@")[0]
+    if family == "fp8_block":
+        if not (fp8_block_codes and g.site.tokens > 0 and g.site.tokens % 128 == 0):
+            return False
+    elif family != "fp8_tensor":
+        return False
+    if not isinstance(g.x, torch.fx.Node):
         return False
     w = g.weight.meta.get("example_value") if isinstance(g.weight, torch.fx.Node) else None
-    if not torch.distributed.is_available():
-        return True
-    from torch.distributed.tensor import DTensor
-
-    return not isinstance(w, DTensor)
+    return not is_traceable_wrapper_subclass(w)
 
 
-def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int) -> tuple:
-    """Nodes of x's fp8_tensor codes, the codes transposed and the scale, from one
-    `fp8_tensor_quantize_rowcol` of x seen as (tokens, k). Every fp8_tensor site that reads x
-    (q/k/v, gate/up) shares them, and they are saved once for those sites' backwards. x's amax is a
-    torch reduction in the graph, which Inductor fuses into x's producer (RMSNorm, SwiGLU): the
-    quantizer then reads x once instead of twice."""
+def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str) -> tuple:
+    """Nodes of x's FP8 codes from one quantizing pass over x seen as (tokens, k), which every site
+    of the recipe family that reads x (q/k/v, gate/up) shares, saved once for their backwards.
+    fp8_tensor (`fp8_tensor_quantize_rowcol`): the codes, the codes transposed and the scale; x's
+    amax is a torch reduction in the graph, which Inductor fuses into x's producer (RMSNorm,
+    SwiGLU), so the quantizer reads x once instead of twice. fp8_block
+    (`fp8_block_quantize_rowcol`, scales M-major): the row copy and its scales, the column copy
+    (x^T in 1x128 blocks along the tokens) and its scales."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
+    if family == "fp8_block":
+        q = graph.call_function(torch.ops.deepwell.fp8_block_quantize_rowcol.default, (x2, True, True))
+        return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(4))
     amax = graph.call_function(amax_of, (x2,))
     q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax))
     return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
 
 
 def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
-    """The node computing the site's y in its recipe (`codes`: x's fp8_tensor codes). An fp8_tensor
-    site also gets W's amax as a graph node (`weight_amax`): reduced once per step, read by both
-    the forward's cast of W and the backward's transposing cast, where each would reduce W again."""
+    """The node computing the site's y in its recipe (`codes`: x's codes from `_quantize_once`). An
+    fp8_tensor site also gets W's amax as a graph node (`weight_amax`): reduced once per step, read
+    by both the forward's cast of W and the backward's transposing cast, where each would reduce W
+    again."""
+    if codes is not None and len(codes) == 4:
+        args = (x, *codes, w, bias, g.site.recipe)
+        return graph.call_function(torch.ops.deepwell.fp8_block_linear_from_codes.default, args)
     if codes is not None:
         w_amax = graph.call_function(amax_of, (graph.call_method("detach", (w,)),))
         args = (x, *codes, w, bias, g.site.recipe, w_amax)
@@ -210,15 +246,18 @@ def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torc
     return graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
 
 
-def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
-    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor:
-    fp8_tensor_linear_from_codes on x's codes, made once per input); returns how many. A site's
-    operands may be earlier sites (a stack of linears): they are read through `replaced`, never
-    from the erased nodes the sites were captured with."""
+def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool | None = None) -> int:
+    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor, and fp8_block with
+    `fp8_block_codes`: the recipe's `*_linear_from_codes` on x's codes, made once per input;
+    `_saves_codes`; None: `fp8_block_codes_default()`); returns how many. A site's operands may be
+    earlier sites (a stack of linears): they are read through `replaced`, never from the erased
+    nodes the sites were captured with."""
+    if fp8_block_codes is None:
+        fp8_block_codes = fp8_block_codes_default()
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     found = sorted(found, key=lambda g: order[g.node])  # a shared input is quantized before its first reader
-    codes_of: dict[torch.fx.Node, tuple] = {}
+    codes_of: dict[tuple, tuple] = {}  # (x, recipe family) -> x's codes
 
     def current(a):
         return replaced.get(a, a) if isinstance(a, torch.fx.Node) else a
@@ -231,10 +270,11 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
         with gm.graph.inserting_before(g.node):
             w = gm.graph.call_method("t", (weight,)) if g.weight_is_k_by_n else weight
             codes = None
-            if _saves_codes(g) and isinstance(g.x, torch.fx.Node):
-                if g.x not in codes_of:
-                    codes_of[g.x] = _quantize_once(gm.graph, x, g.site.in_features)
-                codes = codes_of[g.x]
+            if _saves_codes(g, fp8_block_codes):
+                key = (g.x, g.site.recipe.partition("@")[0])
+                if key not in codes_of:
+                    codes_of[key] = _quantize_once(gm.graph, x, g.site.in_features, key[1])
+                codes = codes_of[key]
             new = _linear_call(gm.graph, g, x, w, bias, codes)
         new.meta = dict(g.node.meta)
         g.node.replace_all_uses_with(new)
@@ -311,14 +351,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     from torch._inductor.compile_fx import compile_fx
 
     options = dict(options or {})
-    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs"}
+    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs", "fp8_block_codes"}
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
     start = time.perf_counter()
     plan, found = plan_graph(gm, options)
     _warn_hf_moe(gm)
-    rewritten = rewrite(gm, found)
+    rewritten = rewrite(gm, found, options.get("fp8_block_codes"))
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
     PLANS.append(plan)

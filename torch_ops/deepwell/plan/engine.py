@@ -154,6 +154,8 @@ class Engine:
     plan: Plan
     compiled: object
     fallback: str = "safe"
+    #: the backend's `fp8_block_codes` option the engine was compiled with (None: its default).
+    fp8_block_codes: bool | None = None
 
     def __repr__(self) -> str:
         recipes = sorted({s.recipe for s in self.plan.sites})
@@ -171,12 +173,17 @@ class Engine:
 
 
 def compile(
-    ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe", cudagraphs: bool = False
+    ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe", cudagraphs: bool = False,
+    fp8_block_codes: bool | None = None,
 ) -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
     `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
     cudagraphs=True replays each compiled graph as a CUDA graph (Inductor's CUDA graph trees, what
     `mode="reduce-overhead"` gives torch.compile): no per-op host cost once recorded.
+    fp8_block_codes=True quantizes each input of fp8_block sites once for all the sites that read it
+    and keeps its FP8 column copy for their backwards instead of recomputing it (the backend's
+    option of that name; None: its default, on in one process and off with several,
+    `deepwell.plan.backend.fp8_block_codes_default`).
     A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
     on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
     if fallback not in ("safe", "error"):
@@ -184,5 +191,7 @@ def compile(
     plan = plan or autoplan(ir, precision=precision)
     shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
     options = {"plan": plan, "fallback": fallback, "cudagraphs": cudagraphs}
+    if fp8_block_codes is not None:
+        options["fp8_block_codes"] = fp8_block_codes
     compiled = torch.compile(ir.model, backend="deepwell", options=options)
-    return Engine(ir, plan, compiled, fallback)
+    return Engine(ir, plan, compiled, fallback, fp8_block_codes)

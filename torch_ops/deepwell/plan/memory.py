@@ -9,9 +9,9 @@ on fake tensors and partitions it as the deepwell backend's Inductor compile doe
 partitioner, `compiler="inductor"`, and the backend's `_partitioner_options`). The deepwell ops
 themselves are not in that graph (the backend's rewrite needs Dynamo); where they would be, the
 plain GEMMs stand in: both read their bf16 input in the backward, which is what the partitioner's
-choice depends on. The exception is fp8_tensor, whose sites save x's FP8 codes instead (1 byte
-per element, once per input shared by several sites): their forwards are traced as the backend
-runs them (`fp8_tensor_codes`). A model AOTAutograd cannot trace on fake tensors (data-dependent Python
+choice depends on. The exception is the sites that save x's FP8 codes instead (fp8_tensor, and
+fp8_block under the backend's `fp8_block_codes`; 1 byte per element, once per input shared by
+several sites): their forwards are traced as the backend runs them (`saved_codes`). A model AOTAutograd cannot trace on fake tensors (data-dependent Python
 control flow, e.g. a per-expert loop that reads group sizes on the host) falls back to counting
 what eager autograd saves, an upper bound."""
 
@@ -36,7 +36,7 @@ def saved_activation_bytes(
     under tensor parallelism of that degree (plan/tensor_parallel.py: the split layers traced at
     their local shapes, the attention at its local heads; the compiled count only), with
     `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`).
-    `codes`: the fp8_tensor sites (qualified nn.Linear name -> recipe), which save x's codes (the
+    `codes`: the sites that save x's codes (qualified nn.Linear name -> recipe, `codes_of`; the
     compiled count, without tensor parallelism: the backend keeps scaled_linear on split weights)."""
     if quantized is not None:
         try:
@@ -118,7 +118,7 @@ def compiled_saved_bytes(
     local = tensor_parallel.local_shapes(model, tensor) if tensor > 1 else {}
     heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
     split = tensor_parallel.local_sequence(model, tensor) if tensor > 1 and sequence else contextlib.nullcontext()
-    saves_codes = fp8_tensor_codes(model, codes) if codes and tensor == 1 else contextlib.nullcontext()
+    saves_codes = saved_codes(model, codes) if codes and tensor == 1 else contextlib.nullcontext()
     options = _partitioner_options(1 if quantized else 0)
     with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads, split, saves_codes:
         params = [
@@ -132,27 +132,52 @@ def compiled_saved_bytes(
     return sum(sizes.values()), max(sizes.values(), default=0), output, sum(t.numel() for t in outputs)
 
 
-def codes_of(plan) -> dict[str, str]:
-    """The plan's fp8_tensor sites, name -> recipe: the ones whose backward keeps x's codes."""
-    return {s.name: s.recipe for s in plan.sites if s.recipe.partition("@")[0] == "fp8_tensor"}
+def codes_of(plan, fp8_block_codes: bool | None = None) -> dict[str, str]:
+    """The plan's sites whose backward keeps x's codes instead of x, name -> recipe (plan/backend.py
+    `_saves_codes`): fp8_tensor sites, and fp8_block ones where the backend's `fp8_block_codes`
+    (default `fp8_block_codes_default()`) has them save their column copy. Sites whose weights FSDP2 will
+    gather as FP8 codes keep `scaled_linear` and recompute x instead; counting them here
+    overestimates their memory by the copies' bytes."""
+    from .backend import fp8_block_codes_default
+
+    block = fp8_block_codes_default() if fp8_block_codes is None else fp8_block_codes
+    families = ("fp8_tensor", "fp8_block") if block else ("fp8_tensor",)
+    return {
+        s.name: s.recipe for s in plan.sites
+        if s.recipe.partition("@")[0] in families and (s.recipe.startswith("fp8_tensor") or _whole_blocks(s.tokens))
+    }
+
+
+def _whole_blocks(tokens: int) -> bool:
+    """fp8_block's column copy has 1x128 blocks along the tokens (plan/backend.py `_saves_codes`)."""
+    return tokens > 0 and tokens % 128 == 0
 
 
 @contextlib.contextmanager
-def fp8_tensor_codes(model: torch.nn.Module, codes: dict[str, str]):
-    """The fp8_tensor sites' forwards as the backend rewrites them (plan/backend.py `rewrite`): each
-    input tensor quantized once (`fp8_tensor_quantize_rowcol`, from its amax) however many sites
-    read it (q/k/v, gate/up), the sites' GEMMs `fp8_tensor_linear_from_codes`, whose backward keeps
-    the transposed codes and the scale instead of x."""
+def saved_codes(model: torch.nn.Module, codes: dict[str, str]):
+    """The code-saving sites' forwards as the backend rewrites them (plan/backend.py `rewrite`): each
+    input tensor quantized once per recipe family however many sites read it (q/k/v, gate/up), by
+    `fp8_tensor_quantize_rowcol` (from its amax) or `fp8_block_quantize_rowcol`, the sites' GEMMs the
+    family's `*_linear_from_codes`, whose backward keeps the transposed codes and their scales
+    instead of x."""
     ops = torch.ops.deepwell
-    quantized: dict[int, tuple] = {}  # id(x) -> (x, its codes); x kept so that its id stays unique
+    quantized: dict[tuple, tuple] = {}  # (id(x), family) -> (x, its codes); x kept so that its id stays unique
     modules = {name: m for name, m in model.named_modules() if name in codes and type(m) is torch.nn.Linear}
 
     def forward_of(m: torch.nn.Linear, recipe: str):
+        family = recipe.partition("@")[0]
+
         def forward(x):
-            if id(x) not in quantized:
+            key = (id(x), family)
+            if key not in quantized:
                 x2 = x.detach().reshape(-1, m.in_features)
-                quantized[id(x)] = (x, ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax_of(x2)))
-            return ops.fp8_tensor_linear_from_codes(x, *quantized[id(x)][1], m.weight, m.bias, recipe)
+                if family == "fp8_block":
+                    quantized[key] = (x, ops.fp8_block_quantize_rowcol(x2, True, True))
+                else:
+                    quantized[key] = (x, ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax_of(x2)))
+            if family == "fp8_block":
+                return ops.fp8_block_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
+            return ops.fp8_tensor_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
 
         return forward
 

@@ -259,6 +259,43 @@ pub fn fp8_tensor_cols_from_codes(op: Op, form: Form, codes_t: Tensor, scale: Te
     }
 }
 
+/// fp8_block's operand of x (m, k) along K from `fp8_block_quantize_rowcol(x, m_major_scales=True)`'s
+/// row codes `data` (m, k) and their scales stored M-major, (k/128, m): exactly what
+/// `along_k(Fp8Block, form, Role::Activation, x)` makes from x (`fp8_block_linear_from_codes`).
+pub fn fp8_block_rows_from_codes(op: Op, form: Form, data: Tensor, scale: Tensor) -> Result<Operand> {
+    match form {
+        Form::Blockwise(scaling @ ScalingType::BlockWise1x128) => {
+            Ok(Operand::Blockwise { data, scale: scale.t(op)?, scaling })
+        }
+        Form::Emulated => {
+            let device = data.device();
+            let rows = aten::transpose_copy(op, &scale)?; // (m, k/128), row-major
+            Ok(Operand::Dense(k::fp8_block_dequantize(op, data, rows, (1, 128), dense_dtype(device))?))
+        }
+        _ => Err(Error::Internal { op, msg: format!("no {form:?} fp8_block operand from codes") }),
+    }
+}
+
+/// fp8_block's wgrad operand of x from rowcol's column codes `codes_t` (k, m) (x^T in 1x128 blocks
+/// along m) and their scales stored M-major, (m/128, k): exactly what `along_m(Fp8Block, form,
+/// Role::Activation, x)` makes from x, in its layout (the emulated operand is x's (128, 1)-block
+/// dequantization (m, k) seen transposed, whose scales are the M-major storage itself).
+pub fn fp8_block_cols_from_codes(op: Op, form: Form, codes_t: Tensor, scale: Tensor) -> Result<Operand> {
+    match form {
+        Form::Blockwise(scaling @ ScalingType::BlockWise1x128) => {
+            Ok(Operand::Blockwise { data: codes_t, scale: scale.t(op)?, scaling })
+        }
+        Form::Emulated => {
+            let device = codes_t.device();
+            let bytes = aten::transpose_copy(op, &aten::view_dtype(op, codes_t, DType::U8)?)?;
+            let codes = aten::view_dtype(op, bytes, DType::E4M3)?;
+            let values = k::fp8_block_dequantize(op, codes, scale, (128, 1), dense_dtype(device))?;
+            Ok(Operand::Dense(values.t(op)?))
+        }
+        _ => Err(Error::Internal { op, msg: format!("no {form:?} fp8_block wgrad operand from codes") }),
+    }
+}
+
 /// The weight's two operands: W (N, K) along K for fprop, and W^T (K, N) along N for dgrad. Dense
 /// GEMMs read W^T's operand as a transposed view of W's where they coincide (dense values and 2-D
 /// blocks: fp8_block 128x128, NVFP4 16x16; docs/NUMERICS.md "Transposes"); cuBLASLt's 128x128 FP8

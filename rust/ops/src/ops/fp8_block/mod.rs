@@ -25,8 +25,11 @@ pub static QUANTIZE: OpSpec = OpSpec {
     returns: 2,
 };
 
-pub static QUANTIZE_ROWCOL: OpSpec =
-    OpSpec { name: "fp8_block_quantize_rowcol", args: &[("x", Kind::Tensor), ("pow2", Kind::Bool)], returns: 4 };
+pub static QUANTIZE_ROWCOL: OpSpec = OpSpec {
+    name: "fp8_block_quantize_rowcol",
+    args: &[("x", Kind::Tensor), ("pow2", Kind::Bool), ("m_major_scales", Kind::Bool)],
+    returns: 4,
+};
 
 pub static QUANTIZE_TRANSPOSED: OpSpec =
     OpSpec { name: "fp8_block_quantize_transposed", args: &[("x", Kind::Tensor), ("pow2", Kind::Bool)], returns: 2 };
@@ -80,7 +83,9 @@ pub fn quantize(
 
 /// `fp8_block_quantize_rowcol`: x (m, k) in 1x128 blocks along k and, transposed, along m, from one
 /// read; [data (m, k), scale_inv (m, k/128), data (k, m), scale_inv (k, m/128)].
-/// `scales`: how both scale tensors are stored (the torch op: `RowMajor`; the GEMMs: `MMajor`).
+/// `scales`: how both scale tensors are stored (the torch op: `RowMajor` unless `m_major_scales`;
+/// the GEMMs: `MMajor`, where the outputs are data (m, k), scales (k/128, m), data (k, m), scales
+/// (m/128, k)).
 pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, pow2: bool, scales: ScaleLayout) -> Result<[Tensor; 4]> {
     let q = QuantizeRowCol { scales, ..QuantizeRowCol::new(op, on, x, pow2)? };
     run_on(op, on, q, cpu::quantize_rowcol, cuda::quantize_rowcol)
@@ -89,7 +94,7 @@ pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, pow2: bool, scales: Scale
 /// How a kernel stores 1x128 scales of logical shape (rows, cols / 128).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScaleLayout {
-    /// Row-major (rows, cols / 128): the torch ops' layout.
+    /// Row-major (rows, cols / 128): the torch ops' default layout.
     RowMajor,
     /// Stored transposed, (cols / 128, rows) row-major: the M-major layout cuBLASLt's blockwise
     /// GEMM reads; the logical scales are its `.t()` view.
@@ -129,7 +134,8 @@ fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
 
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (x, pow2) = (a.tensor("x")?, a.bool("pow2")?);
-    Ok(quantize_rowcol(a.op(), on, x, pow2, ScaleLayout::RowMajor)?.into())
+    let scales = if a.bool("m_major_scales")? { ScaleLayout::MMajor } else { ScaleLayout::RowMajor };
+    Ok(quantize_rowcol(a.op(), on, x, pow2, scales)?.into())
 }
 
 fn quantize_transposed_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {

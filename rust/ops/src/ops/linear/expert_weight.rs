@@ -32,7 +32,7 @@ use crate::check;
 use crate::error::{Error, Op, Result};
 use crate::gemm::quantizers::{self as k, ScaleLayout, Transposed};
 use crate::gemm::{Form, Operand};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{one_body, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -43,16 +43,7 @@ pub static MXFP8_EXPERT_WEIGHT: OpSpec =
     OpSpec { name: "mxfp8_expert_weight", args: &[("weight", Kind::Tensor), ("want", Kind::Str)], returns: 2 };
 
 pub fn kernels() -> Vec<Kernel> {
-    let mut v = Vec::new();
-    for key in ["CPU", "CUDA"] {
-        v.push(Kernel { spec: &EXPERT_WEIGHT, dispatch_key: key, boxed: boxed_kernel!(EXPERT_WEIGHT, expert_weight) });
-        v.push(Kernel {
-            spec: &MXFP8_EXPERT_WEIGHT,
-            dispatch_key: key,
-            boxed: boxed_kernel!(MXFP8_EXPERT_WEIGHT, mxfp8_expert_weight),
-        });
-    }
-    v
+    [one_body!(EXPERT_WEIGHT, expert_weight), one_body!(MXFP8_EXPERT_WEIGHT, mxfp8_expert_weight)].concat()
 }
 
 const TILE: ScalingType = ScalingType::BlockWise128x128;

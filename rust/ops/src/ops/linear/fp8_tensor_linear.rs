@@ -26,14 +26,14 @@
 use deepwell_core::policy::{Pass, Recipe};
 
 use super::weight_cache::Want;
-use super::{arch_of, check_bias, parse_recipe, run_backward, Layer, Passes};
+use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, Layer};
 use crate::aten;
 use crate::check;
 use crate::dtype::DType;
-use crate::error::{Error, Op, Result};
+use crate::error::{Op, Result};
 use crate::gemm::quantizers::{self as k, Copies, Fp8Elem};
 use crate::gemm::{self, quantize, Form};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{one_body, Kernel};
 use crate::ops::fp8_tensor::check_amax;
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
@@ -76,21 +76,12 @@ pub static FROM_CODES: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    let mut v = Vec::new();
-    for key in ["CPU", "CUDA"] {
-        v.push(Kernel { spec: &FORWARD, dispatch_key: key, boxed: boxed_kernel!(FORWARD, forward) });
-        v.push(Kernel { spec: &FROM_CODES, dispatch_key: key, boxed: boxed_kernel!(FROM_CODES, from_codes) });
-        v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
-    }
-    v
+    [one_body!(FORWARD, forward), one_body!(FROM_CODES, from_codes), one_body!(BACKWARD, backward)].concat()
 }
 
 /// The recipe argument names fp8_tensor (`"fp8_tensor"`, or `"fp8_tensor@sm_90"` on CPU tensors).
 fn check_recipe(op: Op, recipe: Recipe, recipe_arg: &str) -> Result<()> {
-    if recipe == Recipe::Fp8Tensor {
-        return Ok(());
-    }
-    Err(Error::arg(op, "recipe", "be 'fp8_tensor' (optionally '@' a GPU to model)", check::quoted(recipe_arg)))
+    expect_recipe(op, recipe, Recipe::Fp8Tensor, recipe_arg)
 }
 
 fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
@@ -143,43 +134,6 @@ fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
     Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
 }
 
-/// Checks the saved codes (k, m) (E4M3 bytes as uint8) and their 0-d fp32 scale against the weight (n, k) and
-/// grad_out (..., n); the layer's passes, with the codes standing for x.
-fn saved_layer(op: Op, dy: &Tensor, codes: Tensor, scale: &Tensor, weight: Tensor, recipe_arg: &str) -> Result<Layer> {
-    let (recipe, modelled) = parse_recipe(op, recipe_arg)?;
-    check_recipe(op, recipe, recipe_arg)?;
-    check::dtype_in(op, "grad_out", dy, &check::FLOAT_INPUTS)?;
-    check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
-    check::dtype_in(op, "x_codes_t", &codes, &[DType::U8, DType::E4M3])?;
-    check::dtype_in(op, "x_scale_inv", scale, &[DType::F32])?;
-    let tensors = [("grad_out", dy), ("x_codes_t", &codes), ("x_scale_inv", scale), ("weight", &weight)];
-    let device = check::same_device(op, check::Backend::of(op, dy.device())?, &tensors)?;
-    check::shape_eq(op, "x_scale_inv", scale, &[])?;
-    if weight.dim() != 2 || codes.dim() != 2 {
-        let (arg, t) = if weight.dim() != 2 { ("weight", &weight) } else { ("x_codes_t", &codes) };
-        return Err(Error::arg(op, arg, "be 2-d", format!("a {}-d tensor", t.dim())));
-    }
-    check::non_empty(op, "weight", &weight, 2)?;
-    check::non_empty(op, "grad_out", dy, 1)?;
-    let (n, k) = (weight.sizes()[0], weight.sizes()[1]);
-    let m = dy.numel() as i64 / n.max(1);
-    check::shape_eq(op, "x_codes_t", &codes, &[k, m])?;
-    if dy.sizes().last() != Some(&n) {
-        return Err(Error::Mismatch {
-            op,
-            msg: format!(
-                "grad_out has {} features (shape {}) but weight has out_features {n}",
-                dy.sizes().last().unwrap_or(&0),
-                check::shape_str(dy.sizes())
-            ),
-        });
-    }
-    let arch = arch_of(op, device, modelled, recipe_arg)?;
-    let (m, k, n) = (m as usize, k as usize, n as usize);
-    let out_shape = dy.sizes().to_vec();
-    Ok(Layer { p: Passes { x: codes, recipe, device, arch, m, k, n, out_shape }, weight })
-}
-
 fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();
     let (dy, codes, scale, weight) =
@@ -187,7 +141,8 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let recipe_arg = a.str("recipe")?;
     let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
     let (dy_amax, w_amax) = (a.opt_tensor("grad_amax")?, a.opt_tensor("weight_amax")?);
-    let layer = saved_layer(op, &dy, codes, &scale, weight, &recipe_arg)?;
+    let scale_arg = ("x_scale_inv", &scale);
+    let layer = saved_layer(op, &dy, codes, scale_arg, weight, (&recipe_arg, Recipe::Fp8Tensor), |_, _| vec![])?;
     let p = &layer.p;
     let on = check::Backend::of(op, dy.device())?;
     if let Some(amax) = &dy_amax {

@@ -16,6 +16,7 @@
 //! | wgrad | dy^T (out, M) | x^T (in, M) | M (tokens) |
 
 pub mod expert_weight;
+pub mod fp8_block_linear;
 pub mod fp8_tensor_linear;
 pub mod quantized_linear;
 pub mod weight_cache;
@@ -31,7 +32,7 @@ use crate::check;
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::gemm::{self, quantize, Form, Role};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{one_body, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 use weight_cache::{Want, WeightOperands};
@@ -71,15 +72,12 @@ pub static BACKWARD: OpSpec = OpSpec {
 
 /// One body for both devices: the device-specific work happens in the quantizers and GEMMs.
 pub fn kernels() -> Vec<Kernel> {
-    let mut v = Vec::new();
-    for key in ["CPU", "CUDA"] {
-        v.push(Kernel { spec: &FORWARD, dispatch_key: key, boxed: boxed_kernel!(FORWARD, forward) });
-        v.push(Kernel { spec: &MXFP8_FORWARD, dispatch_key: key, boxed: boxed_kernel!(MXFP8_FORWARD, mxfp8_forward) });
-        v.push(Kernel { spec: &BACKWARD, dispatch_key: key, boxed: boxed_kernel!(BACKWARD, backward) });
-    }
+    let mut v =
+        [one_body!(FORWARD, forward), one_body!(MXFP8_FORWARD, mxfp8_forward), one_body!(BACKWARD, backward)].concat();
     v.extend(quantized_linear::kernels());
     v.extend(expert_weight::kernels());
     v.extend(fp8_tensor_linear::kernels());
+    v.extend(fp8_block_linear::kernels());
     v
 }
 
@@ -306,6 +304,62 @@ fn check_bias(op: Op, bias: Option<&Tensor>, n: i64) -> Result<()> {
         check::shape_eq(op, "bias", b, &[n])?;
     }
     Ok(())
+}
+
+/// `recipe_arg` names `want`, optionally '@' a GPU to model (`"fp8_block@sm_90"` on CPU tensors): the
+/// ops made for one recipe (fp8_tensor_linear, fp8_block_linear) refuse the others.
+fn expect_recipe(op: Op, recipe: Recipe, want: Recipe, recipe_arg: &str) -> Result<()> {
+    if recipe == want {
+        return Ok(());
+    }
+    Err(Error::arg(op, "recipe", format!("be '{want}' (optionally '@' a GPU to model)"), check::quoted(recipe_arg)))
+}
+
+/// A backward's layer from x's saved transposed codes `x_codes_t` (k, m) (E4M3, or its bytes as
+/// uint8) and their fp32 scales (`scale`: the argument's name and tensor, of shape
+/// `scale_shape(m, k)`), checked against the weight (n, k) and grad_out (..., n): the layer's
+/// passes with the codes standing for x. `recipe`: the argument and the recipe it must name.
+fn saved_layer(
+    op: Op,
+    dy: &Tensor,
+    codes: Tensor,
+    (scale_arg, scale): (&'static str, &Tensor),
+    weight: Tensor,
+    (recipe_arg, want): (&str, Recipe),
+    scale_shape: impl Fn(i64, i64) -> Vec<i64>,
+) -> Result<Layer> {
+    let (recipe, modelled) = parse_recipe(op, recipe_arg)?;
+    expect_recipe(op, recipe, want, recipe_arg)?;
+    check::dtype_in(op, "grad_out", dy, &check::FLOAT_INPUTS)?;
+    check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
+    check::dtype_in(op, "x_codes_t", &codes, &[DType::U8, DType::E4M3])?;
+    check::dtype_in(op, scale_arg, scale, &[DType::F32])?;
+    let tensors = [("grad_out", dy), ("x_codes_t", &codes), (scale_arg, scale), ("weight", &weight)];
+    let device = check::same_device(op, check::Backend::of(op, dy.device())?, &tensors)?;
+    if weight.dim() != 2 || codes.dim() != 2 {
+        let (arg, t) = if weight.dim() != 2 { ("weight", &weight) } else { ("x_codes_t", &codes) };
+        return Err(Error::arg(op, arg, "be 2-d", format!("a {}-d tensor", t.dim())));
+    }
+    check::non_empty(op, "weight", &weight, 2)?;
+    check::non_empty(op, "grad_out", dy, 1)?;
+    let (n, k) = (weight.sizes()[0], weight.sizes()[1]);
+    let m = dy.numel() as i64 / n.max(1);
+    check::shape_eq(op, "x_codes_t", &codes, &[k, m])?;
+    check::shape_eq(op, scale_arg, scale, &scale_shape(m, k))?;
+    if dy.sizes().last() != Some(&n) {
+        return Err(Error::Mismatch {
+            op,
+            msg: format!(
+                "grad_out has {} features (shape {}) but weight has out_features {n}",
+                dy.sizes().last().unwrap_or(&0),
+                check::shape_str(dy.sizes())
+            ),
+        });
+    }
+    let arch = arch_of(op, device, modelled, recipe_arg)?;
+    let (m, k, n) = (m as usize, k as usize, n as usize);
+    let out_shape = dy.sizes().to_vec();
+    Ok(Layer { p: Passes { x: codes, recipe, device, arch, m, k, n, out_shape }, weight })
 }
 
 /// An empty tensor standing for a gradient nobody asked for (the autograd formula drops it).

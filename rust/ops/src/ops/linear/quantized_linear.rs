@@ -24,7 +24,7 @@ use crate::check;
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};
 use crate::gemm::{self, quantize, Form, Role};
-use crate::kernel::{boxed_kernel, Kernel};
+use crate::kernel::{one_body, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -58,20 +58,7 @@ pub static QUANTIZED_BACKWARD: OpSpec = OpSpec {
 
 /// One body for both devices, as `scaled_linear`'s.
 pub fn kernels() -> Vec<Kernel> {
-    let mut v = Vec::new();
-    for key in ["CPU", "CUDA"] {
-        v.push(Kernel {
-            spec: &QUANTIZED_FORWARD,
-            dispatch_key: key,
-            boxed: boxed_kernel!(QUANTIZED_FORWARD, forward),
-        });
-        v.push(Kernel {
-            spec: &QUANTIZED_BACKWARD,
-            dispatch_key: key,
-            boxed: boxed_kernel!(QUANTIZED_BACKWARD, backward),
-        });
-    }
-    v
+    [one_body!(QUANTIZED_FORWARD, forward), one_body!(QUANTIZED_BACKWARD, backward)].concat()
 }
 
 /// The stored codes' dtypes and shapes for an (n, k) weight: (data dtype, data cols, scale dtype,

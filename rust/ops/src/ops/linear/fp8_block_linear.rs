@@ -1,0 +1,130 @@
+//! `deepwell.fp8_block_linear_from_codes` and `deepwell.fp8_block_linear_backward`: `scaled_linear`
+//! in the fp8_block recipe on x's FP8 operands made beforehand, with x's wgrad operand saved for the
+//! backward instead of x. Schemas, fake kernels and the autograd formula:
+//! torch_ops/deepwell/ops/fp8_block_linear.py.
+//!
+//! fp8_block quantizes x twice per step: along K in 1x128 blocks for fprop, and along the tokens
+//! (x^T in 1x128 blocks) for wgrad (docs/NUMERICS.md "FP8 block"; the two copies differ, a 1x128
+//! block's scale depending on its orientation). `fp8_block_quantize_rowcol(x, m_major_scales=True)`
+//! writes both from one read of x; this forward runs fprop on the row copy and autograd keeps the
+//! column copy (1 byte per element and a scale per 128) for the backward, which then never reads x.
+//! Layers that read one x (q/k/v, gate/up) share one quantization and one saved copy (plan/backend.py
+//! groups them), where `scaled_linear` quantizes x once per layer in the forward and again in each
+//! layer's backward. Every output is bit-identical to `scaled_linear(x, w, b, "fp8_block")` and its
+//! backward (tests/test_fp8_block_linear.py): the same operands reach the same GEMMs
+//! (`quantize::fp8_block_rows_from_codes`, `fp8_block_cols_from_codes`), and the weight's through
+//! the same weight cache.
+
+use deepwell_core::policy::{Pass, Recipe};
+
+use super::weight_cache::Want;
+use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, Layer};
+use crate::aten;
+use crate::check;
+use crate::dtype::DType;
+use crate::error::{Error, Op, Result};
+use crate::gemm::{self, quantize, Form};
+use crate::kernel::{one_body, Kernel};
+use crate::stack::{Args, Kind, OpSpec};
+use crate::tensor::Tensor;
+
+/// fp8_block's 1x128 block.
+const BLOCK: i64 = 128;
+
+pub static FROM_CODES: OpSpec = OpSpec {
+    name: "fp8_block_linear_from_codes",
+    args: &[
+        ("x", Kind::Tensor),
+        ("x_codes", Kind::Tensor),
+        ("x_scale_inv", Kind::Tensor),
+        ("x_codes_t", Kind::Tensor),
+        ("x_scale_inv_t", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("bias", Kind::OptTensor),
+        ("recipe", Kind::Str),
+    ],
+    returns: 1,
+};
+
+pub static BACKWARD: OpSpec = OpSpec {
+    name: "fp8_block_linear_backward",
+    args: &[
+        ("grad_out", Kind::Tensor),
+        ("x_codes_t", Kind::Tensor),
+        ("x_scale_inv_t", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("recipe", Kind::Str),
+        ("need_input", Kind::Bool),
+        ("need_weight", Kind::Bool),
+    ],
+    returns: 2,
+};
+
+pub fn kernels() -> Vec<Kernel> {
+    [one_body!(FROM_CODES, from_codes), one_body!(BACKWARD, backward)].concat()
+}
+
+/// The scales of x^T's codes (k, m) as rowcol stores them M-major: (m/128, k).
+fn cols_scale_shape(m: i64, k: i64) -> Vec<i64> {
+    vec![m / BLOCK, k]
+}
+
+/// x's token count `m` is a multiple of the block (x^T's 1x128 blocks run along it).
+fn check_tokens(op: Op, arg: &'static str, m: usize) -> Result<()> {
+    if m as i64 % BLOCK == 0 {
+        return Ok(());
+    }
+    Err(Error::arg(op, arg, format!("have a token count that is a multiple of {BLOCK} (x^T's 1x128 blocks)"), m))
+}
+
+/// `scaled_linear(x, weight, bias, "fp8_block")`'s y from x's rowcol codes: rows (m, k) with scales
+/// (k/128, m), and columns (k, m) with scales (m/128, k), both stored M-major (x itself is read for its
+/// shape and dtype only; the column copy is there for autograd to keep for the backward).
+fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (x, codes, scale) = (a.tensor("x")?, a.tensor("x_codes")?, a.tensor("x_scale_inv")?);
+    let (codes_t, scale_t) = (a.tensor("x_codes_t")?, a.tensor("x_scale_inv_t")?);
+    let (weight, bias) = (a.tensor("weight")?, a.opt_tensor("bias")?);
+    let recipe_arg = a.str("recipe")?;
+    expect_recipe(op, parse_recipe(op, &recipe_arg)?.0, Recipe::Fp8Block, &recipe_arg)?;
+    let mut others =
+        vec![("x_codes", &codes), ("x_scale_inv", &scale), ("x_codes_t", &codes_t), ("x_scale_inv_t", &scale_t)];
+    others.extend(bias.iter().map(|b| ("bias", b)));
+    let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
+    let p = &layer.p;
+    check_bias(op, bias.as_ref(), p.n as i64)?;
+    check_tokens(op, "x", p.m)?;
+    let (m, k) = (p.m as i64, p.k as i64);
+    check::dtype_in(op, "x_codes", &codes, &[DType::E4M3])?;
+    check::shape_eq(op, "x_codes", &codes, &[m, k])?;
+    check::dtype_in(op, "x_scale_inv", &scale, &[DType::F32])?;
+    check::shape_eq(op, "x_scale_inv", &scale, &[k / BLOCK, m])?;
+    check::dtype_in(op, "x_codes_t", &codes_t, &[DType::E4M3, DType::U8])?;
+    check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
+    check::dtype_in(op, "x_scale_inv_t", &scale_t, &[DType::F32])?;
+    check::shape_eq(op, "x_scale_inv_t", &scale_t, &cols_scale_shape(m, k))?;
+    let backend = p.choice(Pass::Fprop).backend;
+    let (codes, scale) = (aten::contiguous(op, codes)?, aten::contiguous(op, scale)?);
+    let xa = quantize::fp8_block_rows_from_codes(op, Form::of(backend).0, codes, scale)?;
+    let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
+}
+
+fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
+    let op = a.op();
+    let (dy, codes, scale, weight) =
+        (a.tensor("grad_out")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv_t")?, a.tensor("weight")?);
+    let recipe_arg = a.str("recipe")?;
+    let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
+    let scale_arg = ("x_scale_inv_t", &scale);
+    let layer = saved_layer(op, &dy, codes, scale_arg, weight, (&recipe_arg, Recipe::Fp8Block), cols_scale_shape)?;
+    let p = &layer.p;
+    check_tokens(op, "grad_out", p.m)?;
+    let dtypes = (dy.dtype(), layer.weight.dtype());
+    let codes = aten::view_dtype(op, aten::contiguous(op, p.x.share(op)?)?, DType::E4M3)?;
+    let scale = aten::contiguous(op, scale)?;
+    let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
+    let x_wgrad = |form| quantize::fp8_block_cols_from_codes(op, form, codes, scale);
+    // fp8_block rounds gradients to nearest: no stochastic-rounding seed.
+    run_backward(op, p, (dy, None), 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)
+}
