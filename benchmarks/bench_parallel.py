@@ -112,7 +112,8 @@ def _worker(args) -> None:
         plan.sharding["unit_blocks"] = [int(n) for n in args.unit_blocks.split(",")]
         if len(plan.sharding["unit_blocks"]) == 1:  # "2": units of 2 blocks
             plan.sharding["unit_blocks"] = plan.sharding["unit_blocks"][0]
-    engine = deepwell.compile(ir, plan=plan)
+    codes = {None: None, "on": True, "off": False}[args.fp8_block_codes]
+    engine = deepwell.compile(ir, plan=plan, fp8_block_codes=codes)
     estimate = deepwell.dryrun(engine)
     # Fused AdamW takes one kind of tensor per call: tensor parallelism leaves the embeddings, norms
     # and LM head plain next to its DTensor shards, so each kind gets its own optimizer.
@@ -438,6 +439,7 @@ def _launch(args, config: str, out: str) -> dict:
     cmd += ["--quick"] * args.quick + ["--profile"] * args.profile + ["--fp8-all-gather"] * args.fp8_all_gather
     cmd += ["--spans"] * args.spans + ["--timeline", str(args.timeline)] + ["--aten-scaled-mm"] * args.aten_scaled_mm
     cmd += ["--pin-cores"] * args.pin_cores
+    cmd += [] if args.fp8_block_codes is None else ["--fp8-block-codes", args.fp8_block_codes]
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
     for flag in ("forward_prefetch", "unit_blocks", "backward_carveout"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
@@ -464,6 +466,8 @@ def main() -> None:
     p.add_argument("--backward-carveout", type=int, default=None,
                    help="SMs torch's GEMMs leave free in the backward (the forward keeps the plan's or --sm-carveout)")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
+    p.add_argument("--fp8-block-codes", choices=["on", "off"], default=None,
+                   help="deepwell.compile's fp8_block_codes (default: the backend's, off with several processes)")
     p.add_argument("--pin-cores", action="store_true",
                    help="pin each rank to its own physical cores (deepwell.pin_cores), before CUDA starts")
     p.add_argument("--aten-scaled-mm", action="store_true",
