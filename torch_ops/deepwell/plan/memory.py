@@ -135,9 +135,9 @@ def compiled_saved_bytes(
 def codes_of(plan, fp8_block_codes: bool | None = None) -> dict[str, str]:
     """The plan's sites whose backward keeps x's codes instead of x, name -> recipe (plan/backend.py
     `_saves_codes`): fp8_tensor sites, and fp8_block ones where the backend's `fp8_block_codes`
-    (default `fp8_block_codes_default()`) has them save their column copy. Sites whose weights FSDP2 will
-    gather as FP8 codes keep `scaled_linear` and recompute x instead; counting them here
-    overestimates their memory by the copies' bytes."""
+    (default `fp8_block_codes_default()`) has them save their column copy. With several processes
+    autoplan measures the per-rank memory with that default (off there), so an engine compiled with
+    `fp8_block_codes=True` under torch.distributed is predicted without its copies."""
     from .backend import fp8_block_codes_default
 
     block = fp8_block_codes_default() if fp8_block_codes is None else fp8_block_codes
