@@ -22,7 +22,7 @@ import torch
 
 from . import _checks, _nondiff
 from ._library import define
-from .linear import _bias_arg, _bias_grad, _check_bias, _check_layer, _parse_recipe, check_saved_layer
+from .linear import _bias_arg, _check_bias, _check_layer, _parse_recipe, check_saved_layer, layer_grads
 
 define(
     "fp8_block_linear_from_codes(Tensor x, Tensor x_codes, Tensor x_scale_inv, Tensor x_codes_t, "
@@ -97,14 +97,11 @@ def _from_codes_backward(ctx, grad):
     reduction; None for the codes, which carry no gradient (x's comes back through dx)."""
     codes_t, scale_t, weight = ctx.saved_tensors
     need = ctx.needs_input_grad
-    need_x, need_w, need_b = need[0], need[5], need[6]
-    dx = dw = db = None
-    if need_x or need_w:
-        gx, gw = torch.ops.deepwell.fp8_block_linear_backward(grad, codes_t, scale_t, weight, ctx.recipe, need_x, need_w)
-        dx = gx if need_x else None
-        dw = gw if need_w else None
-    if need_b and ctx.bias_dtype is not None:
-        db = _bias_grad(grad, ctx.bias_dtype)
+
+    def backward(need_x, need_w):
+        return torch.ops.deepwell.fp8_block_linear_backward(grad, codes_t, scale_t, weight, ctx.recipe, need_x, need_w)
+
+    dx, dw, db = layer_grads(backward, grad, need[0], need[5], need[6], ctx.bias_dtype)
     return dx, None, None, None, None, dw, db, None
 
 

@@ -24,7 +24,7 @@ import torch
 from . import _checks, _nondiff
 from ._library import define
 from .fp8_tensor import amax_of, check_amax
-from .linear import _bias_arg, _bias_grad, _check_bias, _check_layer, _parse_recipe, check_saved_layer
+from .linear import _bias_arg, _check_bias, _check_layer, _parse_recipe, check_saved_layer, layer_grads
 
 define(
     "fp8_tensor_linear(Tensor x, Tensor weight, Tensor? bias, str recipe=\"fp8_tensor\") "
@@ -104,18 +104,15 @@ def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool):
     wanted, dy is quantized once for both from its amax, reduced here as torch ops so that under
     torch.compile Inductor fuses it into dy's producer (the kernel skips its own pass over dy)."""
     codes_t, scale, weight, weight_amax = ctx.saved_tensors
-    dx = dw = db = None
-    if need_x or need_w:
+
+    def backward(need_x, need_w):
         amax = amax_of(grad) if need_x and need_w else None
         w_amax = weight_amax if need_x else None  # only dgrad reads W
-        gx, gw = torch.ops.deepwell.fp8_tensor_linear_backward(
+        return torch.ops.deepwell.fp8_tensor_linear_backward(
             grad, codes_t, scale, weight, ctx.recipe, need_x, need_w, amax, w_amax
         )
-        dx = gx if need_x else None
-        dw = gw if need_w else None
-    if need_b and ctx.bias_dtype is not None:
-        db = _bias_grad(grad, ctx.bias_dtype)
-    return dx, dw, db
+
+    return layer_grads(backward, grad, need_x, need_w, need_b, ctx.bias_dtype)
 
 
 def _setup(ctx, inputs, output):

@@ -167,18 +167,29 @@ def _bias_grad(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return grad.sum(dim=tuple(range(grad.dim() - 1)), dtype=torch.float32).to(dtype)
 
 
+def layer_grads(backward, grad, need_x: bool, need_w: bool, need_b: bool, bias_dtype):
+    """(dx, dW, db) of a linear layer: dx and dW from one call of its backward op,
+    `backward(need_x, need_w) -> (dx, dW)` (dy quantized once for both), made only when either is
+    wanted; db a plain reduction of dy, which Inductor fuses. None for what is not wanted."""
+    dx = dw = db = None
+    if need_x or need_w:
+        gx, gw = backward(need_x, need_w)
+        dx = gx if need_x else None
+        dw = gw if need_w else None
+    if need_b and bias_dtype is not None:
+        db = _bias_grad(grad, bias_dtype)
+    return dx, dw, db
+
+
 def _grads(ctx, grad):
     x, weight = ctx.saved_tensors
     # needs_input_grad lists the arguments actually passed (mxfp8_linear(x, w) has no bias entry).
     need_x, need_w, need_b = (tuple(ctx.needs_input_grad) + (False,) * 3)[:3]
-    dx = dw = db = None
-    if need_x or need_w:
-        gx, gw = torch.ops.deepwell.scaled_linear_backward(grad, x, weight, ctx.recipe, ctx.seed, need_x, need_w)
-        dx = gx if need_x else None
-        dw = gw if need_w else None
-    if need_b and ctx.bias_dtype is not None:
-        db = _bias_grad(grad, ctx.bias_dtype)
-    return dx, dw, db
+
+    def backward(need_x, need_w):
+        return torch.ops.deepwell.scaled_linear_backward(grad, x, weight, ctx.recipe, ctx.seed, need_x, need_w)
+
+    return layer_grads(backward, grad, need_x, need_w, need_b, ctx.bias_dtype)
 
 
 def _scaled_linear_setup(ctx, inputs, output):

@@ -236,7 +236,8 @@ def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torc
     fp8_tensor site also gets W's amax as a graph node (`weight_amax`): reduced once per step, read
     by both the forward's cast of W and the backward's transposing cast, where each would reduce W
     again."""
-    if codes is not None and len(codes) == 4:
+    family = g.site.recipe.partition("@")[0]
+    if codes is not None and family == "fp8_block":
         args = (x, *codes, w, bias, g.site.recipe)
         return graph.call_function(torch.ops.deepwell.fp8_block_linear_from_codes.default, args)
     if codes is not None:
