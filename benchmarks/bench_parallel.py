@@ -467,7 +467,7 @@ def main() -> None:
                    help="SMs torch's GEMMs leave free in the backward (the forward keeps the plan's or --sm-carveout)")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
     p.add_argument("--fp8-block-codes", choices=["on", "off"], default=None,
-                   help="deepwell.compile's fp8_block_codes (default: the backend's, off with several processes)")
+                   help="deepwell.compile's fp8_block_codes (default: the backend's, on)")
     p.add_argument("--pin-cores", action="store_true",
                    help="pin each rank to its own physical cores (deepwell.pin_cores), before CUDA starts")
     p.add_argument("--aten-scaled-mm", action="store_true",

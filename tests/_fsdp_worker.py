@@ -40,6 +40,10 @@ STEPS, BATCH, SEQ, VOCAB = 3, 4, 64, 256
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
 MODE = os.environ.get("DEEPWELL_TEST_MODE", "loop")
 FP8_ALL_GATHER = os.environ.get("DEEPWELL_TEST_FP8_ALL_GATHER") == "1"
+# DEEPWELL_TEST_CODES=0: deepwell.compile(..., fp8_block_codes=False), every fp8_block site on
+# scaled_linear. FP8-gathered weights (tensor subclasses) always run there, so a run comparing the
+# two all-gathers bit for bit needs its high-precision side there too.
+COMPILE = {"fp8_block_codes": False} if os.environ.get("DEEPWELL_TEST_CODES") == "0" else {}
 DIM = int(os.environ.get("DEEPWELL_TEST_DIM", "256"))
 DTYPE = getattr(torch, os.environ.get("DEEPWELL_TEST_DTYPE", "float32"))
 PRE_ALL_GATHERS = [0]  # calls of Fp8BlockShard.fsdp_pre_all_gather: the FP8 path ran
@@ -109,7 +113,7 @@ def main() -> None:
     if os.environ.get("DEEPWELL_TEST_UNITS"):  # the GPU plan's FSDP layout, which the CPU's never picks
         units = [int(n) for n in os.environ["DEEPWELL_TEST_UNITS"].split(",")]
         plan.sharding.update(unit_blocks=units, reshard_after_forward=False)
-    engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan)
+    engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan, **COMPILE)
     estimate = deepwell.dryrun(engine) if MODE != "eager" else None
     saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -141,7 +145,7 @@ def main() -> None:
             # reduces in another order, and torch 2.11 gave losses 1e-4 apart).
             fplan = deepwell.autoplan(fir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER,
                                       sequence_parallel=sequence_parallel)
-            feng = deepwell.compile(fir, plan=fplan)
+            feng = deepwell.compile(fir, plan=fplan, **COMPILE)
             t = deepwell.Trainer.from_engine(feng, optimizer=torch.optim.AdamW(fresh.parameters(), lr=1e-3),
                                              max_steps=STEPS, progress=False, plot=False)
             t.fit(batches, resume=source)

@@ -30,6 +30,16 @@ def _fbc(x):
     return torch.ops.deepwell.fp8_block_quantize_rowcol(x, True, True)
 
 
+def _mlp_saved(x, recipe):
+    """What fp8_block_swiglu_mlp saves for its backward, x (..., k) through w_gate / w_up (384, k) and
+    w_down (128, 384): x's column codes, gate_up, h's column codes, and the three weights."""
+    k = x.shape[-1]
+    codes = _fbc(x.reshape(-1, k))
+    weights = (_x(384, k, seed=1), _x(384, k, seed=2), _x(128, 384, seed=3))
+    _, gate_up, h_t, h_s = torch.ops.deepwell.fp8_block_swiglu_mlp(x, *codes, *weights, recipe)
+    return (*codes[2:], gate_up, h_t, h_s, *weights)
+
+
 def _p(*shape, dtype=torch.bfloat16, seed=0):
     """A leaf tensor that requires grad (opcheck then checks the autograd formula too)."""
     return _x(*shape, dtype=dtype, seed=seed).requires_grad_()
@@ -156,6 +166,17 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(2, 128, 128), *_fbc(_x(256, 256))[2:], _x(128, 256, seed=1), "fp8_block", True, True), {}),
             ((_x(128, 256), *_fbc(_x(128, 128))[2:], _x(256, 128, seed=1), "fp8_block@sm_90", False, True), {}),
             ((_x(128, 256), *_fbc(_x(128, 128))[2:], _x(256, 128, seed=1), "fp8_block@sm_90", True, False), {}),
+        ],
+        "fp8_block_swiglu_mlp": [
+            ((_p(2, 128, 256), *_fbc(_x(256, 256)), _p(128, 256, seed=1), _p(128, 256, seed=2), _p(256, 128, seed=3)), {}),
+            ((_p(128, 128, dtype=torch.float32), *_fbc(_x(128, 128, dtype=torch.float32)),
+              _p(256, 128, seed=1, dtype=torch.float32), _p(256, 128, seed=2, dtype=torch.float32),
+              _p(128, 256, seed=3, dtype=torch.float32), "fp8_block@sm_90"), {}),
+        ],
+        "fp8_block_swiglu_mlp_backward": [
+            ((_x(2, 128, 128), *_mlp_saved(_x(2, 128, 256), "fp8_block"), "fp8_block", True, True), {}),
+            ((_x(128, 128), *_mlp_saved(_x(128, 256), "fp8_block@sm_90"), "fp8_block@sm_90", False, True), {}),
+            ((_x(128, 128), *_mlp_saved(_x(128, 256), "fp8_block@sm_90"), "fp8_block@sm_90", True, False), {}),
         ],
         "mxfp8_linear": [
             ((_p(2, 3, 64), _p(32, 64, seed=1)), {}),

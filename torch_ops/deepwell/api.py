@@ -17,6 +17,7 @@ def optimize(
     swap_moe: bool = True,
     cudagraphs: bool = False,
     fp8_block_codes: bool | None = None,
+    fused_mlp: bool | None = None,
     **compile_kw,
 ):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
@@ -27,7 +28,8 @@ def optimize(
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
     experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role).
     `cudagraphs=True` replays the compiled graphs as CUDA graphs (`mode="reduce-overhead"`).
-    `fp8_block_codes`: the backend's option of that name (`deepwell.compile` says what it does)."""
+    `fp8_block_codes`, `fused_mlp`: the backend's options of those names (`deepwell.compile` says
+    what they do)."""
     if swap_moe and isinstance(model, torch.nn.Module):
         from .nn.moe_hf import swap_hf_moe
 
@@ -35,8 +37,9 @@ def optimize(
         if verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
     options = {"precision": precision, "verbose": verbose, "cudagraphs": cudagraphs}
-    if fp8_block_codes is not None:
-        options["fp8_block_codes"] = fp8_block_codes
+    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp)):
+        if value is not None:
+            options[name] = value
     if policy is not None:
         options["policy"] = policy
     compiled = torch.compile(model, backend="deepwell", options=options, **compile_kw)

@@ -7,6 +7,7 @@ import torch
 from .linear import mxfp8_linear, scaled_linear
 from .fp8_tensor_linear import fp8_tensor_linear
 from .fp8_block_linear import fp8_block_linear
+from .fp8_block_mlp import fp8_block_swiglu_mlp
 from .quantized_linear import quantized_linear, quantized_linear_backward
 from .grouped_linear import grouped_linear
 from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
@@ -38,6 +39,7 @@ __all__ = [
     "fp8_block_quantize_rowcol",
     "fp8_block_quantize_transposed",
     "fp8_block_swiglu_backward_quantize_rowcol",
+    "fp8_block_swiglu_mlp",
     "fp8_block_swiglu_quantize_rowcol",
     "fp8_tensor_dequantize",
     "fp8_tensor_linear",

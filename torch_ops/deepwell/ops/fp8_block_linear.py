@@ -56,7 +56,15 @@ def _check_cols(op: str, x_codes_t, x_scale_inv_t, k: int, m: int) -> None:
 
 @torch.library.register_fake("deepwell::fp8_block_linear_from_codes")
 def _from_codes_fake(x, x_codes, x_scale_inv, x_codes_t, x_scale_inv_t, weight, bias, recipe="fp8_block"):
-    op = "fp8_block_linear_from_codes"
+    out_shape = check_from_codes("fp8_block_linear_from_codes", x, (x_codes, x_scale_inv, x_codes_t, x_scale_inv_t),
+                                 weight, bias, recipe)
+    return x.new_empty(out_shape)
+
+
+def check_from_codes(op: str, x, codes: tuple, weight, bias, recipe: str) -> list[int]:
+    """Mirrors `from_codes`' checks in rust/ops/src/ops/linear/fp8_block_linear.rs: x against the
+    weight (and bias), and x's rowcol codes; returns y's shape."""
+    x_codes, x_scale_inv, x_codes_t, x_scale_inv_t = codes
     _check_recipe(op, recipe)
     others = (("x_codes", x_codes), ("x_scale_inv", x_scale_inv), ("x_codes_t", x_codes_t),
               ("x_scale_inv_t", x_scale_inv_t), *_bias_arg(bias))
@@ -70,7 +78,7 @@ def _from_codes_fake(x, x_codes, x_scale_inv, x_codes_t, x_scale_inv_t, weight, 
     _checks.dtype_in(op, "x_scale_inv", x_scale_inv, (torch.float32,))
     _checks.shape_eq(op, "x_scale_inv", x_scale_inv, [k // _BLOCK, m])
     _check_cols(op, x_codes_t, x_scale_inv_t, k, m)
-    return x.new_empty(out_shape)
+    return out_shape
 
 
 @torch.library.register_fake("deepwell::fp8_block_linear_backward")

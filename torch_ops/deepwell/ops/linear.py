@@ -104,14 +104,14 @@ def check_saved_layer(op: str, grad_out, x_codes_t, scale: tuple, weight, scale_
     _checks.non_empty(op, "weight", weight, 2)
     _checks.non_empty(op, "grad_out", grad_out, 1)
     n, k = weight.shape
-    m = grad_out.numel() // n
-    _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, m])
-    _checks.shape_eq(op, scale_arg, scale_t, scale_shape(m, k))
     if grad_out.shape[-1] != n:
         raise RuntimeError(
             f"deepwell.{op}: grad_out has {grad_out.shape[-1]} features (shape {_checks.shape_str(grad_out.shape)}) "
             f"but weight has out_features {n}"
         )
+    m = grad_out.numel() // n
+    _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, m])
+    _checks.shape_eq(op, scale_arg, scale_t, scale_shape(m, k))
     return m, k, n
 
 

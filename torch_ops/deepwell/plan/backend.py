@@ -7,7 +7,8 @@ without `import deepwell`. For each graph Dynamo captures it
    name and type, role, in/out features and tokens per call;
 2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options);
 3. rewrites the sites whose recipe is not bf16 into `torch.ops.deepwell.scaled_linear` (autograd
-   registered: the backward GEMMs follow the same recipe), leaving bf16 sites as they are;
+   registered: the backward GEMMs follow the same recipe), leaving bf16 sites as they are, then
+   fuses each fp8_block SwiGLU MLP's three sites into one `fp8_block_swiglu_mlp` (plan/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
    letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
    the backward instead of saving them (`_partitioner_options`).
@@ -21,8 +22,9 @@ replay each graph as a CUDA graph, Inductor's CUDA graph trees: what `mode="redu
 torch.compile, which does not take both a mode and options), `fp8_block_codes` (True: each input
 of fp8_block sites is quantized once, both copies, for all the sites reading it, and its column copy
 saved for their backwards, `fp8_block_linear_from_codes`; False: `scaled_linear` per site, its
-input recomputed in the backward; default `fp8_block_codes_default()`: on in one process, off with
-several).
+input recomputed in the backward; default `fp8_block_codes_default()`), `fused_mlp` (True:
+`w_down(silu(w_gate(x)) * w_up(x))` with its three sites fp8_block on x's codes runs as one
+`fp8_block_swiglu_mlp`, plan/fuse_mlp.py; default `FUSED_MLP`, False: three sites).
 A graph break splits the model into graphs planned separately (each has its own first and last site).
 """
 
@@ -43,6 +45,7 @@ import deepwell  # noqa: F401  (the ops and their fake kernels exist before trac
 from .. import _env
 from ..nn.weight_cache import allow_reuse
 from ..ops.fp8_tensor import amax_of
+from .fuse_mlp import fuse_mlp
 from .policy import LayerDecision, PrecisionPolicy
 from .sites import Plan, Site, plan_sites, role_of
 
@@ -50,26 +53,31 @@ _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _MATMULS = (operator.matmul, torch.matmul, torch.mm)
 _TRANSPOSES = (torch.t, torch.ops.aten.numpy_T, torch.ops.aten.numpy_T.default, torch.ops.aten.t.default)
 
-#: The `fp8_block_codes` option's default in one process: whether fp8_block sites save x's FP8
-#: column copy for the backward (`fp8_block_linear_from_codes`) instead of letting the partitioner
-#: recompute x (`fp8_block_codes_default` says where it applies).
+#: The `fp8_block_codes` option's default: whether fp8_block sites save x's FP8 column copy for the
+#: backward (`fp8_block_linear_from_codes`) instead of letting the partitioner recompute x.
 FP8_BLOCK_CODES = True
 
 
 def fp8_block_codes_default() -> bool:
-    """The `fp8_block_codes` option where the options leave it out: `FP8_BLOCK_CODES` in one process,
-    off under torch.distributed with several processes. There it measured slower on 2 H100s with
-    FSDP2 (the 0.95B step at 4x2048 rows per GPU: 114-123 ms against 100-105 ms with the recompute,
-    the host taking 107-113 ms to launch a step against 82-85; README "fp8_block: x's two FP8 copies
-    from one pass"), for a cause not yet found; pass the option to choose."""
-    dist = torch.distributed
-    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return FP8_BLOCK_CODES and not several
+    """The `fp8_block_codes` option where the options leave it out: `FP8_BLOCK_CODES`, in one process
+    and under torch.distributed alike. One lease of 2 H100s had measured FSDP2 steps slower with the
+    copies (114-123 ms against 98-106 ms); a later lease (torch 2.11, bench_parallel 2x8, FSDP2,
+    runs interleaved) measured them faster, 96.8 and 98.0 ms (medians 95.4 / 96.0) against 99.9 ms
+    (median 99.5) with the recompute: the slowdown was that lease's, not the copies'
+    (benchmarks/results/bench_parallel-1b-diag-*.log)."""
+    return FP8_BLOCK_CODES
+
+
+#: The `fused_mlp` option's default: off. Measured on the H100 (torch 2.11, 2026-11-27) the fused
+#: MLP ran no faster than the three sites (0.95B step 86.3 against 86.5 ms, 8B layers 153.5 against
+#: 152.8): its fused SwiGLU quantizers cost what Inductor's SwiGLU and the rowcol pass cost, and it
+#: joins gate's and up's FP8 weights by copies (README "The dense MLP's SwiGLU fused into FP8").
+FUSED_MLP = False
 
 
 #: Every plan made in this process, newest last (`deepwell.last_plan()`), with planning time.
 PLANS: list[Plan] = []
-STATS = {"graphs": 0, "planning_s": 0.0}
+STATS = {"graphs": 0, "planning_s": 0.0, "fused_mlps": 0}
 
 
 @dataclass
@@ -352,7 +360,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     from torch._inductor.compile_fx import compile_fx
 
     options = dict(options or {})
-    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs", "fp8_block_codes"}
+    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs", "fp8_block_codes", "fused_mlp"}
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
@@ -360,11 +368,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     plan, found = plan_graph(gm, options)
     _warn_hf_moe(gm)
     rewritten = rewrite(gm, found, options.get("fp8_block_codes"))
+    fused = fuse_mlp(gm) if options.get("fused_mlp", FUSED_MLP) else 0
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
+    STATS["fused_mlps"] += fused
     PLANS.append(plan)
     if options.get("verbose") or _env.print_plan():
         print(plan.table())
+        print(f"deepwell backend: {rewritten} GEMM sites rewritten; {fused} SwiGLU MLP(s) fused into fp8_block_swiglu_mlp")
     # CUDA graphs take away the host's cost per op (deepwell's ops cost 21-87 us each on the host;
     # README "fp8_tensor's amax from the graph, host time and CUDA graphs"). Their warm-up runs
     # allocate from the graphs' private pool, where a weight cache entry would be a live tensor the

@@ -127,7 +127,8 @@ def dryrun(engine: Engine) -> Estimate:
         gathered = 0
         quantized = any(s.recipe != "bf16" for s in plan.sites)
         activations, largest, *output = saved_activation_bytes(model, engine.ir.example_inputs, quantized,
-                                                               codes=codes_of(plan, engine.fp8_block_codes))
+                                                               codes=codes_of(plan, engine.fp8_block_codes),
+                                                               fused_mlp=engine.fused_mlp)
     quantized = 0
     for s in plan.sites:
         n, k = s.out_features, s.in_features

@@ -156,6 +156,8 @@ class Engine:
     fallback: str = "safe"
     #: the backend's `fp8_block_codes` option the engine was compiled with (None: its default).
     fp8_block_codes: bool | None = None
+    #: the backend's `fused_mlp` option the engine was compiled with (None: its default).
+    fused_mlp: bool | None = None
 
     def __repr__(self) -> str:
         recipes = sorted({s.recipe for s in self.plan.sites})
@@ -174,7 +176,7 @@ class Engine:
 
 def compile(
     ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe", cudagraphs: bool = False,
-    fp8_block_codes: bool | None = None,
+    fp8_block_codes: bool | None = None, fused_mlp: bool | None = None,
 ) -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
     `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
@@ -182,8 +184,11 @@ def compile(
     `mode="reduce-overhead"` gives torch.compile): no per-op host cost once recorded.
     fp8_block_codes=True quantizes each input of fp8_block sites once for all the sites that read it
     and keeps its FP8 column copy for their backwards instead of recomputing it (the backend's
-    option of that name; None: its default, on in one process and off with several,
-    `deepwell.plan.backend.fp8_block_codes_default`).
+    option of that name; None: its default, `deepwell.plan.backend.fp8_block_codes_default`).
+    fused_mlp=True runs each SwiGLU MLP whose three sites are fp8_block on x's codes as one
+    `fp8_block_swiglu_mlp` (gate and up one GEMM, SwiGLU fused into the down projection's FP8
+    operands, forward and backward; the backend's option of that name, plan/fuse_mlp.py; None: its
+    default, `deepwell.plan.backend.FUSED_MLP`, off).
     A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
     on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
     if fallback not in ("safe", "error"):
@@ -191,7 +196,8 @@ def compile(
     plan = plan or autoplan(ir, precision=precision)
     shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
     options = {"plan": plan, "fallback": fallback, "cudagraphs": cudagraphs}
-    if fp8_block_codes is not None:
-        options["fp8_block_codes"] = fp8_block_codes
+    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp)):
+        if value is not None:
+            options[name] = value
     compiled = torch.compile(ir.model, backend="deepwell", options=options)
-    return Engine(ir, plan, compiled, fallback, fp8_block_codes)
+    return Engine(ir, plan, compiled, fallback, fp8_block_codes, fused_mlp)

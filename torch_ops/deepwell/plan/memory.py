@@ -11,7 +11,8 @@ themselves are not in that graph (the backend's rewrite needs Dynamo); where the
 plain GEMMs stand in: both read their bf16 input in the backward, which is what the partitioner's
 choice depends on. The exception is the sites that save x's FP8 codes instead (fp8_tensor, and
 fp8_block under the backend's `fp8_block_codes`; 1 byte per element, once per input shared by
-several sites): their forwards are traced as the backend runs them (`saved_codes`). A model AOTAutograd cannot trace on fake tensors (data-dependent Python
+several sites): their forwards are traced as the backend runs them (`saved_codes`), and so are the
+SwiGLU MLPs the backend fuses into `fp8_block_swiglu_mlp` (`fused_mlps`). A model AOTAutograd cannot trace on fake tensors (data-dependent Python
 control flow, e.g. a per-expert loop that reads group sizes on the host) falls back to counting
 what eager autograd saves, an upper bound."""
 
@@ -24,10 +25,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..ops.fp8_tensor import amax_of
 
+_MULS = (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
+
 
 def saved_activation_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1,
-    sequence: bool = False, codes: dict[str, str] | None = None
+    sequence: bool = False, codes: dict[str, str] | None = None, fused_mlp: bool | None = None
 ) -> tuple[int, int, int, int]:
     """(total, largest, output, output elements): bytes of the activations one training forward
     saves, of the largest of them and of the forward's outputs, and the outputs' element count.
@@ -37,10 +40,11 @@ def saved_activation_bytes(
     their local shapes, the attention at its local heads; the compiled count only), with
     `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`).
     `codes`: the sites that save x's codes (qualified nn.Linear name -> recipe, `codes_of`; the
-    compiled count, without tensor parallelism: the backend keeps scaled_linear on split weights)."""
+    compiled count, without tensor parallelism: the backend keeps scaled_linear on split weights);
+    `fused_mlp`: the backend's option of that name (`fused_mlps`; None: its default)."""
     if quantized is not None:
         try:
-            return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence, codes)
+            return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence, codes, fused_mlp)
         except Exception:  # noqa: BLE001 - any tracing failure: the eager count is an upper bound
             pass
     return eager_saved_bytes(model, example_inputs)
@@ -69,7 +73,7 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
 
 def compiled_saved_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1, sequence: bool = False,
-    codes: dict[str, str] | None = None
+    codes: dict[str, str] | None = None, fused_mlp: bool | None = None
 ) -> tuple[int, int, int, int]:
     """`saved_activation_bytes`'s four figures under torch.compile. Saved: the storages behind the
     backward graph's inputs other than the output gradients (`tangents_*`) and the parameters, each
@@ -118,7 +122,12 @@ def compiled_saved_bytes(
     local = tensor_parallel.local_shapes(model, tensor) if tensor > 1 else {}
     heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
     split = tensor_parallel.local_sequence(model, tensor) if tensor > 1 and sequence else contextlib.nullcontext()
-    saves_codes = saved_codes(model, codes) if codes and tensor == 1 else contextlib.nullcontext()
+    with_codes = bool(codes) and tensor == 1
+    from .backend import FUSED_MLP
+
+    fused_mlp = FUSED_MLP if fused_mlp is None else fused_mlp
+    mlps = fused_mlps(model, example_inputs, codes) if with_codes and fused_mlp else set()
+    saves_codes = saved_codes(model, codes, mlps) if with_codes else contextlib.nullcontext()
     options = _partitioner_options(1 if quantized else 0)
     with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads, split, saves_codes:
         params = [
@@ -135,9 +144,8 @@ def compiled_saved_bytes(
 def codes_of(plan, fp8_block_codes: bool | None = None) -> dict[str, str]:
     """The plan's sites whose backward keeps x's codes instead of x, name -> recipe (plan/backend.py
     `_saves_codes`): fp8_tensor sites, and fp8_block ones where the backend's `fp8_block_codes`
-    (default `fp8_block_codes_default()`) has them save their column copy. With several processes
-    autoplan measures the per-rank memory with that default (off there), so an engine compiled with
-    `fp8_block_codes=True` under torch.distributed is predicted without its copies."""
+    (default `fp8_block_codes_default()`, on in one process and under torch.distributed alike) has
+    them save their column copy."""
     from .backend import fp8_block_codes_default
 
     block = fp8_block_codes_default() if fp8_block_codes is None else fp8_block_codes
@@ -153,21 +161,100 @@ def _whole_blocks(tokens: int) -> bool:
     return tokens > 0 and tokens % 128 == 0
 
 
+def fused_mlps(model: torch.nn.Module, example_inputs: tuple, codes: dict[str, str]) -> set[tuple[str, str, str]]:
+    """(gate, up, down) names of the nn.Linears whose MLP `down(silu(gate(x)) * up(x))` the backend
+    fuses into `fp8_block_swiglu_mlp` (plan/fuse_mlp.py), under the same conditions: the three are
+    fp8_block code-saving sites (`codes`) of one recipe without biases, gate and up read one x and
+    have one shape, and nothing else reads gate's or up's output, the silu or the product. The
+    backend sees that in Dynamo's graph; here one forward on fake tensors records which linear, silu
+    or product made each tensor and how many calls read it (the model's outputs count as a read)."""
+    from torch.overrides import TorchFunctionMode
+
+    linears = {m: name for name, m in model.named_modules()
+               if type(m) is torch.nn.Linear and m.bias is None and codes.get(name, "").partition("@")[0] == "fp8_block"}
+    made: dict[int, tuple] = {}  # id(tensor) -> ("linear", name, x) | ("silu", a) | ("mul", p, q)
+    reads: dict[int, int] = {}
+    alive: list = []  # every tensor recorded, so that no id is reused
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if getattr(func, "__name__", "") == "__get__":  # t.shape and such: no read in Dynamo's graph
+                return out
+            for t in torch.utils._pytree.tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    reads[id(t)] = reads.get(id(t), 0) + 1
+                    alive.append(t)
+            alive.append(out)
+            if func is torch.nn.functional.silu and len(args) == 1 and not kwargs.get("inplace"):
+                made[id(out)] = ("silu", args[0])
+            elif func in _MULS and len(args) == 2 and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+                made[id(out)] = ("mul", *args)
+            return out
+
+    def record_linear(m, args, out):
+        made[id(out)] = ("linear", linears[m], args[0])
+
+    hooks = [m.register_forward_hook(record_linear) for m in linears]
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad(), Record():
+            inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+            outputs = [t for t in torch.utils._pytree.tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
+    finally:
+        for h in hooks:
+            h.remove()
+    for t in outputs:
+        reads[id(t)] = reads.get(id(t), 0) + 1
+
+    def kind(t, what):
+        entry = made.get(id(t))
+        return entry if entry is not None and entry[0] == what else None
+
+    found = set()
+    for down, h in [(e[1], e[2]) for e in made.values() if e[0] == "linear"]:
+        product = kind(h, "mul")
+        if product is None or reads.get(id(h)) != 1:
+            continue
+        for s, b in (product[1:], product[:0:-1]):  # silu(a) * b or b * silu(a)
+            silu, up = kind(s, "silu"), kind(b, "linear")
+            gate = kind(silu[1], "linear") if silu is not None else None
+            if gate is None or up is None or silu[1] is b:
+                continue
+            one_input = gate[2] is up[2] and silu[1].shape == b.shape
+            one_recipe = codes[gate[1]] == codes[up[1]] == codes[down]
+            read_once = all(reads.get(id(t)) == 1 for t in (silu[1], s, b))
+            if one_input and one_recipe and read_once:
+                found.add((gate[1], up[1], down))
+                break
+    return found
+
+
 @contextlib.contextmanager
-def saved_codes(model: torch.nn.Module, codes: dict[str, str]):
+def saved_codes(model: torch.nn.Module, codes: dict[str, str], mlps: set[tuple[str, str, str]] = frozenset()):
     """The code-saving sites' forwards as the backend rewrites them (plan/backend.py `rewrite`): each
     input tensor quantized once per recipe family however many sites read it (q/k/v, gate/up), by
     `fp8_tensor_quantize_rowcol` (from its amax) or `fp8_block_quantize_rowcol`, the sites' GEMMs the
     family's `*_linear_from_codes`, whose backward keeps the transposed codes and their scales
-    instead of x."""
+    instead of x. The MLPs of `mlps` ((gate, up, down) names, `fused_mlps`) as the backend fuses
+    them: down's forward returns `fp8_block_swiglu_mlp` on gate's input and codes, which saves gate
+    and up's output (one tensor), h's column codes and their scales; gate's, up's, the silu's and
+    the product's values, which nothing else reads, drop out of the traced graph."""
     ops = torch.ops.deepwell
     quantized: dict[tuple, tuple] = {}  # (id(x), family) -> (x, its codes); x kept so that its id stays unique
     modules = {name: m for name, m in model.named_modules() if name in codes and type(m) is torch.nn.Linear}
+    gates = {down: (gate, up) for gate, up, down in mlps}  # a fused MLP's down -> its gate and up
+    gate_inputs: dict[str, tuple] = {}  # a fused MLP's gate -> (x, its codes) of its latest call
 
-    def forward_of(m: torch.nn.Linear, recipe: str):
+    def forward_of(name: str, m: torch.nn.Linear, recipe: str):
         family = recipe.partition("@")[0]
 
         def forward(x):
+            if name in gates:
+                gate, up = gates[name]
+                x_gate, x_codes = gate_inputs[gate]
+                w_gate, w_up = modules[gate].weight, modules[up].weight
+                return ops.fp8_block_swiglu_mlp(x_gate, *x_codes, w_gate, w_up, m.weight, recipe)[0]
             key = (id(x), family)
             if key not in quantized:
                 x2 = x.detach().reshape(-1, m.in_features)
@@ -175,6 +262,8 @@ def saved_codes(model: torch.nn.Module, codes: dict[str, str]):
                     quantized[key] = (x, ops.fp8_block_quantize_rowcol(x2, True, True))
                 else:
                     quantized[key] = (x, ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax_of(x2)))
+            if any(name == gate for gate, _ in gates.values()):
+                gate_inputs[name] = quantized[key]
             if family == "fp8_block":
                 return ops.fp8_block_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
             return ops.fp8_tensor_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
@@ -183,7 +272,7 @@ def saved_codes(model: torch.nn.Module, codes: dict[str, str]):
 
     before = {name: m.__dict__.get("forward") for name, m in modules.items()}  # an instance's own forward
     for name, m in modules.items():
-        m.forward = forward_of(m, codes[name])
+        m.forward = forward_of(name, m, codes[name])
     try:
         yield
     finally:

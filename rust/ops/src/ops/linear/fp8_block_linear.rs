@@ -65,16 +65,34 @@ pub fn kernels() -> Vec<Kernel> {
 }
 
 /// The scales of x^T's codes (k, m) as rowcol stores them M-major: (m/128, k).
-fn cols_scale_shape(m: i64, k: i64) -> Vec<i64> {
+pub(super) fn cols_scale_shape(m: i64, k: i64) -> Vec<i64> {
     vec![m / BLOCK, k]
 }
 
 /// x's token count `m` is a multiple of the block (x^T's 1x128 blocks run along it).
-fn check_tokens(op: Op, arg: &'static str, m: usize) -> Result<()> {
+pub(super) fn check_tokens(op: Op, arg: &'static str, m: usize) -> Result<()> {
     if m as i64 % BLOCK == 0 {
         return Ok(());
     }
     Err(Error::arg(op, arg, format!("have a token count that is a multiple of {BLOCK} (x^T's 1x128 blocks)"), m))
+}
+
+/// x's rowcol codes for x seen as (m, k): rows (m, k) E4M3 with scales (k/128, m), and columns
+/// (k, m) (E4M3, or its bytes as uint8) with scales (m/128, k), the scales fp32 stored M-major.
+pub(super) fn check_codes(op: Op, m: i64, k: i64, [codes, scale, codes_t, scale_t]: [&Tensor; 4]) -> Result<()> {
+    check::dtype_in(op, "x_codes", codes, &[DType::E4M3])?;
+    check::shape_eq(op, "x_codes", codes, &[m, k])?;
+    check::dtype_in(op, "x_scale_inv", scale, &[DType::F32])?;
+    check::shape_eq(op, "x_scale_inv", scale, &[k / BLOCK, m])?;
+    check_cols(op, m, k, codes_t, scale_t)
+}
+
+/// x^T's codes (k, m) and their scales (m/128, k), as `check_codes` checks them.
+pub(super) fn check_cols(op: Op, m: i64, k: i64, codes_t: &Tensor, scale_t: &Tensor) -> Result<()> {
+    check::dtype_in(op, "x_codes_t", codes_t, &[DType::E4M3, DType::U8])?;
+    check::shape_eq(op, "x_codes_t", codes_t, &[k, m])?;
+    check::dtype_in(op, "x_scale_inv_t", scale_t, &[DType::F32])?;
+    check::shape_eq(op, "x_scale_inv_t", scale_t, &cols_scale_shape(m, k))
 }
 
 /// `scaled_linear(x, weight, bias, "fp8_block")`'s y from x's rowcol codes: rows (m, k) with scales
@@ -95,14 +113,7 @@ fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
     check_bias(op, bias.as_ref(), p.n as i64)?;
     check_tokens(op, "x", p.m)?;
     let (m, k) = (p.m as i64, p.k as i64);
-    check::dtype_in(op, "x_codes", &codes, &[DType::E4M3])?;
-    check::shape_eq(op, "x_codes", &codes, &[m, k])?;
-    check::dtype_in(op, "x_scale_inv", &scale, &[DType::F32])?;
-    check::shape_eq(op, "x_scale_inv", &scale, &[k / BLOCK, m])?;
-    check::dtype_in(op, "x_codes_t", &codes_t, &[DType::E4M3, DType::U8])?;
-    check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
-    check::dtype_in(op, "x_scale_inv_t", &scale_t, &[DType::F32])?;
-    check::shape_eq(op, "x_scale_inv_t", &scale_t, &cols_scale_shape(m, k))?;
+    check_codes(op, m, k, [&codes, &scale, &codes_t, &scale_t])?;
     let backend = p.choice(Pass::Fprop).backend;
     let (codes, scale) = (aten::contiguous(op, codes)?, aten::contiguous(op, scale)?);
     let xa = quantize::fp8_block_rows_from_codes(op, Form::of(backend).0, codes, scale)?;
@@ -117,7 +128,15 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let recipe_arg = a.str("recipe")?;
     let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
     let scale_arg = ("x_scale_inv_t", &scale);
-    let layer = saved_layer(op, &dy, codes, scale_arg, weight, (&recipe_arg, Recipe::Fp8Block), cols_scale_shape)?;
+    let layer = saved_layer(
+        op,
+        &dy,
+        ("x_codes_t", codes),
+        scale_arg,
+        ("weight", weight),
+        (&recipe_arg, Recipe::Fp8Block),
+        cols_scale_shape,
+    )?;
     let p = &layer.p;
     check_tokens(op, "grad_out", p.m)?;
     let dtypes = (dy.dtype(), layer.weight.dtype());

@@ -142,7 +142,15 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
     let (dy_amax, w_amax) = (a.opt_tensor("grad_amax")?, a.opt_tensor("weight_amax")?);
     let scale_arg = ("x_scale_inv", &scale);
-    let layer = saved_layer(op, &dy, codes, scale_arg, weight, (&recipe_arg, Recipe::Fp8Tensor), |_, _| vec![])?;
+    let layer = saved_layer(
+        op,
+        &dy,
+        ("x_codes_t", codes),
+        scale_arg,
+        ("weight", weight),
+        (&recipe_arg, Recipe::Fp8Tensor),
+        |_, _| vec![],
+    )?;
     let p = &layer.p;
     let on = check::Backend::of(op, dy.device())?;
     if let Some(amax) = &dy_amax {

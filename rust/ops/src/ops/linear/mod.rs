@@ -17,6 +17,7 @@
 
 pub mod expert_weight;
 pub mod fp8_block_linear;
+pub mod fp8_block_mlp;
 pub mod fp8_tensor_linear;
 pub mod quantized_linear;
 pub mod weight_cache;
@@ -78,6 +79,7 @@ pub fn kernels() -> Vec<Kernel> {
     v.extend(expert_weight::kernels());
     v.extend(fp8_tensor_linear::kernels());
     v.extend(fp8_block_linear::kernels());
+    v.extend(fp8_block_mlp::kernels());
     v
 }
 
@@ -315,47 +317,47 @@ fn expect_recipe(op: Op, recipe: Recipe, want: Recipe, recipe_arg: &str) -> Resu
     Err(Error::arg(op, "recipe", format!("be '{want}' (optionally '@' a GPU to model)"), check::quoted(recipe_arg)))
 }
 
-/// A backward's layer from x's saved transposed codes `x_codes_t` (k, m) (E4M3, or its bytes as
-/// uint8) and their fp32 scales (`scale`: the argument's name and tensor, of shape
-/// `scale_shape(m, k)`), checked against the weight (n, k) and grad_out (..., n): the layer's
-/// passes with the codes standing for x. `recipe`: the argument and the recipe it must name.
+/// A backward's layer from x's saved transposed codes (the argument's name and tensor: (k, m), E4M3
+/// or its bytes as uint8) and their fp32 scales (`scale`: the argument's name and tensor, of shape
+/// `scale_shape(m, k)`), checked against the weight (name and tensor, (n, k)) and grad_out (..., n): the layer's passes
+/// with the codes standing for x. `recipe`: the argument and the recipe it must name.
 fn saved_layer(
     op: Op,
     dy: &Tensor,
-    codes: Tensor,
+    (codes_arg, codes): (&'static str, Tensor),
     (scale_arg, scale): (&'static str, &Tensor),
-    weight: Tensor,
+    (weight_arg, weight): (&'static str, Tensor),
     (recipe_arg, want): (&str, Recipe),
     scale_shape: impl Fn(i64, i64) -> Vec<i64>,
 ) -> Result<Layer> {
     let (recipe, modelled) = parse_recipe(op, recipe_arg)?;
     expect_recipe(op, recipe, want, recipe_arg)?;
     check::dtype_in(op, "grad_out", dy, &check::FLOAT_INPUTS)?;
-    check::dtype_in(op, "weight", &weight, &check::FLOAT_INPUTS)?;
-    check::dtype_in(op, "x_codes_t", &codes, &[DType::U8, DType::E4M3])?;
+    check::dtype_in(op, weight_arg, &weight, &check::FLOAT_INPUTS)?;
+    check::dtype_in(op, codes_arg, &codes, &[DType::U8, DType::E4M3])?;
     check::dtype_in(op, scale_arg, scale, &[DType::F32])?;
-    let tensors = [("grad_out", dy), ("x_codes_t", &codes), (scale_arg, scale), ("weight", &weight)];
+    let tensors = [("grad_out", dy), (codes_arg, &codes), (scale_arg, scale), (weight_arg, &weight)];
     let device = check::same_device(op, check::Backend::of(op, dy.device())?, &tensors)?;
     if weight.dim() != 2 || codes.dim() != 2 {
-        let (arg, t) = if weight.dim() != 2 { ("weight", &weight) } else { ("x_codes_t", &codes) };
+        let (arg, t) = if weight.dim() != 2 { (weight_arg, &weight) } else { (codes_arg, &codes) };
         return Err(Error::arg(op, arg, "be 2-d", format!("a {}-d tensor", t.dim())));
     }
-    check::non_empty(op, "weight", &weight, 2)?;
+    check::non_empty(op, weight_arg, &weight, 2)?;
     check::non_empty(op, "grad_out", dy, 1)?;
     let (n, k) = (weight.sizes()[0], weight.sizes()[1]);
-    let m = dy.numel() as i64 / n.max(1);
-    check::shape_eq(op, "x_codes_t", &codes, &[k, m])?;
-    check::shape_eq(op, scale_arg, scale, &scale_shape(m, k))?;
     if dy.sizes().last() != Some(&n) {
         return Err(Error::Mismatch {
             op,
             msg: format!(
-                "grad_out has {} features (shape {}) but weight has out_features {n}",
+                "grad_out has {} features (shape {}) but {weight_arg} has out_features {n}",
                 dy.sizes().last().unwrap_or(&0),
                 check::shape_str(dy.sizes())
             ),
         });
     }
+    let m = dy.numel() as i64 / n.max(1);
+    check::shape_eq(op, codes_arg, &codes, &[k, m])?;
+    check::shape_eq(op, scale_arg, scale, &scale_shape(m, k))?;
     let arch = arch_of(op, device, modelled, recipe_arg)?;
     let (m, k, n) = (m as usize, k as usize, n as usize);
     let out_shape = dy.sizes().to_vec();
@@ -401,11 +403,28 @@ pub(super) fn run_backward(
     check::dtype_in(op, "grad_out", &dy, &check::FLOAT_INPUTS)?;
     check::shape_eq(op, "grad_out", &dy, &p.out_shape)?;
     let dy2 = aten::contiguous(op, dy)?.reshape_contiguous(op, &[p.m as i64, p.n as i64])?;
+    let dy_operands = |dgrad, wgrad| quantize::gradient_pair(op, p.recipe, dgrad, wgrad, dy2, dy_amax, seed);
+    backward_passes(op, p, dy_operands, (need_x, need_w), (x_dtype, w_dtype), dgrad_weight, x_wgrad)
+}
 
+/// `run_backward`'s two GEMMs from dy's operands in the forms each GEMM reads,
+/// `dy_operands(dgrad form, wgrad form) -> (rows, cols)` (a form given only where its gradient is
+/// wanted): dgrad `dx = dy W` in `x_dtype` (shaped like x), wgrad `dW = dy^T x` in `w_dtype`.
+/// `fp8_block_swiglu_mlp_backward` runs it on dy's operands made by its fused SwiGLU pass.
+#[allow(clippy::too_many_arguments)] // the passes' inputs, each made lazily by its caller
+pub(super) fn backward_passes(
+    op: Op,
+    p: &Passes,
+    dy_operands: impl FnOnce(Option<Form>, Option<Form>) -> Result<(Option<gemm::Operand>, Option<gemm::Operand>)>,
+    (need_x, need_w): (bool, bool),
+    (x_dtype, w_dtype): (DType, DType),
+    dgrad_weight: impl FnOnce() -> Result<gemm::Operand>,
+    x_wgrad: impl FnOnce(Form) -> Result<gemm::Operand>,
+) -> Result<Vec<Tensor>> {
     let (dgrad_backend, wgrad_backend) = (p.choice(Pass::Dgrad).backend, p.choice(Pass::Wgrad).backend);
     let dgrad = need_x.then(|| Form::of(dgrad_backend).0);
     let wgrad = need_w.then(|| Form::of(wgrad_backend));
-    let (dy_rows, dy_cols) = quantize::gradient_pair(op, p.recipe, dgrad, wgrad.map(|f| f.0), dy2, dy_amax, seed)?;
+    let (dy_rows, dy_cols) = dy_operands(dgrad, wgrad.map(|f| f.0))?;
 
     let dx = match dy_rows {
         Some(da) => {

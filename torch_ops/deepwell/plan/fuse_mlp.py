@@ -1,0 +1,121 @@
+"""The deepwell backend's SwiGLU MLP fusion, run on the graph `rewrite` leaves (plan/backend.py).
+
+There an fp8_block MLP `w_down(silu(w_gate(x)) * w_up(x))` is three `fp8_block_linear_from_codes`
+calls: gate and up on x's shared codes, down on h = silu(a) * b quantized by its own rowcol pass
+(`_quantize_once(h)`). `fp8_block_swiglu_mlp` computes the same in one op: gate and up as one GEMM,
+SwiGLU written straight into the down projection's FP8 operands (h never goes to memory in x's
+dtype nor is read again to be quantized), and the mirror of that in the backward. Its numerics are
+close to the three calls', not bit-identical (its dx is one fp32 sum inside one GEMM; its SwiGLU is
+deepwell's exact-fp32 one, not Inductor's).
+
+Fused only where the op computes everything the graph reads: nothing but the MLP reads a, b,
+silu(a) or h, whose values the op keeps to itself.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+_SILU = (torch.nn.functional.silu, torch.ops.aten.silu.default)
+_MUL = (operator.mul, torch.mul, torch.ops.aten.mul.Tensor)
+
+
+def _call(node, targets) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _method(node, name: str) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target == name
+
+
+def _from_codes(node) -> bool:
+    """An fp8_block site as `rewrite` writes it: (x, 4 codes, weight, bias, recipe), positional."""
+    return _call(node, (torch.ops.deepwell.fp8_block_linear_from_codes.default,)) and len(node.args) == 8
+
+
+def _silu(node) -> bool:
+    return _call(node, _SILU) and len(node.args) == 1 and not node.kwargs.get("inplace", False)
+
+
+def _mul(node) -> bool:
+    return (_method(node, "mul") or _call(node, _MUL)) and len(node.args) == 2 and not node.kwargs
+
+
+def _h_quantization(down: torch.fx.Node, h: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The nodes of `_quantize_once(h)` (getitems, rowcol, reshape, detach) when down alone reads
+    them, else None: the fused op makes h's codes itself, these go."""
+    items = list(down.args[1:5])
+    if not all(_call(i, (operator.getitem,)) and set(i.users) == {down} for i in items):
+        return None
+    q = items[0].args[0]
+    if not _call(q, (torch.ops.deepwell.fp8_block_quantize_rowcol.default,)) or set(q.users) != set(items):
+        return None
+    if [i.args for i in items] != [(q, k) for k in range(4)]:
+        return None
+    reshape = q.args[0]
+    if not (_method(reshape, "reshape") and len(reshape.users) == 1):
+        return None
+    detach = reshape.args[0]
+    if not (_method(detach, "detach") and detach.args == (h,) and len(detach.users) == 1):
+        return None
+    return [*items, q, reshape, detach]
+
+
+def _shape(node: torch.fx.Node):
+    value = node.meta.get("example_value")
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _match(down: torch.fx.Node):
+    """(a, b, silu, h, h's quantization) when `down` is the down projection of a fusable MLP."""
+    if not _from_codes(down) or down.args[6] is not None or down.args[7].partition("@")[0] != "fp8_block":
+        return None
+    h = down.args[0]
+    if not _mul(h):
+        return None
+    quantization = _h_quantization(down, h)
+    if quantization is None or set(h.users) != {down, quantization[-1]}:
+        return None
+    for s, b in (h.args, h.args[::-1]):  # silu(a) * b or b * silu(a)
+        if _silu(s) and _from_codes(s.args[0]) and _from_codes(b) and s.args[0] is not b:
+            a = s.args[0]
+            break
+    else:
+        return None
+    same_input = all(p is q for p, q in zip(a.args[:5], b.args[:5]))  # x and its codes nodes
+    if not (same_input and a.args[6] is None and b.args[6] is None and a.args[7] == b.args[7] == down.args[7]):
+        return None
+    if _shape(a) is None or _shape(a) != _shape(b):  # w_gate and w_up of one shape
+        return None
+    if set(a.users) != {s} or set(s.users) != {h} or set(b.users) != {h}:
+        return None
+    return a, b, s, h, quantization
+
+
+def fuse_mlp(gm: torch.fx.GraphModule) -> int:
+    """Replaces every fusable fp8_block SwiGLU MLP of the rewritten graph by `fp8_block_swiglu_mlp`
+    (its output 0; 1-3 are what its backward saves) and erases the nodes it replaces: the gate, up
+    and down sites, silu, the product and h's quantization. Returns how many MLPs."""
+    n = 0
+    for down in list(gm.graph.nodes):  # every node a match erases comes before its down
+        match = _match(down)
+        if match is None:
+            continue
+        a, b, s, h, quantization = match
+        x_and_codes, recipe = a.args[:5], down.args[7]
+        with gm.graph.inserting_before(down):
+            args = (*x_and_codes, a.args[5], b.args[5], down.args[5], recipe)
+            fused = gm.graph.call_function(torch.ops.deepwell.fp8_block_swiglu_mlp.default, args)
+            y = gm.graph.call_function(operator.getitem, (fused, 0))
+        fused.meta = {k: v for k, v in down.meta.items() if k not in ("example_value", "val", "tensor_meta")}
+        y.meta = dict(down.meta)
+        down.replace_all_uses_with(y)
+        for node in (down, *quantization, h, s, a, b):  # each one's readers erased before it
+            gm.graph.erase_node(node)
+        n += 1
+    if n:
+        gm.graph.lint()
+        gm.recompile()
+    return n
