@@ -115,8 +115,12 @@ template <class In> __device__ __forceinline__ char* at(void* p, int64_t i) {
 //                  column pair (`make_pair`); fp32: the walk takes the pair's two tiles one after the
 //                  other (`column_tile`), so the second reads gate and dh from L2.
 // f % 128 == 0 (Rust checks it), so a tile lies wholly in one half and every chunk is whole.
-// Computed sources fetch GROUP steps at a time, so that two CTAs fit an SM and one computes while
-// the other waits for memory.
+// Computed sources fetch GROUP steps at a time, so that several CTAs fit an SM and some compute
+// while others wait for memory: the forward 4 (GROUP 2 for every In), the backward 2 (GROUP 4 for
+// 16-bit In, its pair's second tile in shared memory). Measured on the H100 (8192 rows, f 5632 /
+// 14336; benchmarks/profile_swiglu.py, results/swiglu-variants-*): at 2 CTAs both kernels were
+// latency-bound (DRAM 41-46%, SM 46-51% busy under Nsight Compute, ncu-swiglu-*); the forward at 4
+// CTAs took 0.167 / 0.379 ms against 0.194 / 0.438, the backward at 3 or 4 CTAs 3-36% longer.
 
 // A chunk of an In tensor at element i for the transposing pass (fp8_block.cuh's load: one 16-byte
 // load on the vector path, element loads otherwise).
@@ -126,7 +130,7 @@ template <class In, bool VEC> __device__ __forceinline__ void fetch_chunk(const 
 
 template <class In> struct SwigluSrc {
     static constexpr bool PREFETCH = false, PAIRED = false;
-    static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;  // steps fetched at once (transposed_tiles)
+    static constexpr int GROUP = 2;  // steps fetched at once (transposed_tiles)
     const void* gate_up;
     int64_t f;
     struct Fetch {
@@ -241,7 +245,7 @@ __global__ void __launch_bounds__(THREADS)
 // rowcol's of an (m, 2f) matrix), without writing h or d_gate_up: the same bytes and scales as
 // fp8_block_quantize_rowcol of swiglu_forward's / swiglu_backward's output.
 template <class In, int MM, int BACKWARD>
-__global__ void __launch_bounds__(THREADS, 2)
+__global__ void __launch_bounds__(THREADS, BACKWARD ? 2 : 4)
     fp8_block_swiglu_quantize_rowcol(const void* gate_up, const void* dh, int64_t m, int64_t f, int pow2,
                                      uint8_t* row_data, float* row_scale_inv, uint8_t* col_data,
                                      float* col_scale_inv) {
