@@ -19,7 +19,7 @@ launch) and each deepwell op's host time from Rust's spans. `--cudagraphs` runs 
 graphs (mode="reduce-overhead"; deepwell's `cudagraphs=True`).
 
     python benchmarks/bench_train_step.py [--quick] [--model 1b|8b] [--layers N] [--torchao tensorwise,rowwise]
-        [--precisions auto,fp8_tensor,auto+codes,auto+recompute,auto+unfused] [--kernels N] [--cudagraphs]
+        [--precisions auto,fp8_tensor,auto+codes,auto+recompute,auto+fused] [--kernels N] [--cudagraphs]
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main() -> None:
     p.add_argument("--torchao", default="tensorwise,rowwise", help="torchao float8 recipes to run ('' for none)")
     p.add_argument("--precisions", default="auto,fp8_tensor",
                    help="deepwell precisions to run (auto first); 'NAME+codes' / 'NAME+recompute' compile with "
-                        "fp8_block_codes=True / False, 'NAME+unfused' with fused_mlp=False")
+                        "fp8_block_codes=True / False, 'NAME+fused' / 'NAME+unfused' with fused_mlp=True / False")
     p.add_argument("--kernels", type=int, default=0, help="print each run's N longest kernels per step")
     p.add_argument("--cudagraphs", action="store_true",
                    help="every run replays CUDA graphs: mode='reduce-overhead', deepwell's cudagraphs=True")
@@ -197,8 +197,8 @@ def main() -> None:
     deepwell_rows = []
     for name in [p for p in args.precisions.split(",") if p]:
         precision, _, how = name.partition("+")
-        codes = {"": None, "codes": True, "recompute": False, "unfused": None}[how]
-        fused = {"fused_mlp": False} if how == "unfused" else {}
+        codes = {"": None, "codes": True, "recompute": False, "fused": None, "unfused": None}[how]
+        fused = {"fused_mlp": how == "fused"} if how in ("fused", "unfused") else {}
         model = make_model(spec, layers)
         torch._dynamo.reset()
         ir = deepwell.capture(model, (tokens,))
@@ -209,7 +209,8 @@ def main() -> None:
         row = run(model, engine, tokens, targets, args.steps, host=bool(args.kernels))
         planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
         recipes = sorted({s.recipe for s in plan.sites})
-        codes_note = {None: "", True: ", x codes saved", False: ", x recomputed"}[codes] + (", MLP unfused" * bool(fused))
+        mlp_note = {None: "", True: ", MLP fused", False: ", MLP unfused"}[fused.get("fused_mlp")]
+        codes_note = {None: "", True: ", x codes saved", False: ", x recomputed"}[codes] + mlp_note
         row = {"what": f"deepwell {precision} ({'/'.join(recipes)}{codes_note})", **row,
                "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
                "predicted_speedup": estimate.speedup, "planning_s": planning, "precision": precision,

@@ -8,7 +8,8 @@ without `import deepwell`. For each graph Dynamo captures it
 2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options);
 3. rewrites the sites whose recipe is not bf16 into `torch.ops.deepwell.scaled_linear` (autograd
    registered: the backward GEMMs follow the same recipe), leaving bf16 sites as they are, then
-   fuses each fp8_block SwiGLU MLP's three sites into one `fp8_block_swiglu_mlp` (plan/fuse_mlp.py);
+   (option `fused_mlp`) fuses each fp8_block SwiGLU MLP's three sites into one
+   `fp8_block_swiglu_mlp` (plan/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
    letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
    the backward instead of saving them (`_partitioner_options`).
