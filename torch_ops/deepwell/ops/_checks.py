@@ -59,6 +59,18 @@ def divisible(op: str, arg: str, t: torch.Tensor, d: int, block: int, why: str) 
         fail(op, arg, f"have size(dim={d}) divisible by {block} ({why})", f"shape {shape_str(t.shape)}")
 
 
+def features(op: str, arg: str, t: torch.Tensor, weight_arg: str, weight: torch.Tensor, side: str, n: int) -> None:
+    """`arg`'s last dim (its features) is the weight's `side`, "in_features" (then the message shows
+    the weight's shape too) or "out_features", of size n: the mismatch message the Rust ops give."""
+    if t.shape[-1] == n:
+        return
+    weight_shape = f" (shape {shape_str(weight.shape)})" if side == "in_features" else ""
+    raise RuntimeError(
+        f"deepwell.{op}: {arg} has {t.shape[-1]} features (shape {shape_str(t.shape)}) but {weight_arg} has "
+        f"{side} {n}{weight_shape}"
+    )
+
+
 def shape_eq(op: str, arg: str, t: torch.Tensor, expected) -> None:
     if tuple(t.shape) != tuple(expected):
         fail(op, arg, f"have shape {shape_str(expected)}", shape_str(t.shape))

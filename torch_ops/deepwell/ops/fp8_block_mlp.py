@@ -66,11 +66,7 @@ def _mlp_fake(x, x_codes, x_scale_inv, x_codes_t, x_scale_inv_t, w_gate, w_up, w
     op = "fp8_block_swiglu_mlp"
     _check_recipe(op, recipe)
     f = _check_weights(op, w_gate, w_up, w_down)
-    if x.shape[-1] != w_gate.shape[1]:
-        raise RuntimeError(
-            f"deepwell.{op}: x has {x.shape[-1]} features (shape {_checks.shape_str(x.shape)}) but w_gate has "
-            f"in_features {w_gate.shape[1]} (shape {_checks.shape_str(w_gate.shape)})"
-        )
+    _checks.features(op, "x", x, "w_gate", w_gate, "in_features", w_gate.shape[1])
     _checks.same_device(op, ("x", x), ("w_up", w_up), ("w_down", w_down))
     # x against w_gate and x's codes, as fp8_block_linear_from_codes checks them.
     check_from_codes(op, x, (x_codes, x_scale_inv, x_codes_t, x_scale_inv_t), w_gate, None, recipe)
@@ -89,11 +85,7 @@ def _mlp_backward_fake(grad_out, x_codes_t, x_scale_inv_t, gate_up, h_codes_t, h
     f = _check_weights(op, w_gate, w_up, w_down)
     _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
     _checks.non_empty(op, "grad_out", grad_out, 1)
-    if grad_out.shape[-1] != w_down.shape[0]:
-        raise RuntimeError(
-            f"deepwell.{op}: grad_out has {grad_out.shape[-1]} features (shape {_checks.shape_str(grad_out.shape)}) "
-            f"but w_down has out_features {w_down.shape[0]}"
-        )
+    _checks.features(op, "grad_out", grad_out, "w_down", w_down, "out_features", w_down.shape[0])
     _checks.same_device(op, ("grad_out", grad_out), ("x_codes_t", x_codes_t), ("x_scale_inv_t", x_scale_inv_t),
                         ("gate_up", gate_up), ("h_codes_t", h_codes_t), ("h_scale_inv_t", h_scale_inv_t),
                         ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down))

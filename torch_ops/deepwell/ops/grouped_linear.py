@@ -54,11 +54,7 @@ def _check(x, weight, offsets, recipe) -> None:
     if weight.dim() != 3:
         _checks.fail(_OP, "weight", "be 3-d (experts, out_features, in_features)", f"a {weight.dim()}-d tensor")
     _checks.shape_eq(_OP, "offsets", offsets, (weight.shape[0] + 1,))
-    if x.shape[1] != weight.shape[2]:
-        raise RuntimeError(
-            f"deepwell.{_OP}: x has {x.shape[1]} features (shape {_checks.shape_str(x.shape)}) but weight has "
-            f"in_features {weight.shape[2]} (shape {_checks.shape_str(weight.shape)})"
-        )
+    _checks.features(_OP, "x", x, "weight", weight, "in_features", weight.shape[2])
 
 
 @torch.library.custom_op("deepwell_moe::grouped_scaled_linear", mutates_args=())

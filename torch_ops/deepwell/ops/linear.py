@@ -72,11 +72,7 @@ def _check_layer(op: str, x, weight, recipe_arg: str, others=()) -> list[int]:
         _checks.fail(op, "weight", "be 2-d (out_features, in_features)", f"a {weight.dim()}-d tensor")
     _checks.non_empty(op, "weight", weight, 2)
     n, k = weight.shape
-    if x.shape[-1] != k:
-        raise RuntimeError(
-            f"deepwell.{op}: x has {x.shape[-1]} features (shape {_checks.shape_str(x.shape)}) but weight has "
-            f"in_features {k} (shape {_checks.shape_str(weight.shape)})"
-        )
+    _checks.features(op, "x", x, "weight", weight, "in_features", k)
     block = recipes.block_k(recipe)
     if block is not None:
         _checks.divisible(op, "weight", weight, 1, block, f"{recipe} quantizes along in_features in blocks of {block}")
@@ -104,11 +100,7 @@ def check_saved_layer(op: str, grad_out, x_codes_t, scale: tuple, weight, scale_
     _checks.non_empty(op, "weight", weight, 2)
     _checks.non_empty(op, "grad_out", grad_out, 1)
     n, k = weight.shape
-    if grad_out.shape[-1] != n:
-        raise RuntimeError(
-            f"deepwell.{op}: grad_out has {grad_out.shape[-1]} features (shape {_checks.shape_str(grad_out.shape)}) "
-            f"but weight has out_features {n}"
-        )
+    _checks.features(op, "grad_out", grad_out, "weight", weight, "out_features", n)
     m = grad_out.numel() // n
     _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, m])
     _checks.shape_eq(op, scale_arg, scale_t, scale_shape(m, k))

@@ -23,7 +23,7 @@ use crate::aten;
 use crate::check;
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};
-use crate::gemm::{self, quantize, Form};
+use crate::gemm::{self, quantize, Form, Operand};
 use crate::kernel::{one_body, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
@@ -95,6 +95,14 @@ pub(super) fn check_cols(op: Op, m: i64, k: i64, codes_t: &Tensor, scale_t: &Ten
     check::shape_eq(op, "x_scale_inv_t", scale_t, &cols_scale_shape(m, k))
 }
 
+/// The wgrad operand, in the form its GEMM asks for, from a tensor's saved column codes (k, m) (E4M3
+/// or its bytes as uint8) and their scales stored M-major (m/128, k), as rowcol made them.
+pub(super) fn saved_cols(op: Op, codes: &Tensor, scale: Tensor) -> Result<impl FnOnce(Form) -> Result<Operand>> {
+    let codes = aten::view_dtype(op, aten::contiguous(op, codes.share(op)?)?, DType::E4M3)?;
+    let scale = aten::contiguous(op, scale)?;
+    Ok(move |form| quantize::fp8_block_cols_from_codes(op, form, codes, scale))
+}
+
 /// `scaled_linear(x, weight, bias, "fp8_block")`'s y from x's rowcol codes: rows (m, k) with scales
 /// (k/128, m), and columns (k, m) with scales (m/128, k), both stored M-major (x itself is read for its
 /// shape and dtype only; the column copy is there for autograd to keep for the backward).
@@ -140,10 +148,8 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let p = &layer.p;
     check_tokens(op, "grad_out", p.m)?;
     let dtypes = (dy.dtype(), layer.weight.dtype());
-    let codes = aten::view_dtype(op, aten::contiguous(op, p.x.share(op)?)?, DType::E4M3)?;
-    let scale = aten::contiguous(op, scale)?;
     let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
-    let x_wgrad = |form| quantize::fp8_block_cols_from_codes(op, form, codes, scale);
+    let x_wgrad = saved_cols(op, &p.x, scale)?;
     // fp8_block rounds gradients to nearest: no stochastic-rounding seed.
     run_backward(op, p, (dy, None), 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)
 }

@@ -24,7 +24,7 @@
 
 use deepwell_core::policy::{Pass, Recipe, ScalingType};
 
-use super::fp8_block_linear::{check_codes, check_cols, check_tokens, cols_scale_shape};
+use super::fp8_block_linear::{check_codes, check_cols, check_tokens, cols_scale_shape, saved_cols};
 use super::weight_cache::Want;
 use super::{backward_passes, expect_recipe, parse_recipe, run_backward, saved_layer, unused, Layer, Passes};
 use crate::aten;
@@ -279,9 +279,7 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     check_cols(op, p.m as i64, w_gate.sizes()[1], &x_t, &x_scale_t)?;
     let dtype = gate_up.dtype();
     let need_dh = need_x || need_w;
-    let h_codes = aten::view_dtype(op, aten::contiguous(op, p.x.share(op)?)?, DType::E4M3)?;
-    let h_scale_t = aten::contiguous(op, h_scale_t)?;
-    let h_wgrad = |form| quantize::fp8_block_cols_from_codes(op, form, h_codes, h_scale_t);
+    let h_wgrad = saved_cols(op, &p.x, h_scale_t)?;
     let dtypes = (dtype, down.weight.dtype());
     let grads = run_backward(
         op,
@@ -301,9 +299,8 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
 
     // Gate and up as one layer (m, k) -> 2f over x's saved column copy; SwiGLU's gradient goes
     // straight into the FP8 operands of its dgrad and wgrad.
-    let x_codes = aten::view_dtype(op, aten::contiguous(op, x_t)?, DType::E4M3)?;
-    let gate = layer_like(p, x_codes.share(op)?, w_gate, &lead);
-    let up = layer_like(p, x_codes.share(op)?, w_up, &lead);
+    let gate = layer_like(p, x_t.share(op)?, w_gate, &lead);
+    let up = layer_like(p, x_t.share(op)?, w_up, &lead);
     let both = joined(op, &gate.p)?;
     let on = Backend::of(op, p.device)?;
     let (m, f) = (p.m as i64, f as i64);
@@ -318,8 +315,7 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     };
     let w_form = Form::of(both.choice(Pass::Dgrad).backend).1;
     let dgrad_weight = || gate_up_weight(op, &gate, &up, Want::Dgrad, w_form);
-    let x_scale_t = aten::contiguous(op, x_scale_t)?;
-    let x_wgrad = |form| quantize::fp8_block_cols_from_codes(op, form, x_codes, x_scale_t);
+    let x_wgrad = saved_cols(op, &x_t, x_scale_t)?;
     let dtypes = (dtype, gate.weight.dtype());
     let mut grads = backward_passes(op, &both, d_gate_up, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)?;
     grads.push(dw_down);
