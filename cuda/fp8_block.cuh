@@ -34,6 +34,20 @@ __device__ __forceinline__ uint4 ld_nc16(const void* p) {
     return v;
 }
 
+// cp.async (sm_80+; PTX ISA "cp.async"): a 16-byte global -> shared copy that holds no register while
+// in flight. A thread reads back only the slots it filled itself, so its own wait_group orders the
+// copy before the read: no barrier.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    uint32_t a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // The 16-byte chunk (V = 16 / sizeof elements) at element i. VEC: one aligned 16-byte load;
 // otherwise element loads of the first `nv` elements (the rest read as 0, which no amax sees).
 template <class In, bool VEC>
@@ -276,10 +290,13 @@ __device__ __forceinline__ void transpose_store(const uint32_t* tile, uint8_t* o
 // sees (`make(fetched, col, chunk)`). PREFETCH: the next tile's loads fly while this tile is stored;
 // else GROUP steps are fetched and made at a time at the top of each tile. PAIRED: each walk step
 // makes column tiles ct and ct + k/256 (`make_pair`, the second through `s_second`); `column_tile`
-// maps the walk's column to the tile's. PlainSrc reads x (m, k) itself; swiglu.cuh's sources make
-// SwiGLU's output and gradient from its inputs.
+// maps the walk's column to the tile's. ASYNC (computed sources, vector path): each step's CHUNKS
+// 16-byte chunks are copied into a ring of STAGES step slots in shared memory (`fetch_async(row,
+// col, slot)`, read back by `read(slot, col, Fetch&)`) STAGES - 1 steps ahead of their use, across tile boundaries, so that loads fly
+// while the thread computes and while its CTA quantizes and stores the tile. PlainSrc reads x
+// (m, k) itself; swiglu.cuh's sources make SwiGLU's output and gradient from its inputs.
 template <class In> struct PlainSrc {
-    static constexpr bool PREFETCH = true, PAIRED = false;
+    static constexpr bool PREFETCH = true, PAIRED = false, ASYNC = false;
     const void* x;
     int64_t k;
     struct Fetch {
@@ -295,6 +312,16 @@ template <class In> struct PlainSrc {
         for (int i = 0; i < 4; ++i) w[i] = f.w[i];
     }
 };
+
+// An ASYNC source's ring (step slots, chunks per step); 1 and 0 for the others, which have none.
+template <class Src> __device__ constexpr int ring_stages() {
+    if constexpr (Src::ASYNC) return Src::STAGES;
+    else return 1;
+}
+template <class Src> __device__ constexpr int ring_chunks() {
+    if constexpr (Src::ASYNC) return Src::CHUNKS;
+    else return 0;
+}
 
 // What one transposing pass over x (m, k) writes (the `transposed_tiles` template argument):
 //   ROWCOL: 1x128 row blocks (row_data, row_scale_inv) and the transposed 1x128 column blocks
@@ -327,7 +354,8 @@ enum TransposedOut { ROWCOL = 0, COLS = 1, TILE_T = 2 };
 template <class In, bool VEC, int MODE, int MM, class Src>
 __device__ __forceinline__ void transposed_tiles(const Src& src, int64_t m, int64_t k, int pow2, uint8_t* row_data,
                                                  float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
-                                                 float* s_part, float* s_scale, uint32_t* s_bytes, uint4* s_second) {
+                                                 float* s_part, float* s_scale, uint32_t* s_bytes, uint4* s_second,
+                                                 uint4* s_ring) {
     using G = Geo<In>;
     constexpr int V = G::V, L = G::L, RS = G::RS, S = G::S;
     const int li = threadIdx.x % L, rsub = threadIdx.x / L;
@@ -421,15 +449,61 @@ __device__ __forceinline__ void transposed_tiles(const Src& src, int64_t m, int6
         transpose_store<VEC>(s_bytes, col_data, m, r0, c0);
     };
 
+    // Step s's chunk into raw[s] (PAIRED: the second tile's chunk waits in this thread's own slots
+    // of s_second; consecutive threads, consecutive 16 bytes: no bank conflicts, no barrier).
+    auto make_step = [&](const typename Src::Fetch& fetched_step, int s, int64_t c) {
+        if constexpr (Src::PAIRED) {
+            uint32_t second[4];
+            src.make_pair(fetched_step, raw[s], second);
+            s_second[s * THREADS + threadIdx.x] = make_uint4(second[0], second[1], second[2], second[3]);
+        } else {
+            src.make(fetched_step, c, raw[s]);
+        }
+    };
+    // ASYNC: step s of the tile at (rt, ct) is copied into ring slot s % STAGES (S % STAGES == 0,
+    // so a step's slot is the same in every tile), one commit group per step even when no tile is
+    // left (the wait counts groups).
+    constexpr bool ASYNC = Src::ASYNC && VEC;
+    constexpr int STAGES = ring_stages<Src>(), AHEAD = STAGES - 1;
+    static_assert(!ASYNC || (S % STAGES == 0 && AHEAD >= 1), "ring slots repeat every tile");
+    auto slot = [&](int s) { return s_ring + (s % STAGES) * ring_chunks<Src>() * THREADS + threadIdx.x; };
+    auto fetch_async = [&](bool live, int64_t rt, int64_t ct, int s) {
+        if constexpr (ASYNC) {
+            if (live) src.fetch_async(rt * TILE + rsub + s * RS, ct * TILE + li * V, slot(s));
+            cp_async_commit();
+        }
+    };
+    int64_t next_rt = 0, next_ct = 0;  // ASYNC: the next tile's place, found when its copies start
+    if constexpr (ASYNC) {
+        const bool live = blockIdx.x < tiles;
+        if (live) place(blockIdx.x, next_rt, next_ct);
+#pragma unroll
+        for (int s = 0; s < AHEAD; ++s) fetch_async(live, next_rt, next_ct, s);
+    }
+
     if constexpr (Src::PREFETCH)
         if (blockIdx.x < tiles) load_tile(blockIdx.x);
     for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
         int64_t rt, ct;
-        place(t, rt, ct);
+        if constexpr (ASYNC) rt = next_rt, ct = next_ct;
+        else place(t, rt, ct);
         const int64_t r0 = rt * TILE, c = ct * TILE + li * V;
         if constexpr (Src::PREFETCH) {
 #pragma unroll
             for (int s = 0; s < S; ++s) src.make(fetched[s], c, raw[s]);
+        } else if constexpr (ASYNC) {
+            const bool next_live = t + gridDim.x < tiles;
+            if (next_live) place(t + gridDim.x, next_rt, next_ct);
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                cp_async_wait<AHEAD - 1>();  // step s landed (the groups after it may still fly)
+                typename Src::Fetch fetched_step;
+                src.read(slot(s), c, fetched_step);
+                // Step s + AHEAD goes to the slot step s - 1 used, which this thread has consumed.
+                if (s + AHEAD < S) fetch_async(true, rt, ct, s + AHEAD);
+                else fetch_async(next_live, next_rt, next_ct, s + AHEAD - S);
+                make_step(fetched_step, s, c);
+            }
         } else {
             constexpr int GR = Src::GROUP;
 #pragma unroll
@@ -438,18 +512,7 @@ __device__ __forceinline__ void transposed_tiles(const Src& src, int64_t m, int6
 #pragma unroll
                 for (int i = 0; i < GR; ++i) src.template fetch<VEC>(r0 + rsub + (s0 + i) * RS, c, fg[i]);
 #pragma unroll
-                for (int i = 0; i < GR; ++i) {
-                    if constexpr (Src::PAIRED) {
-                        // The second tile's chunk waits in this thread's own slots of s_second
-                        // (consecutive threads, consecutive 16 bytes: no bank conflicts, no barrier).
-                        uint32_t second[4];
-                        src.make_pair(fg[i], raw[s0 + i], second);
-                        s_second[(s0 + i) * THREADS + threadIdx.x] =
-                            make_uint4(second[0], second[1], second[2], second[3]);
-                    } else {
-                        src.make(fg[i], c, raw[s0 + i]);
-                    }
-                }
+                for (int i = 0; i < GR; ++i) make_step(fg[i], s0 + i, c);
             }
         }
         quantize_tile(t, rt, ct);
@@ -468,19 +531,20 @@ __device__ __forceinline__ void transposed_tiles(const Src& src, int64_t m, int6
 // every pointer allows it.
 // `s_second`: a PAIRED source's second tile (dynamic shared memory, TILE * TILE * sizeof(In) bytes:
 // with it the static arrays would pass the 48 KiB a block may hold statically), else null.
+// `s_ring`: an ASYNC source's STAGES * CHUNKS * THREADS 16-byte slots (dynamic), else null.
 template <class In, int MODE, int MM, class Src>
 __device__ __forceinline__ void transposing_pass(const Src& src, int64_t m, int64_t k, int pow2, uint8_t* row_data,
                                                  float* row_scale_inv, uint8_t* col_data, float* col_scale_inv,
-                                                 uint4* s_second = nullptr) {
+                                                 uint4* s_second = nullptr, uint4* s_ring = nullptr) {
     __shared__ float s_part[(THREADS / 32) * TILE];
     __shared__ float s_scale[TILE];
     __shared__ __align__(16) uint32_t s_bytes[TILE * TILE / 4];
     if (src.aligned16() && (MODE != ROWCOL || aligned(row_data, Geo<In>::V)) && aligned(col_data, 16))
         transposed_tiles<In, true, MODE, MM>(src, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv, s_part,
-                                             s_scale, s_bytes, s_second);
+                                             s_scale, s_bytes, s_second, s_ring);
     else
         transposed_tiles<In, false, MODE, MM>(src, m, k, pow2, row_data, row_scale_inv, col_data, col_scale_inv,
-                                              s_part, s_scale, s_bytes, s_second);
+                                              s_part, s_scale, s_bytes, s_second, s_ring);
 }
 
 // ---------------------------------------------------------------------------------------------

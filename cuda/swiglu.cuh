@@ -115,12 +115,17 @@ template <class In> __device__ __forceinline__ char* at(void* p, int64_t i) {
 //                  column pair (`make_pair`); fp32: the walk takes the pair's two tiles one after the
 //                  other (`column_tile`), so the second reads gate and dh from L2.
 // f % 128 == 0 (Rust checks it), so a tile lies wholly in one half and every chunk is whole.
-// Computed sources fetch GROUP steps at a time, so that several CTAs fit an SM and some compute
-// while others wait for memory: the forward 4 (GROUP 2 for every In), the backward 2 (GROUP 4 for
-// 16-bit In, its pair's second tile in shared memory). Measured on the H100 (8192 rows, f 5632 /
-// 14336; benchmarks/profile_swiglu.py, results/swiglu-variants-*): at 2 CTAs both kernels were
-// latency-bound (DRAM 41-46%, SM 46-51% busy under Nsight Compute, ncu-swiglu-*); the forward at 4
-// CTAs took 0.167 / 0.379 ms against 0.194 / 0.438, the backward at 3 or 4 CTAs 3-36% longer.
+// On the vector path both sources copy their chunks into shared memory asynchronously (ASYNC: a
+// ring of 4 steps, 3 in flight, across tile boundaries), so no register waits for memory; off it
+// they fetch GROUP steps at a time into registers. CTAs per SM: the forward 4, the backward 2 (128
+// registers a thread; its pair's second tile and its ring take 80 KiB of shared memory).
+// Measured on the H100 (benchmarks/profile_swiglu.py): at 2 CTAs and registers only, both kernels
+// were latency-bound (DRAM 41-46%, SM 46-51% busy under Nsight Compute, ncu-swiglu-*); the forward
+// at 4 CTAs took 0.167 / 0.379 ms against 0.194 / 0.438 (8192 rows, f 5632 / 14336), the backward
+// at 3 or 4 CTAs 3-36% longer (results/swiglu-variants-*). The ring then, against registers (same
+// process, results/swiglu-async-*): forward 0.168 / 0.367 / 0.697 ms against 0.167 / 0.384 / 0.743
+// (f 5632, 14336, and Mixtral's 16384 x 14336), backward 0.291 / 0.613 / 1.165 against 0.295 /
+// 0.675 / 1.308; the forward ring at 2 or 3 CTAs and a 2-step backward ring were slower.
 
 // A chunk of an In tensor at element i for the transposing pass (fp8_block.cuh's load: one 16-byte
 // load on the vector path, element loads otherwise).
@@ -128,14 +133,33 @@ template <class In, bool VEC> __device__ __forceinline__ void fetch_chunk(const 
     fp8_block_detail::load_chunk<In, VEC>(p, i, Chunk<In>::V, w);
 }
 
+// A chunk copied into / read back from a thread's ring slot (`transposed_tiles`' ASYNC path): chunk
+// j of a step at slot[j * THREADS].
+__device__ __forceinline__ void copy_chunk(uint4* slot, int j, const char* p) {
+    fp8_block_detail::cp_async16(slot + j * THREADS, p);
+}
+__device__ __forceinline__ void read_chunk(const uint4* slot, int j, uint32_t (&w)[4]) {
+    const uint4 v = slot[j * THREADS];
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+}
+
 template <class In> struct SwigluSrc {
-    static constexpr bool PREFETCH = false, PAIRED = false;
-    static constexpr int GROUP = 2;  // steps fetched at once (transposed_tiles)
+    static constexpr bool PREFETCH = false, PAIRED = false, ASYNC = true;
+    static constexpr int GROUP = 2;  // steps fetched at once off the vector path (transposed_tiles)
+    static constexpr int STAGES = 4, CHUNKS = 2;  // the ring (rust/gpu/src/kernels/swiglu.rs)
     const void* gate_up;
     int64_t f;
     struct Fetch {
         uint32_t g[4], u[4];
     };
+    __device__ void fetch_async(int64_t r, int64_t c, uint4* slot) const {
+        copy_chunk(slot, 0, at<In>(gate_up, r * 2 * f + c));
+        copy_chunk(slot, 1, at<In>(gate_up, r * 2 * f + f + c));
+    }
+    __device__ void read(const uint4* slot, int64_t, Fetch& t) const {
+        read_chunk(slot, 0, t.g);
+        read_chunk(slot, 1, t.u);
+    }
     __device__ bool aligned16() const { return aligned(gate_up, 16); }
     __device__ int64_t column_tile(int64_t ct, int64_t) const { return ct; }
     template <bool VEC> __device__ void fetch(int64_t r, int64_t c, Fetch& t) const {
@@ -148,8 +172,9 @@ template <class In> struct SwigluSrc {
 };
 
 template <class In> struct SwigluBackSrc {
-    static constexpr bool PREFETCH = false;
+    static constexpr bool PREFETCH = false, ASYNC = true;
     static constexpr int GROUP = Bytes<In>::N == 4 ? 2 : 4;
+    static constexpr int STAGES = 4, CHUNKS = 3;  // the ring (rust/gpu/src/kernels/swiglu.rs)
     // 16-bit inputs: each walk step makes the gate tile and the up tile of one column pair, from
     // one read of gate, up and dh and one sigmoid per element (the up tile waits in shared memory);
     // fp32 (whose 64 KiB tile would not fit beside the rest) walks the two one after the other.
@@ -171,6 +196,18 @@ template <class In> struct SwigluBackSrc {
         fetch_chunk<In, VEC>(gate_up, r * 2 * f + cc, t.g);
         if (gate) fetch_chunk<In, VEC>(gate_up, r * 2 * f + f + cc, t.u);
         fetch_chunk<In, VEC>(dh, r * f + cc, t.d);
+    }
+    __device__ void fetch_async(int64_t r, int64_t c, uint4* slot) const {
+        const bool gate = c < f;
+        const int64_t cc = gate ? c : c - f;
+        copy_chunk(slot, 0, at<In>(gate_up, r * 2 * f + cc));
+        if (gate) copy_chunk(slot, 1, at<In>(gate_up, r * 2 * f + f + cc));
+        copy_chunk(slot, 2, at<In>(dh, r * f + cc));
+    }
+    __device__ void read(const uint4* slot, int64_t c, Fetch& t) const {
+        read_chunk(slot, 0, t.g);
+        if (c < f) read_chunk(slot, 1, t.u);  // an up-half step (unpaired) copied no up chunk
+        read_chunk(slot, 2, t.d);
     }
     __device__ void make(const Fetch& t, int64_t c, uint32_t (&w)[4]) const {
         if (c < f)
@@ -251,13 +288,16 @@ __global__ void __launch_bounds__(THREADS, BACKWARD ? 2 : 4)
                                      float* col_scale_inv) {
     using namespace fp8_block_detail;
     using namespace swiglu_detail;
-    extern __shared__ uint4 swiglu_second[];  // the pair's up tile (SwigluBackSrc::PAIRED)
-    if constexpr (BACKWARD)
+    // Dynamic shared memory: the pair's up tile (SwigluBackSrc::PAIRED), then the copies' ring.
+    extern __shared__ uint4 swiglu_dynamic[];
+    if constexpr (BACKWARD) {
+        constexpr int second = SwigluBackSrc<In>::PAIRED ? TILE * TILE * Bytes<In>::N / 16 : 0;  // in uint4s
         transposing_pass<In, ROWCOL, MM>(SwigluBackSrc<In>{gate_up, dh, f}, m, 2 * f, pow2, row_data, row_scale_inv,
-                                         col_data, col_scale_inv, swiglu_second);
-    else
+                                         col_data, col_scale_inv, swiglu_dynamic, swiglu_dynamic + second);
+    } else {
         transposing_pass<In, ROWCOL, MM>(SwigluSrc<In>{gate_up, f}, m, f, pow2, row_data, row_scale_inv, col_data,
-                                         col_scale_inv);
+                                         col_scale_inv, nullptr, swiglu_dynamic);
+    }
 }
 
 }  // namespace deepwell

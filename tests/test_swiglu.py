@@ -190,9 +190,14 @@ def test_gpu_activation_matches_cpu(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_gpu_fused_quantizers_match_cpu_and_the_two_pass_way(dtype):
-    for rows, f in ((256, 384), (1024, 1408)):
+    # 4096 x 5632: more walk steps than CTAs (1408 against at most 8 a SM), so each CTA's copies
+    # run ahead into its next tile (swiglu.cuh's ring); offset 1: inputs off 16-byte alignment, the
+    # register path.
+    for rows, f, offset in ((256, 384, 0), (1024, 1408, 0), (4096, 5632, 0), (256, 384, 1)):
         gate_up, dh = _hostile(rows, f, dtype, seed=rows), _dh(rows, f, dtype)
-        gc, dc = gate_up.cuda(), dh.cuda()
+        gc = torch.empty(gate_up.numel() + offset, dtype=dtype, device="cuda")[offset:].view_as(gate_up)
+        dc = torch.empty(dh.numel() + offset, dtype=dtype, device="cuda")[offset:].view_as(dh)
+        gc.copy_(gate_up), dc.copy_(dh)
         fused = ops.fp8_block_swiglu_quantize_rowcol(gc)
         _rowcol_equal(fused, ops.fp8_block_quantize_rowcol(ops.swiglu(gc)))
         _rowcol_equal([t.cpu() for t in fused], ops.fp8_block_swiglu_quantize_rowcol(gate_up))

@@ -5,6 +5,11 @@ use super::{Arg, Family, Float, Geometry, Matrix, Wave, T};
 /// Side of the quantized matrix's tiles in the fused quantizers (fp8_block.cuh `TILE`).
 const TILE: u64 = super::fp8_block::TILE;
 
+/// The fused quantizers' rings of async copies (swiglu.cuh `SwigluSrc` / `SwigluBackSrc`: `STAGES`
+/// step slots of `CHUNKS` 16-byte chunks per thread): (stages, chunks) forward and backward.
+const FORWARD_RING: (u64, u64) = (4, 2);
+const BACKWARD_RING: (u64, u64) = (4, 3);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Swiglu {
     /// `swiglu_forward<In>`: h (rows, f) from gate_up (rows, 2f).
@@ -33,6 +38,14 @@ impl Swiglu {
     fn paired(self) -> bool {
         matches!(self, Swiglu::Rowcol { input, backward: true, .. } if input.bytes() == 2)
     }
+
+    /// The fused quantizers' dynamic shared memory: the pair's up tile (paired), then the ring.
+    fn smem(self) -> u64 {
+        let Swiglu::Rowcol { input, backward, .. } = self else { return 0 };
+        let (stages, chunks) = if backward { BACKWARD_RING } else { FORWARD_RING };
+        let second = if self.paired() { TILE * TILE * input.bytes() } else { 0 };
+        second + stages * chunks * T * 16
+    }
 }
 
 /// The elementwise kernels: h's (rows, f); the fused quantizers: the quantized matrix's (h (m, f) or
@@ -49,8 +62,8 @@ impl Family for Swiglu {
     /// The elementwise kernels walk h's elements: THREADS chunks of 16 / sizeof(In) per CTA and
     /// iteration on the vector path (f a multiple of the chunk, aligned pointers), else THREADS
     /// elements. The fused quantizers walk 128 x 128 tiles of the quantized matrix, whole tiles
-    /// only, one per CTA and iteration, or (paired) one gate + up pair with its TILE * TILE In
-    /// elements of dynamic shared memory (swiglu.cuh's header).
+    /// only, one per CTA and iteration, or (paired) one gate + up pair, with `smem` bytes of
+    /// dynamic shared memory (swiglu.cuh's header).
     fn geometry(self, s: Sizes, wave: Wave) -> Geometry {
         let (rows, cols) = (s.h.rows, s.h.cols);
         match self {
@@ -62,13 +75,10 @@ impl Family for Swiglu {
                     wave.cover(rows * cols, T)
                 }
             }
-            Swiglu::Rowcol { input, .. } => {
+            Swiglu::Rowcol { .. } => {
                 let tiles = (rows / TILE) * (cols / TILE);
-                if self.paired() {
-                    Geometry { smem: (TILE * TILE * input.bytes()) as u32, ..wave.cover(tiles / 2, 1) }
-                } else {
-                    wave.cover(tiles, 1)
-                }
+                let walk = if self.paired() { tiles / 2 } else { tiles };
+                Geometry { smem: self.smem() as u32, ..wave.cover(walk, 1) }
             }
         }
     }
@@ -107,10 +117,11 @@ mod tests {
     fn the_backward_quantizer_walks_column_pairs() {
         let k = |input, backward| Swiglu::Rowcol { input, backward, m_major: false };
         let g = |key: Swiglu, rows, cols| key.geometry(Sizes { h: Matrix { rows, cols }, aligned: true }, H100);
-        assert_eq!((g(k(Float::BF16, false), 256, 256).grid, g(k(Float::BF16, false), 256, 256).smem), (4, 0));
+        // Rings: 4 stages of 2 chunks (forward) or 3 (backward), 16 bytes each, for 256 threads.
+        assert_eq!((g(k(Float::BF16, false), 256, 256).grid, g(k(Float::BF16, false), 256, 256).smem), (4, 32768));
         let paired = g(k(Float::BF16, true), 256, 512);
-        assert_eq!((paired.grid, paired.smem), (4, 32768));
+        assert_eq!((paired.grid, paired.smem), (4, 32768 + 49152));
         let f32 = g(k(Float::F32, true), 256, 512);
-        assert_eq!((f32.grid, f32.smem), (8, 0));
+        assert_eq!((f32.grid, f32.smem), (8, 49152));
     }
 }
