@@ -6,7 +6,8 @@
   for bit, and the backward one `fp8_block_quantize_rowcol(swiglu_backward(gate_up, dh))`, on every
   dtype, both scale rules, zeros, saturating and non-finite inputs, and strided views.
 - GPU: every op bit-identical to the CPU reference (the op_cases sweep of test_cuda_kernels.py does
-  the small cases; here large ones, the scalar path, and the fused kernels against the two-pass way).
+  the small cases; here large ones, the scalar path, the fused kernels against the two-pass way,
+  and every 16-bit gate value and fp32's exp range ends through all four kernels).
 """
 
 from __future__ import annotations
@@ -204,6 +205,43 @@ def test_gpu_fused_quantizers_match_cpu_and_the_two_pass_way(dtype):
         back = ops.fp8_block_swiglu_backward_quantize_rowcol(gc, dc)
         _rowcol_equal(back, ops.fp8_block_quantize_rowcol(ops.swiglu_backward(gc, dc)))
         _rowcol_equal([t.cpu() for t in back], ops.fp8_block_swiglu_backward_quantize_rowcol(gate_up, dh))
+
+
+def _every_16_bit_gate(dtype):
+    """gate_up (512, 256), f = 128, whose gates are every 16-bit pattern of `dtype` once (zeros,
+    subnormals, the values whose e^-g overflows, underflows or lands on a subnormal, NaN, Inf), ups
+    random."""
+    gates = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype).reshape(512, 128)
+    return torch.cat([gates, _dh(512, 128, dtype, seed=3)], dim=1)
+
+
+def _exp_boundaries():
+    """fp32 gates g around exp_f32(-g)'s range ends (-g > 88.72284: Inf; -g < -103.97208: 0;
+    between -103.97 and -87.34 a subnormal result), every ulp near each end, and a sweep of
+    [-110, 110]: gate_up (512, 256)."""
+    ends = torch.tensor([-88.72284, 103.97208, 87.33655], dtype=torch.float32)
+    near = (ends.view(torch.int32)[:, None] + torch.arange(-64, 64, dtype=torch.int32)).view(torch.float32)
+    sweep = torch.linspace(-110.0, 110.0, 512 * 128 - near.numel(), dtype=torch.float32)
+    gates = torch.cat([near.flatten(), sweep]).reshape(512, 128)
+    return torch.cat([gates, _dh(512, 128, torch.float32, seed=3)], dim=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["bfloat16", "float16", "float32 exp ends"])
+def test_gpu_every_gate_value_matches_cpu(case):
+    """exp_f32 and the sigmoid on the GPU against the CPU reference over every 16-bit gate value
+    (and fp32's range ends): the activation, its gradient, and both fused quantizers, bit for bit.
+    The quantizers see the finite gates only, so that the blocks' scales stay finite."""
+    gate_up = _exp_boundaries() if case.startswith("float32") else _every_16_bit_gate(getattr(torch, case))
+    dh = _dh(512, 128, gate_up.dtype, seed=4)
+    gc, dc = gate_up.cuda(), dh.cuda()
+    assert same_bits(ops.swiglu(gc).cpu(), ops.swiglu(gate_up))
+    assert same_bits(ops.swiglu_backward(gc, dc).cpu(), ops.swiglu_backward(gate_up, dh))
+    finite = gate_up.masked_fill(~gate_up.isfinite(), 0.0)
+    fc = finite.cuda()
+    _rowcol_equal([t.cpu() for t in ops.fp8_block_swiglu_quantize_rowcol(fc)], ops.fp8_block_swiglu_quantize_rowcol(finite))
+    _rowcol_equal([t.cpu() for t in ops.fp8_block_swiglu_backward_quantize_rowcol(fc, dc)],
+                  ops.fp8_block_swiglu_backward_quantize_rowcol(finite, dh))
 
 
 @pytest.mark.gpu
