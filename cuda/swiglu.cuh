@@ -10,14 +10,14 @@
 //   swiglu_forward<In>   h = silu(gate) * up
 //   swiglu_backward<In>  d_gate_up = [dgate | dup] for the gradient dh
 //   fp8_block_swiglu_quantize_rowcol<In, MM, BACKWARD>  fp8_block_quantize_rowcol of h or of
-//                        d_gate_up, made from the inputs inside fp8_block.cuh's transposing pass
+//                        d_gate_up, made from the inputs inside fp8_block_transpose.cuh's pass
 // Work per CTA and loop iteration: THREADS chunks of 16 / sizeof(In) elements of h (the vector path:
 // f a multiple of the chunk, every pointer 16-byte aligned), else THREADS elements; the fused
 // quantizers: one 128 x 128 tile of the quantized matrix, or (backward, 16-bit In) a gate tile + up
 // tile pair.
 #pragma once
 #include "common.cuh"
-#include "fp8_block.cuh"
+#include "fp8_block_transpose.cuh"
 
 namespace deepwell {
 namespace swiglu_detail {
@@ -106,7 +106,7 @@ template <class In> __device__ __forceinline__ char* at(void* p, int64_t i) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fused quantizers' sources for fp8_block.cuh's transposing pass (its Src interface):
+// The fused quantizers' sources for fp8_block_transpose.cuh's pass (its Src interface):
 //   SwigluSrc:     h = swiglu(gate_up), k = f, from gate_up (m, 2f): each chunk made from the gate's
 //                  and up's chunks, h rounded to In exactly as swiglu_forward writes it.
 //   SwigluBackSrc: d_gate_up = swiglu_backward(gate_up, dh), k = 2f, from gate_up (m, 2f) and dh

@@ -8,6 +8,7 @@ pub enum Header {
     Common,
     Mxfp8,
     Fp8Block,
+    Fp8BlockTranspose,
     Fp8Tensor,
     Nvfp4,
     Swizzle,
@@ -19,10 +20,11 @@ pub enum Header {
 }
 
 impl Header {
-    pub const ALL: [Header; 11] = [
+    pub const ALL: [Header; 12] = [
         Header::Common,
         Header::Mxfp8,
         Header::Fp8Block,
+        Header::Fp8BlockTranspose,
         Header::Fp8Tensor,
         Header::Nvfp4,
         Header::Swizzle,
@@ -38,6 +40,7 @@ impl Header {
             Header::Common => "common.cuh",
             Header::Mxfp8 => "mxfp8.cuh",
             Header::Fp8Block => "fp8_block.cuh",
+            Header::Fp8BlockTranspose => "fp8_block_transpose.cuh",
             Header::Fp8Tensor => "fp8_tensor.cuh",
             Header::Nvfp4 => "nvfp4.cuh",
             Header::Swizzle => "swizzle.cuh",
@@ -54,6 +57,7 @@ impl Header {
             Header::Common => include_str!("../../../cuda/common.cuh"),
             Header::Mxfp8 => include_str!("../../../cuda/mxfp8.cuh"),
             Header::Fp8Block => include_str!("../../../cuda/fp8_block.cuh"),
+            Header::Fp8BlockTranspose => include_str!("../../../cuda/fp8_block_transpose.cuh"),
             Header::Fp8Tensor => include_str!("../../../cuda/fp8_tensor.cuh"),
             Header::Nvfp4 => include_str!("../../../cuda/nvfp4.cuh"),
             Header::Swizzle => include_str!("../../../cuda/swizzle.cuh"),

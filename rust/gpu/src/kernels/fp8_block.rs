@@ -1,6 +1,7 @@
-//! cuda/fp8_block.cuh: keys and launch geometry.
+//! cuda/fp8_block.cuh and its transposing pass, cuda/fp8_block_transpose.cuh: keys and launch geometry.
 
 use super::{Arg, Family, Float, Geometry, Wave};
+use crate::sources::Header;
 
 /// The block shape (template `BR`, `BC`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -50,8 +51,8 @@ pub enum Fp8Block {
     },
 }
 
-/// What `fp8_block_quantize_transposed` writes of x (m, k) (template `MODE`, cuda/fp8_block.cuh
-/// `TransposedOut`).
+/// What `fp8_block_quantize_transposed` writes of x (m, k) (template `MODE`,
+/// cuda/fp8_block_transpose.cuh `TransposedOut`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Transposed {
     /// x^T (k, m) in 1x128 blocks along m: rowcol's column copy alone, its (k, m/128) scales
@@ -84,10 +85,18 @@ pub struct Sizes {
 
 // Per-CTA work, mirrored from cuda/fp8_block.cuh (the tests parse the originals).
 /// Side of the tile a CTA quantizes per iteration, in quantize_tiles and transposed_tiles
-/// (fp8_block.cuh `TILE`, `quantize_tiles`, `transposed_tiles`).
+/// (fp8_block.cuh `TILE`, `quantize_tiles`; fp8_block_transpose.cuh `transposed_tiles`).
 pub(super) const TILE: u64 = 128;
 
 impl Fp8Block {
+    /// The header that defines the kernel: the transposing pass's own for rowcol and its halves.
+    pub(super) fn header(self) -> Header {
+        match self {
+            Fp8Block::Rowcol { .. } | Fp8Block::Transposed { .. } => Header::Fp8BlockTranspose,
+            Fp8Block::Quantize { .. } | Fp8Block::Dequantize { .. } => Header::Fp8Block,
+        }
+    }
+
     pub(super) fn template(self) -> (&'static str, Vec<Arg>) {
         use Arg::{Float as F, Int as I};
         match self {

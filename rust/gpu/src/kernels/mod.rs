@@ -81,7 +81,7 @@ impl KernelId {
     pub fn header(self) -> Header {
         match self {
             KernelId::Mxfp8(_) => Header::Mxfp8,
-            KernelId::Fp8Block(_) => Header::Fp8Block,
+            KernelId::Fp8Block(k) => k.header(),
             KernelId::Fp8Tensor(_) => Header::Fp8Tensor,
             KernelId::Nvfp4(_) => Header::Nvfp4,
             KernelId::Swizzle(_) => Header::Swizzle,

@@ -1,7 +1,7 @@
 //! `deepwell.fp8_block_quantize`, `fp8_block_quantize_rowcol` and `fp8_block_dequantize`
 //! (docs/NUMERICS.md "FP8 block"). Schemas: torch_ops/deepwell/ops/fp8_block.py. Checks here, shared by
 //! the CPU reference (`cpu.rs`, maths in rust/core/src/fp8_block.rs) and CUDA (`cuda.rs`,
-//! cuda/fp8_block.cuh).
+//! cuda/fp8_block.cuh, cuda/fp8_block_transpose.cuh).
 //!
 //! Block shapes: 1x128 (activations and gradients along K), 128x1 (the same along M, for wgrad) and
 //! 128x128 (weights). The tensor is viewed as (batch, rows, cols) with rows/cols its last two dims.

@@ -1,5 +1,5 @@
-//! CUDA launches of the SwiGLU ops (cuda/swiglu.cuh, whose fused quantizers run fp8_block.cuh's
-//! transposing pass), bit-identical to `cpu.rs`. Inputs are made contiguous.
+//! CUDA launches of the SwiGLU ops (cuda/swiglu.cuh, whose fused quantizers run the transposing pass of
+//! cuda/fp8_block_transpose.cuh), bit-identical to `cpu.rs`. Inputs are made contiguous.
 
 use deepwell_gpu::kernels::swiglu::Sizes;
 use deepwell_gpu::kernels::{Matrix, Swiglu as Kernel};

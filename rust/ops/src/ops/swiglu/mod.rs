@@ -5,7 +5,7 @@
 //! (forward) and of the gate_up projection's dgrad and wgrad (backward).
 //!
 //! Schemas: torch_ops/deepwell/ops/swiglu.py. Checks here, shared by the CPU reference (`cpu.rs`,
-//! maths in rust/core/src/swiglu.rs) and CUDA (`cuda.rs`: cuda/swiglu.cuh, cuda/fp8_block.cuh).
+//! maths in rust/core/src/swiglu.rs) and CUDA (`cuda.rs`: cuda/swiglu.cuh, cuda/fp8_block_transpose.cuh).
 //! Layout: gate_up (rows, 2f), each row's f gate values then its f up values (Hugging Face's fused
 //! experts); h and grad (rows, f).
 
