@@ -106,6 +106,9 @@ def _worker(args) -> None:
     plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=args.precision,
                              tensor_parallel=tensor if tensor > 1 else None, fp8_all_gather=args.fp8_all_gather,
                              sequence_parallel=sequence)
+    if args.collectives is not None:  # the plan's, unless given (to measure the other)
+        plan.sharding["collectives"] = args.collectives
+        plan.sharding["sm_carveout"] = 8 if args.collectives == "process_group" else 0
     if args.forward_prefetch is not None:  # the plan's, unless given (to measure others)
         plan.sharding["forward_prefetch"] = args.forward_prefetch
     if args.unit_blocks is not None:
@@ -199,7 +202,10 @@ def _worker(args) -> None:
     host_each = torch.tensor([(b - a) * 1e3 for a, b in zip(host_ends, host_ends[1:])], device=device)
     usage_each = torch.tensor([[y - x for x, y in zip(a, b)] for a, b in zip(usage, usage[1:])], device=device)
     allocator = {k: v - allocator[k] for k, v in _allocator_calls(device).items()} if cuda else {}
-    peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+    # The copy-engine collectives' staging buffers are symmetric memory outside torch's allocator.
+    from deepwell.plan.copy_engine import live_staging_bytes
+
+    peak = torch.cuda.max_memory_allocated(device) + live_staging_bytes() if cuda else 0
     settle()
     host = host_ms(step)[0] if cuda else None  # before any profiler (host_ms says why)
     settle()
@@ -441,7 +447,7 @@ def _launch(args, config: str, out: str) -> dict:
     cmd += ["--pin-cores"] * args.pin_cores
     cmd += [] if args.fp8_block_codes is None else ["--fp8-block-codes", args.fp8_block_codes]
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
-    for flag in ("forward_prefetch", "unit_blocks", "backward_carveout"):
+    for flag in ("forward_prefetch", "unit_blocks", "backward_carveout", "collectives"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     cmd += ["--trace", args.trace] if args.trace else []
     cmd += [] if args.gc_every is None else ["--gc-every", str(args.gc_every)]
@@ -465,6 +471,8 @@ def main() -> None:
                    help="SMs torch's GEMMs leave free for NCCL (default: the plan's sm_carveout; 0 for none)")
     p.add_argument("--backward-carveout", type=int, default=None,
                    help="SMs torch's GEMMs leave free in the backward (the forward keeps the plan's or --sm-carveout)")
+    p.add_argument("--collectives", choices=["process_group", "copy_engine"], default=None,
+                   help="FSDP2's collectives on NCCL (8 SMs left to it) or on the copy engines (no SMs); default: the plan's")
     p.add_argument("--fp8-all-gather", action="store_true", help="FSDP2 gathers fp8_block weights as FP8 codes")
     p.add_argument("--fp8-block-codes", choices=["on", "off"], default=None,
                    help="deepwell.compile's fp8_block_codes (default: the backend's, on)")

@@ -62,8 +62,9 @@ def test_planner_decides_tensor_parallel_from_memory():
 
 
 def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
-    """GPU processes with data parallelism plan an SM carveout for FSDP's overlapped collectives
-    (Rust's COMM_SMS); CPU processes and tensor parallelism alone do not. Applying it sets torch's
+    """GPU processes with data parallelism over NCCL plan an SM carveout for FSDP's overlapped
+    collectives (Rust's COMM_SMS); one node's GPUs with peer access move them on the copy engines
+    and leave none; CPU processes and tensor parallelism alone do not. Applying it sets torch's
     process-wide carveout on CUDA only, and never overrides one the user set."""
     from deepwell.plan.shard import leave_sms_to_collectives
 
@@ -72,9 +73,14 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
              "activation_bytes": 10 * gib, "largest_unit_bytes": gib // 8}
     cluster = {"world_size": 2, "devices_per_node": 2, "memory_bytes": 80 * gib, "peer_access": True}
     p = _native.call("parallel_plan", {"cluster": cluster, "model": model})
-    assert p["data"] == 2 and p["sm_carveout"] > 0 and f"leave {p['sm_carveout']} SMs" in p["reason"]
+    assert (p["data"], p["collectives"], p["sm_carveout"]) == (2, "copy_engine", 0) and "copy engines" in p["reason"]
+    cluster = {**cluster, "peer_access": False}
+    p = _native.call("parallel_plan", {"cluster": cluster, "model": model})
+    assert p["data"] == 2 and p["collectives"] == "process_group"
+    assert p["sm_carveout"] > 0 and f"leave {p['sm_carveout']} SMs" in p["reason"]
     assert _native.call("parallel_plan", {"cluster": {**cluster, "memory_bytes": 0}, "model": model})["sm_carveout"] == 0
-    tp = _native.call("parallel_plan", {"cluster": cluster, "model": {**model, "activation_bytes": 100 * gib}})
+    tp = _native.call("parallel_plan", {"cluster": {**cluster, "peer_access": True},
+                                        "model": {**model, "activation_bytes": 100 * gib}})
     assert (tp["tensor"], tp["sm_carveout"]) == (2, 0)
     assert deepwell.autoplan(_ir(), world_size=2).sharding["sm_carveout"] == 0  # the CPU: memory unknown
     # Weights kept gathered: FSDP units of 1, 2, 4, ... blocks (Rust's unit_blocks); the caller's
@@ -109,8 +115,8 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
 def test_a_forced_tensor_degree_is_planned_in_rust():
     """autoplan's tensor_parallel= goes to Rust's planner ("tensor"), which plans the carveout,
     units, prefetch and per-rank bytes for the forced degrees (forcing data parallelism where the
-    planner chose tensor parallelism gets the collectives' SMs); a bad degree is an error naming
-    the field."""
+    planner chose tensor parallelism gets FSDP's collectives, here on the copy engines); a bad
+    degree is an error naming the field."""
     gib = 1 << 30
     model = {"weight_bytes": 2 * gib, "gradient_bytes": 2 * gib, "optimizer_bytes": 4 * gib,
              "activation_bytes": 100 * gib, "largest_unit_bytes": gib // 8}
@@ -118,7 +124,7 @@ def test_a_forced_tensor_degree_is_planned_in_rust():
     own = _native.call("parallel_plan", {"cluster": cluster, "model": model})
     forced = _native.call("parallel_plan", {"cluster": cluster, "model": model, "tensor": 1})
     assert (own["data"], own["tensor"], own["sm_carveout"]) == (1, 2, 0)
-    assert (forced["data"], forced["tensor"], forced["forward_prefetch"]) == (2, 1, 1) and forced["sm_carveout"] > 0
+    assert (forced["data"], forced["tensor"], forced["forward_prefetch"]) == (2, 1, 1) and forced["collectives"] == "copy_engine"
     assert forced["per_rank_bytes"] > 0 and "forced by tensor_parallel=1" in forced["reason"]
     with pytest.raises(ValueError, match="field 'tensor' must be a positive divisor of world_size 2, got 3"):
         _native.call("parallel_plan", {"cluster": cluster, "model": model, "tensor": 3})

@@ -6,7 +6,8 @@ states (in the parameter dtype, as torch.optim.AdamW keeps them) are resident, t
 activations are all alive, one site's quantized weight operand exists, and the loss's gradient is
 being formed. Gradients (with `zero_grad(set_to_none=True)`) are allocated while the activations they
 depend on are freed, so they count only when they outgrow the activations:
-  peak = weights + optimizer + quantized weight + gathered + max(activations + transient + loss, gradients)
+  peak = weights + optimizer + quantized weight + gathered + staging
+         + max(activations + transient + loss, gradients)
 With several processes the figures are per rank: FSDP2 shards weights, gradients and AdamW states
 over the ranks (the plan's data x tensor degrees), and gathers a unit's weights at a time (a unit:
 a group of the plan's `unit_blocks` blocks, or the embedding, or the final norm and LM head; parallel.py
@@ -14,7 +15,9 @@ a group of the plan's `unit_blocks` blocks, or the embedding, or the final norm 
 reshard_after_forward off, every unit's gathered weights stay until the backward; a weight on the
 FP8 all-gather, `autoplan(..., fp8_all_gather=True)`, counts its E4M3 codes at a byte per element
 and its fp32 tile scales, plan/fp8_all_gather.py `gathered_bytes`);
-activations are those of the captured micro-batch, which is one rank's.
+activations are those of the captured micro-batch, which is one rank's. `staging`: with the plan's
+collectives on the copy engines, their symmetric staging buffers (plan/copy_engine.py
+`staging_bytes`: the largest unit's shard and its gradients less this rank's chunk).
 - weights and gradients: from the parameters;
 - activations: what the compiled forward saves for the backward: AOTAutograd's partition of the
   model's forward + backward traced on fake tensors (no device memory), as the backend partitions
@@ -39,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _native
+from .copy_engine import staging_bytes
 from .engine import Engine
 from .fp8_all_gather import gathered_bytes
 from .memory import codes_of, saved_activation_bytes
@@ -62,10 +66,12 @@ class Estimate:
     ranks: int = 1
     #: The loss's working set on the model's outputs at the start of the backward (see `_loss_bytes`).
     loss: int = 0
+    #: The copy-engine collectives' staging buffers (0 on the process group's collectives).
+    staging: int = 0
 
     @property
     def peak_bytes(self) -> int:
-        resident = self.weights + self.optimizer + self.quantized_weights + self.gathered
+        resident = self.weights + self.optimizer + self.quantized_weights + self.gathered + self.staging
         return resident + max(self.activations + self.transient + self.loss, self.gradients)
 
     @property
@@ -79,7 +85,8 @@ class Estimate:
                 f"predicted peak memory{' per rank' if self.ranks > 1 else ''} {gib(self.peak_bytes)}: weights {gib(self.weights)}, gradients {gib(self.gradients)}, "
                 f"AdamW states {gib(self.optimizer)}, activations {gib(self.activations)}, largest quantized weight "
                 f"{gib(self.quantized_weights)}, transient {gib(self.transient)}, loss on the outputs {gib(self.loss)}"
-                + (f", gathered by FSDP {gib(self.gathered)} ({self.ranks} ranks)" if self.ranks > 1 else ""),
+                + (f", gathered by FSDP {gib(self.gathered)} ({self.ranks} ranks)" if self.ranks > 1 else "")
+                + (f", copy-engine staging {gib(self.staging)}" if self.staging else ""),
                 f"predicted step {self.step_ms:.2f} ms vs {self.bf16_step_ms:.2f} ms in bf16: {self.speedup:.2f}x ({self.rates_from})",
             ]
         )
@@ -113,11 +120,15 @@ def dryrun(engine: Engine) -> Estimate:
         # and the LM head): the rank's share is what it holds, read from the shards once compile has
         # split them.
         share = sum(local.numel() * local.element_size() for local in map(_local, model.parameters()))
+    staging = 0
     if ranks > 1:
-        units = [gathered_bytes(p for m in unit for p in m.parameters())
-                 for unit in fsdp_units(model, unit_blocks_of(plan.sharding))]
+        modules = fsdp_units(model, unit_blocks_of(plan.sharding))
+        units = [gathered_bytes(p for m in unit for p in m.parameters()) for unit in modules]
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
+        if data > 1 and plan.sharding.get("collectives") == "copy_engine":
+            gradients = max((nbytes(p for m in unit for p in m.parameters()) for unit in modules), default=0)
+            staging = staging_bytes(max(units, default=0) // tensor // data, gradients // tensor, data)
         # Measured by autoplan before sharding, for one rank: under tensor parallelism with the
         # split layers at their local shapes (the heads' and hidden units' activations split; the
         # residual stream and the norms' replicated, or split along the sequence with sequence
@@ -157,4 +168,5 @@ def dryrun(engine: Engine) -> Estimate:
         rates_from=f"{cost['rates_from']}; plan for {plan.arch}",
         gathered=gathered,
         ranks=ranks,
+        staging=staging,
     )

@@ -5,10 +5,11 @@ ops/sharding.py). Then FSDP2's `fully_shard` over the data ranks on each unit (t
 groups of `unit_blocks` blocks, the final norm with the LM head: parallel.py `fsdp_units`) and the root
 (weights, gradients and AdamW states sharded; the deepwell ops see each unit's gathered weights, and
 the weight cache keys them like any other tensor), each unit's forward prefetching the next
-`forward_prefetch` units' weights, the collectives given `sm_carveout` SMs beside the GEMMs
-(rust/core/src/policy/parallel.rs says why for each). Both: a 2-D mesh ("data", "tensor"), the tensor
-ranks of a data rank adjacent (rank = data_rank * tensor + tensor_rank), as torchtitan lays them out
-so that the per-layer all-reduces stay within a node; `autoplan(..., sequence_parallel=True)` splits
+`forward_prefetch` units' weights, the collectives given `sm_carveout` SMs beside the GEMMs or,
+with `collectives` "copy_engine", moved by the copy engines instead of NCCL's kernels
+(copy_engine.py; rust/core/src/policy/parallel.rs says why for each). Both: a 2-D mesh ("data",
+"tensor"), the tensor ranks of a data rank adjacent (rank = data_rank * tensor + tensor_rank), as
+torchtitan lays them out so that the per-layer all-reduces stay within a node; `autoplan(..., sequence_parallel=True)` splits
 the residual stream along the sequence too. With `autoplan(..., fp8_all_gather=True)` the plan's
 fp8_block weights that split into whole 128x128 tiles are gathered as FP8 codes and tile scales
 instead (fp8_all_gather.py; the others as before)."""
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _native
-from . import fp8_all_gather, tensor_parallel
+from . import copy_engine, fp8_all_gather, tensor_parallel
 from .parallel import fsdp_units, unit_blocks_of, world_size
 
 
@@ -64,6 +65,14 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh["data"], reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)
+    if sharding.get("collectives") == "copy_engine" and device.type == "cuda":
+        params = [[p for m in unit for p in m.parameters()] for unit in units]
+        in_units = {id(p) for unit in params for p in unit}
+        params.append([p for p in model.parameters() if id(p) not in in_units])  # the root's own
+        gather, scatter = copy_engine.make_comms(mesh["data"].get_group(), params, device)
+        for module in [unit[0] for unit in units] + [model]:
+            module.set_custom_all_gather(gather)
+            module.set_custom_reduce_scatter(scatter)
     prefetch_forward([unit[0] for unit in units], sharding.get("forward_prefetch", 0))
     return model
 

@@ -32,7 +32,35 @@ pub const HEADROOM: f64 = 0.9;
 /// 4 CTAs left the forward's all-gathers exposed (forward 40 against 33-34 ms of GPU time; steps
 /// 104.4 / 105.7 against 101.6 / 100.0 ms), and 4 SMs in the backward only (the forward keeping 8)
 /// gained ~0.5 ms a step by median in three of four runs, inside the spread.
+///
+/// Since 2026-11-27 data parallelism alone on a single node's GPUs with peer access moves FSDP's
+/// collectives on their copy engines instead (`Collectives::CopyEngine`), which need no SM at all, so the GEMMs keep every SM
+/// and this carveout applies only where NCCL carries them.
 pub const COMM_SMS: u32 = 8;
+
+/// What carries FSDP2's all-gathers and reduce-scatters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collectives {
+    /// torch.distributed's process group (NCCL on GPUs, gloo on CPUs), beside `sm_carveout` SMs.
+    ProcessGroup,
+    /// The GPUs' copy engines over peer links, through PyTorch's symmetric memory
+    /// (torch_ops/deepwell/plan/copy_engine.py): no SMs taken from the GEMMs. For data parallelism
+    /// alone (no tensor degree) within one node whose GPUs reach each other directly. Measured on
+    /// 2 H100s (NVLink), the 0.95B LLaMA at 4x2048 tokens per GPU, fp8_block, alternated with NCCL
+    /// on 8 SMs in three leases
+    /// (benchmarks/results/bench_parallel-1b-ce-*): 94.0-96.5 ms a step by mean (medians
+    /// 93.1-94.5) against 95.6-98.7 (94.9-95.7); one GPU 85.7 ms, so 1.78-1.82x against 1.74-1.79x.
+    CopyEngine,
+}
+
+impl Collectives {
+    pub fn name(self) -> &'static str {
+        match self {
+            Collectives::ProcessGroup => "process_group",
+            Collectives::CopyEngine => "copy_engine",
+        }
+    }
+}
 
 /// FSDP units of blocks when the gathered weights stay for the backward: the first unit is one
 /// block and each next one doubles, up to `MAX_BLOCKS_PER_UNIT`. Measured on 2 H100s, the 0.95B
@@ -93,9 +121,11 @@ pub struct ParallelPlan {
     /// Predicted bytes per rank (the model above; 0 for one process: dryrun's figure applies).
     pub per_rank_bytes: u64,
     /// SMs the GEMMs leave free for FSDP's overlapped collectives, and the CTAs NCCL may use for
-    /// them (`COMM_SMS` on GPUs with data parallelism, else 0: tensor parallelism's all-reduces run
-    /// between GEMMs, not beside them).
+    /// them (`COMM_SMS` on GPUs with data parallelism over NCCL, else 0: the copy engines need no
+    /// SMs, and tensor parallelism's all-reduces run between GEMMs, not beside them).
     pub sm_carveout: u32,
+    /// What carries FSDP's collectives (`Collectives`).
+    pub collectives: Collectives,
     /// FSDP's units of consecutive blocks in forward order, as block counts summing to
     /// `ModelSize::blocks` (`unit_blocks`: 1, 2, 4, ... when the weights stay gathered, else 1
     /// each); empty without data parallelism.
@@ -141,6 +171,7 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
             reshard_after_forward: false,
             per_rank_bytes: 0,
             sm_carveout: 0,
+            collectives: Collectives::ProcessGroup,
             unit_blocks: Vec::new(),
             forward_prefetch: 0,
             reason: "one process: no sharding (launch with torchrun --nproc-per-node N to use N GPUs)".into(),
@@ -192,8 +223,18 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
         "; weights re-gathered for the backward (reshard after forward)"
     };
     // Memory known: the processes have GPUs (CPU processes report 0).
-    let sm_carveout = if data > 1 && c.memory_bytes != 0 { COMM_SMS } else { 0 };
-    if sm_carveout > 0 {
+    let gpus = data > 1 && c.memory_bytes != 0;
+    // Only where the data ranks are the whole world (no tensor degree): the 2-GPU runs measured
+    // and tested it there; a data group beside tensor groups has not run on GPUs.
+    let collectives = if gpus && tensor == 1 && c.peer_access && world <= c.devices_per_node.max(1) {
+        Collectives::CopyEngine
+    } else {
+        Collectives::ProcessGroup
+    };
+    let sm_carveout = if gpus && collectives == Collectives::ProcessGroup { COMM_SMS } else { 0 };
+    if collectives == Collectives::CopyEngine {
+        reason += "; FSDP's collectives on the copy engines over peer links (the GEMMs keep every SM)";
+    } else if sm_carveout > 0 {
         reason +=
             &format!("; GEMMs leave {sm_carveout} SMs to the collectives they overlap, NCCL runs on as many CTAs");
     }
@@ -210,6 +251,7 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
         reshard_after_forward: !keep,
         per_rank_bytes,
         sm_carveout,
+        collectives,
         unit_blocks,
         forward_prefetch: u32::from(data > 1),
         reason,
@@ -331,9 +373,23 @@ mod tests {
     }
 
     #[test]
-    fn gpus_with_data_parallelism_leave_sms_to_the_collectives() {
+    fn one_node_with_peer_access_moves_the_collectives_on_copy_engines() {
         let p = plan(&cluster(2, 80), &model(10));
-        assert_eq!(p.sm_carveout, COMM_SMS);
+        assert_eq!((p.collectives, p.sm_carveout), (Collectives::CopyEngine, 0));
+        assert!(p.reason.contains("copy engines"), "{}", p.reason);
+        // Without peer access, across nodes, or on CPUs: the process group's collectives.
+        let no_peers = Cluster { peer_access: false, ..cluster(2, 80) };
+        assert_eq!(plan(&no_peers, &model(10)).collectives, Collectives::ProcessGroup);
+        let two_nodes = Cluster { devices_per_node: 1, ..cluster(2, 80) };
+        assert_eq!(plan(&two_nodes, &model(10)).collectives, Collectives::ProcessGroup);
+        assert_eq!(plan(&cluster(2, 0), &model(10)).collectives, Collectives::ProcessGroup);
+        assert_eq!(plan(&cluster(1, 80), &model(10)).collectives, Collectives::ProcessGroup);
+    }
+
+    #[test]
+    fn gpus_with_data_parallelism_over_nccl_leave_sms_to_the_collectives() {
+        let p = plan(&Cluster { peer_access: false, ..cluster(2, 80) }, &model(10));
+        assert_eq!((p.collectives, p.sm_carveout), (Collectives::ProcessGroup, COMM_SMS));
         assert!(p.reason.contains("SMs"), "{}", p.reason);
         // CPU processes (memory unknown), one process, and tensor parallelism alone: no carveout.
         assert_eq!(plan(&cluster(2, 0), &model(10)).sm_carveout, 0);
@@ -364,11 +420,13 @@ mod tests {
         // The planner picks tensor 2 (activations do not fit); forced data parallelism gets the
         // collectives' SMs it would have had, and the plan says the degree does not fit.
         let p = plan_with_tensor(&cluster(2, 80), &model(100), Some(1));
-        assert_eq!((p.data, p.tensor, p.sm_carveout, p.forward_prefetch), (2, 1, COMM_SMS, 1));
+        assert_eq!((p.data, p.tensor, p.collectives, p.forward_prefetch), (2, 1, Collectives::CopyEngine, 1));
         assert!(p.reason.contains("does not fit at this tensor degree"), "{}", p.reason);
-        // data 2 x tensor 2: FSDP over the data ranks, with its carveout and prefetch.
+        // data 2 x tensor 2: FSDP over the data ranks, its collectives on NCCL beside the carveout
+        // (the copy engines serve data parallelism alone), with its prefetch.
         let p = plan_with_tensor(&cluster(4, 80), &model(10), Some(2));
-        assert_eq!((p.data, p.tensor, p.sm_carveout, p.forward_prefetch), (2, 2, COMM_SMS, 1));
+        assert_eq!((p.data, p.tensor, p.collectives, p.forward_prefetch), (2, 2, Collectives::ProcessGroup, 1));
+        assert_eq!(p.sm_carveout, COMM_SMS);
         // Forcing the planner's own degree changes nothing.
         assert_eq!(plan_with_tensor(&cluster(2, 80), &model(10), Some(1)), plan(&cluster(2, 80), &model(10)));
     }
