@@ -8,9 +8,11 @@ did meanwhile: CPU time, context switches, page faults), the host's time to
 launch a step and, per phase (forward, backward, optimizer), its host and GPU time and how far the
 GPU trails the host (`phase_lag`: whether the host sets the pace); `--profile` adds a CPU-only
 profile of FSDP2's regions on the host and the kernel time by kind. Python's garbage collection
-runs as deepwell.Trainer runs it (`--gc-every`). `--sm-carveout N` replaces the plan's SMs for the
-collectives; `--backward-carveout N` gives the backward's GEMMs another carveout than the forward's
-(the collectives keep the forward's CTA count). `--spans` times deepwell's own host spans over
+runs as deepwell.Trainer runs it (`--gc-every`). `--collectives process_group|copy_engine` replaces
+the plan's carrier of FSDP's collectives (NCCL beside 8 SMs, or the copy engines with none; the
+measured peak counts the copy engines' staging buffers, which live outside torch's allocator).
+`--sm-carveout N` replaces the plan's SMs for the collectives; `--backward-carveout N` gives the
+backward's GEMMs another carveout than the forward's (the collectives keep the forward's CTA count). `--spans` times deepwell's own host spans over
 the timed steps and prints the ops whose single longest call took longest (a pause inside an op).
 
 A config is "<processes>x<global batch rows>[tp]": "1x4" one GPU with 4 rows of SEQ tokens, "2x8" two

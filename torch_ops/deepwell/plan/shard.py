@@ -69,7 +69,15 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
         params = [[p for m in unit for p in m.parameters()] for unit in units]
         in_units = {id(p) for unit in params for p in unit}
         params.append([p for p in model.parameters() if id(p) not in in_units])  # the root's own
-        gather, scatter = copy_engine.make_comms(mesh["data"].get_group(), params, device)
+        try:
+            gather, scatter = copy_engine.make_comms(mesh["data"].get_group(), params, device)
+        except Exception as e:  # no symmetric memory between these ranks: say so, and how to opt out
+            raise RuntimeError(
+                "deepwell.compile: the plan moves FSDP's collectives on the copy engines, which need PyTorch's "
+                f"symmetric memory between the data ranks, and setting it up failed ({type(e).__name__}: {e}); "
+                "plan with NCCL instead: plan.sharding['collectives'] = 'process_group' and "
+                "plan.sharding['sm_carveout'] = 8 before deepwell.compile"
+            ) from e
         for module in [unit[0] for unit in units] + [model]:
             module.set_custom_all_gather(gather)
             module.set_custom_reduce_scatter(scatter)
