@@ -194,7 +194,9 @@ def test_only_sum_and_average_run_on_the_copy_engines():
         assert copy_engine.reduce_is_average(dist._make_nccl_premul_sum(0.5)) is None
 
 
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def two_gpus(test):
+    """A GPU test (the `gpu` marker) that needs 2 GPUs of one node."""
+    return pytest.mark.gpu(pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")(test))
 
 
 @two_gpus
