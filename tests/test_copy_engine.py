@@ -141,8 +141,9 @@ def test_sizes_that_do_not_match_raise_naming_the_collective():
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_staging_bytes_predicts_the_buffers_the_collectives_ask_for(world):
-    """dryrun's `staging_bytes` against the sizes all_gather and reduce_scatter request for a unit
-    of `shard` elements per rank (its gradients: `world` chunks of as many)."""
+    """dryrun's `staging_bytes` (what make_comms allocates) against the sizes all_gather and
+    reduce_scatter request for a unit of `shard` elements per rank (its gradients: `world` chunks
+    of as many)."""
     shard = 300_001
     asked = {}
 
@@ -160,7 +161,8 @@ def test_staging_bytes_predicts_the_buffers_the_collectives_ask_for(world):
     run_ranks(world, body)
     gather, scatter = 2 * shard, 2 * shard * (world - 1)
     assert sorted(set(asked.values())) == sorted({gather, scatter})
-    predicted = copy_engine.staging_bytes(2 * shard, 2 * shard * world, world)
+    unit = [torch.empty(world * shard, dtype=torch.bfloat16, device="meta")]  # a shard of `shard` per rank
+    predicted = copy_engine.staging_bytes([unit], world)
     assert predicted == copy_engine.rounded(gather) + copy_engine.rounded(scatter)
 
 
@@ -182,8 +184,8 @@ def test_unit_bytes_count_fsdp_padded_shards():
     """FSDP2 pads dim 0 to a multiple of the ranks: a (5, 3) bf16 weight's shard is 3 rows on 2
     ranks (18 bytes), a 0-d or 1-d fp32 parameter its rows' share."""
     params = [torch.zeros(5, 3, dtype=torch.bfloat16), torch.zeros(7), torch.zeros(())]
-    assert copy_engine.unit_bytes(params, 2) == (18 + 16 + 4,) * 2
-    assert copy_engine.unit_bytes(params, 4) == (12 + 8 + 4,) * 2
+    assert copy_engine.unit_bytes(params, 2) == 18 + 16 + 4
+    assert copy_engine.unit_bytes(params, 4) == 12 + 8 + 4
 
 
 def test_only_sum_and_average_run_on_the_copy_engines():

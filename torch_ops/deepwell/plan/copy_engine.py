@@ -33,14 +33,15 @@ rank's staging buffer mapped into every rank's address space, a barrier through 
 
 Costs: one staging buffer per kind, outside PyTorch's caching allocator (so not in
 `torch.cuda.max_memory_allocated`; `live_staging_bytes` reports them, dryrun predicts them with
-`staging_bytes`): the largest unit's shard for the all-gather, the largest unit's gradients less
-this rank's chunk for the reduce-scatter. Then the all-gather's local copy into staging, and 4-5
+`staging_bytes`): the largest unit's shard for the all-gather, as many bytes from each other rank
+for the reduce-scatter. Then the all-gather's local copy into staging, and 4-5
 launches per collective where NCCL takes one. Other reduce ops (PREMUL_SUM for a custom gradient
 divide factor) go to NCCL unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -57,12 +58,37 @@ def rounded(nbytes: int) -> int:
     return -(-nbytes // GRANULE) * GRANULE
 
 
-def staging_bytes(largest_shard: int, largest_gradients: int, world: int) -> int:
-    """The staging memory one rank holds for units whose largest all-gather shard is
-    `largest_shard` bytes and whose largest unit's gradients (in the reduce dtype) are
-    `largest_gradients` bytes, over `world` ranks: dryrun's prediction of `live_staging_bytes`."""
-    chunk = -(-largest_gradients // world)
-    return rounded(largest_shard) + rounded(chunk * (world - 1))
+def unit_bytes(params, world: int) -> int:
+    """Bytes of one rank's shard of an FSDP unit's `params` on `world` ranks, which is both what its
+    all-gather sends and each chunk of its reduce-scatter: FSDP2 pads each parameter's dim 0 to a
+    multiple of `world`, and gathers and reduces in the parameter's dtype here (an FP8-gathered
+    weight moves fewer bytes: an upper bound)."""
+    total = 0
+    for p in params:
+        rows = p.shape[0] if p.dim() else 1
+        total += -(-rows // world) * (p.numel() // max(rows, 1)) * p.element_size()
+    return total
+
+
+def unit_params(model: torch.nn.Module, units: list) -> list:
+    """Each FSDP unit's parameters (`units`: parallel.py `fsdp_units`), then the root's own (those
+    in no unit)."""
+    params = [[p for m in unit for p in m.parameters()] for unit in units]
+    in_units = {id(p) for unit in params for p in unit}
+    return params + [[p for p in model.parameters() if id(p) not in in_units]]
+
+
+def staging_sizes(units: list, world: int) -> tuple[int, int]:
+    """(all-gather, reduce-scatter) staging bytes one rank allocates for FSDP units whose
+    parameters are `units`, on `world` ranks: the largest shard, and that many bytes from each
+    other rank."""
+    shard = max((unit_bytes(params, world) for params in units), default=0)
+    return rounded(max(shard, 1)), rounded(max(shard * (world - 1), 1))
+
+
+def staging_bytes(units: list, world: int) -> int:
+    """dryrun's prediction of `live_staging_bytes` (`staging_sizes` together)."""
+    return sum(staging_sizes(units, world))
 
 
 def live_staging_bytes() -> int:
@@ -86,11 +112,12 @@ class Peers:
     buffers on demand (a stream sync and a rendezvous inside the call) hung the 0.95B step that way."""
 
     def __init__(self, group: dist.ProcessGroup, channel: int, nbytes: int, device: torch.device):
+        """`nbytes`: the buffer's size (`staging_sizes`)."""
         from torch.distributed import _symmetric_memory as symm_mem
 
         self.group, self.channel = group, channel
         self.rank, self.world = group.rank(), group.size()
-        self.buffer = symm_mem.empty(rounded(max(nbytes, 1)), dtype=torch.uint8, device=device)
+        self.buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, group.group_name)
         self.stream = torch.cuda.Stream(device)
         _ALL_PEERS.add(self)
@@ -107,25 +134,16 @@ class Peers:
     def barrier(self) -> None:
         self.handle.barrier(channel=self.channel)
 
+    @contextlib.contextmanager
     def run_on_own_stream(self):
         """Context: this kind's stream, after the caller's; the caller's stream waits for it on exit."""
-        return _OwnStream(self.stream)
-
-
-class _OwnStream:
-    def __init__(self, stream):
-        self.stream = stream
-
-    def __enter__(self):
-        self.caller = torch.cuda.current_stream(self.stream.device)
-        self.stream.wait_stream(self.caller)
-        self.ctx = torch.cuda.stream(self.stream)
-        self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        self.ctx.__exit__(*exc)
-        self.caller.wait_stream(self.stream)
-        return False
+        caller = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            caller.wait_stream(self.stream)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -139,27 +157,15 @@ def _fsdp_api():
     return AllGather, ReduceScatter
 
 
-def unit_bytes(params, world: int) -> tuple[int, int]:
-    """(all-gather shard bytes, reduce-scatter chunk bytes) of one FSDP unit's `params` on `world`
-    ranks: FSDP2 pads each parameter's dim 0 to a multiple of `world`, and gathers and reduces in
-    the parameter's dtype here (an FP8-gathered weight moves fewer bytes: an upper bound)."""
-    total = 0
-    for p in params:
-        rows = p.shape[0] if p.dim() else 1
-        total += -(-rows // world) * (p.numel() // max(rows, 1)) * p.element_size()
-    return total, total
-
-
 def make_comms(group: dist.ProcessGroup, units: list, device: torch.device):
     """(all-gather, reduce-scatter) comm objects for `FSDPModule.set_custom_all_gather` /
     `set_custom_reduce_scatter`, shared by every FSDP unit (`units`: each unit's parameters, the
     root's own among them): one staging buffer per kind, sized for the largest unit and allocated
     now, on every rank at once."""
     AllGather, ReduceScatter = _fsdp_api()
-    world = group.size()
-    sizes = [unit_bytes(params, world) for params in units] or [(0, 0)]
-    gather_peers = Peers(group, 0, max(g for g, _ in sizes), device)
-    scatter_peers = Peers(group, 1, max(r for _, r in sizes) * (world - 1), device)
+    gather_bytes, scatter_bytes = staging_sizes(units, group.size())
+    gather_peers = Peers(group, 0, gather_bytes, device)
+    scatter_peers = Peers(group, 1, scatter_bytes, device)
 
     class CopyEngineAllGather(AllGather):
         def allocate(self, size, *, dtype, device):

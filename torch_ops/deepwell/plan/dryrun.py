@@ -17,7 +17,7 @@ FP8 all-gather, `autoplan(..., fp8_all_gather=True)`, counts its E4M3 codes at a
 and its fp32 tile scales, plan/fp8_all_gather.py `gathered_bytes`);
 activations are those of the captured micro-batch, which is one rank's. `staging`: with the plan's
 collectives on the copy engines, their symmetric staging buffers (plan/copy_engine.py
-`staging_bytes`: the largest unit's shard and its gradients less this rank's chunk).
+`staging_bytes`: the largest unit's shard, and as many bytes from each other rank).
 - weights and gradients: from the parameters;
 - activations: what the compiled forward saves for the backward: AOTAutograd's partition of the
   model's forward + backward traced on fake tensors (no device memory), as the backend partitions
@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _native
-from .copy_engine import staging_bytes
+from .copy_engine import staging_bytes, unit_params
 from .engine import Engine
 from .fp8_all_gather import gathered_bytes
 from .memory import codes_of, saved_activation_bytes
@@ -127,8 +127,7 @@ def dryrun(engine: Engine) -> Estimate:
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0
         if data > 1 and plan.sharding.get("collectives") == "copy_engine":
-            gradients = max((nbytes(p for m in unit for p in m.parameters()) for unit in modules), default=0)
-            staging = staging_bytes(max(units, default=0) // tensor // data, gradients // tensor, data)
+            staging = staging_bytes(unit_params(model, modules), data)
         # Measured by autoplan before sharding, for one rank: under tensor parallelism with the
         # split layers at their local shapes (the heads' and hidden units' activations split; the
         # residual stream and the norms' replicated, or split along the sequence with sequence

@@ -66,10 +66,8 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh["data"], reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)
     if sharding.get("collectives") == "copy_engine" and device.type == "cuda":
-        params = [[p for m in unit for p in m.parameters()] for unit in units]
-        in_units = {id(p) for unit in params for p in unit}
-        params.append([p for p in model.parameters() if id(p) not in in_units])  # the root's own
         try:
+            params = copy_engine.unit_params(model, units)
             gather, scatter = copy_engine.make_comms(mesh["data"].get_group(), params, device)
         except Exception as e:  # no symmetric memory between these ranks: say so, and how to opt out
             raise RuntimeError(
