@@ -117,6 +117,8 @@ def _worker(args) -> None:
         plan.sharding["unit_blocks"] = [int(n) for n in args.unit_blocks.split(",")]
         if len(plan.sharding["unit_blocks"]) == 1:  # "2": units of 2 blocks
             plan.sharding["unit_blocks"] = plan.sharding["unit_blocks"][0]
+    if args.ends_join_blocks is not None:
+        plan.sharding["ends_join_blocks"] = args.ends_join_blocks == "on"
     codes = {None: None, "on": True, "off": False}[args.fp8_block_codes]
     engine = deepwell.compile(ir, plan=plan, fp8_block_codes=codes)
     estimate = deepwell.dryrun(engine)
@@ -252,7 +254,8 @@ def _worker(args) -> None:
             "first_call_s": first_s, "peak_bytes_per_rank": [int(p) for p in peaks.tolist()],
             "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
-            "parallelism": plan.parallelism, "unit_blocks": plan.sharding.get("unit_blocks"), "reason": plan.sharding["reason"],
+            "parallelism": plan.parallelism, "unit_blocks": plan.sharding.get("unit_blocks"),
+            "ends_join_blocks": bool(plan.sharding.get("ends_join_blocks")), "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
             "estimate": str(estimate), "kernel_ms": kernels,
             "phases": phases, "host_regions_ms": host_regions, "spans": spans, "timeline": timeline, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
@@ -396,10 +399,12 @@ def _kernel_split(step, sync, steps: int, trace: str | None = None) -> dict[str,
 
 def _step_timeline(step, sync, steps: int) -> list[dict]:
     """Each of `steps` profiled steps on this rank's GPU (CUDA activity only), cut at a marker kernel
-    launched on the compute stream before each step: its span, the compute stream's busy ms and
-    its longest idle gap with the kernel that ended it (the GPU waiting on the host's launches, or
-    on a collective it was told to wait for), and NCCL's kernel ms with the longest one (a
-    collective's kernel runs until its peer joins, so a long one means the other rank was late)."""
+    launched on the compute stream before each step: its span, the compute stream's busy ms, its
+    idle ms and its longest idle gaps, each with where in the step it began and the kernels on either
+    side (the GPU waiting on the host's launches, or on a collective it was told to wait for), NCCL's
+    kernel ms with the longest one (a collective's kernel runs until its peer joins, so a long one
+    means the other rank was late), and the copy engines' ms (memcpy activity: the copy-engine
+    collectives' pulls and pushes)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -411,26 +416,36 @@ def _step_timeline(step, sync, steps: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
         with open(os.path.join(tmp, "trace.json")) as f:
-            kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
-    kernels.sort(key=lambda e: e["ts"])
+            events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy"]
     marks = [e for e in kernels if "spin_kernel" in e["name"]]
     compute = marks[0]["args"]["stream"]
     out = []
     for lo, hi in zip(marks, marks[1:]):
+        start, stop = lo["ts"] + lo["dur"], hi["ts"]
         inside = [e for e in kernels if lo["ts"] < e["ts"] < hi["ts"]]
         mine = [e for e in inside if e["args"]["stream"] == compute]
         nccl = [e for e in inside if "nccl" in e["name"].lower()]
-        gap, after, end = 0.0, "", lo["ts"] + lo["dur"]
+        gaps, end, before = [], start, "step start"
         for e in mine:
-            if e["ts"] - end > gap:
-                gap, after = e["ts"] - end, e["name"][:60]
-            end = max(end, e["ts"] + e["dur"])
+            if e["ts"] > end:
+                gaps.append((e["ts"] - end, end - start, before, e["name"][:50]))
+            if e["ts"] + e["dur"] > end:
+                end, before = e["ts"] + e["dur"], e["name"][:50]
+        if stop > end:
+            gaps.append((stop - end, end - start, before, "step end"))
+        gaps.sort(reverse=True)
         longest = max(nccl, key=lambda e: e["dur"], default=None)
         out.append({
-            "ms": (hi["ts"] - lo["ts"]) / 1e3, "compute_busy_ms": sum(e["dur"] for e in mine) / 1e3,
-            "longest_gap_ms": gap / 1e3, "gap_before": after, "nccl_ms": sum(e["dur"] for e in nccl) / 1e3,
+            "ms": (stop - start) / 1e3, "compute_busy_ms": sum(e["dur"] for e in mine) / 1e3,
+            "idle_ms": sum(g[0] for g in gaps) / 1e3,
+            "longest_gap_ms": gaps[0][0] / 1e3 if gaps else 0.0, "gap_before": gaps[0][3] if gaps else "",
+            "gaps": [{"ms": g / 1e3, "at_ms": at / 1e3, "after": a, "before": b} for g, at, a, b in gaps[:4]],
+            "nccl_ms": sum(e["dur"] for e in nccl) / 1e3,
             "longest_nccl_ms": longest["dur"] / 1e3 if longest else 0.0,
             "longest_nccl": longest["name"][:40] if longest else "",
+            "copy_engine_ms": sum(e["dur"] for e in copies if start < e["ts"] < stop) / 1e3,
         })
     return out
 
@@ -449,7 +464,7 @@ def _launch(args, config: str, out: str) -> dict:
     cmd += ["--pin-cores"] * args.pin_cores
     cmd += [] if args.fp8_block_codes is None else ["--fp8-block-codes", args.fp8_block_codes]
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
-    for flag in ("forward_prefetch", "unit_blocks", "backward_carveout", "collectives"):
+    for flag in ("forward_prefetch", "unit_blocks", "backward_carveout", "collectives", "ends_join_blocks"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     cmd += ["--trace", args.trace] if args.trace else []
     cmd += [] if args.gc_every is None else ["--gc-every", str(args.gc_every)]
@@ -492,6 +507,9 @@ def main() -> None:
                    help="FSDP units whose all-gathers each unit's forward starts (default: the plan's forward_prefetch)")
     p.add_argument("--unit-blocks", default=None,
                    help="blocks per FSDP unit, '2' for all or '1,2,4,8,1' in forward order (default: the plan's unit_blocks)")
+    p.add_argument("--ends-join-blocks", choices=["on", "off"], default=None,
+                   help="the embedding in the first block unit, the final norm and LM head in the last (on), or "
+                        "units of their own (off); default: the plan's ends_join_blocks")
     p.add_argument("--gc-every", type=int, default=None,
                    help="Python's automatic garbage collection off, a young-generation collection every N steps "
                         "instead; 0: automatic (default: deepwell.Trainer's choice, every 50 steps under several processes)")
@@ -547,16 +565,19 @@ def main() -> None:
             print(f"{'':<8} span {name}: longest call {v['longest_ms']:.2f} ms; {v['ms_per_step']:.2f} ms "
                   f"in {v['calls_per_step']:.0f} calls a step")
         for rank, steps in enumerate(r.get("timeline") or []):
-            # The first profiled step, then every step 10 ms above the median: where its time went.
+            # The first two profiled steps, then every step 10 ms above the median: where its time went.
             typical = statistics.median(t["ms"] for t in steps)
             for i, t in enumerate(steps):
-                if i == 0 or t["ms"] > typical + 10:
+                if i < 2 or t["ms"] > typical + 10:
                     print(f"{'':<8} rank {rank} profiled step {i + 1}: {t['ms']:.1f} ms (median {typical:.1f}); "
-                          f"compute stream busy {t['compute_busy_ms']:.1f}, longest gap {t['longest_gap_ms']:.1f} "
-                          f"before {t['gap_before']}; NCCL {t['nccl_ms']:.1f}, longest {t['longest_nccl_ms']:.1f} "
-                          f"({t['longest_nccl']})")
+                          f"compute stream busy {t['compute_busy_ms']:.1f}, idle {t.get('idle_ms', 0.0):.1f}; "
+                          f"NCCL {t['nccl_ms']:.1f}, longest {t['longest_nccl_ms']:.1f} ({t['longest_nccl']}); "
+                          f"copy engines {t.get('copy_engine_ms', 0.0):.1f}")
+                    for g in t.get("gaps", []):
+                        print(f"{'':<10} idle {g['ms']:.2f} ms at {g['at_ms']:.1f} ms: after {g['after']}, before {g['before']}")
         if r.get("unit_blocks"):
-            print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks")
+            ends = "with the embedding and the LM head" if r.get("ends_join_blocks") else "besides the embedding's and the LM head's"
+            print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks, {ends}")
         if r.get("host_ms"):
             print(f"{'':<8} host: {r['host_ms']:.1f} ms to launch a step")
         for phase, v in (r.get("phases") or {}).items():

@@ -112,7 +112,8 @@ def main() -> None:
                              sequence_parallel=sequence_parallel)
     if os.environ.get("DEEPWELL_TEST_UNITS"):  # the GPU plan's FSDP layout, which the CPU's never picks
         units = [int(n) for n in os.environ["DEEPWELL_TEST_UNITS"].split(",")]
-        plan.sharding.update(unit_blocks=units, reshard_after_forward=False)
+        plan.sharding.update(unit_blocks=units, reshard_after_forward=False,
+                             ends_join_blocks=os.environ.get("DEEPWELL_TEST_ENDS") == "1")
     engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan, **COMPILE)
     estimate = deepwell.dryrun(engine) if MODE != "eager" else None
     saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)

@@ -88,6 +88,8 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
     assert p["unit_blocks"] == [] and not p["reshard_after_forward"]
     kept = _native.call("parallel_plan", {"cluster": cluster, "model": {**model, "blocks": 16}})
     assert kept["unit_blocks"] == [1, 2, 4, 8, 1] and "FSDP units of [1, 2, 4, 8, 1] blocks" in kept["reason"]
+    assert kept["ends_join_blocks"] and "the embedding joins the first unit" in kept["reason"]
+    assert not p["ends_join_blocks"]  # no blocks: no block units to join
     with pytest.raises(ValueError, match="field 'blocks'"):
         _native.call("parallel_plan", {"cluster": cluster, "model": {**model, "blocks": -1}})
 
@@ -199,14 +201,18 @@ def test_fsdp2_units_follow_the_plan_and_train_like_one_process(tmp_path):
     """FSDP's units are the embedding, groups of the plan's unit_blocks blocks, and the final norm
     with the LM head (plan/parallel.py fsdp_units), each forward prefetching the next unit: 2 gloo
     ranks give one process's losses with units of one block (the CPU's plan: memory unknown,
-    resharded) and of two blocks kept gathered (a GPU's plan with room)."""
+    resharded), of two blocks kept gathered, and of one block each kept gathered with the ends
+    joining them (a GPU's plan with room: `ends_join_blocks`)."""
     one = _run(tmp_path, 1)
     two = _run(tmp_path, 2)
     assert two["sharding"]["forward_prefetch"] == 1 and two["sharding"]["unit_blocks"] == [1, 1]
+    assert two["sharding"]["ends_join_blocks"] is False  # resharded: the plan counted one block a unit
     assert two["units"] == [["tok_embeddings"], ["layers.0"], ["layers.1"], ["norm", "output"]], two["units"]
     grouped = _run(tmp_path, 2, tag="-units2", DEEPWELL_TEST_UNITS="2")
     assert grouped["units"] == [["tok_embeddings"], ["layers.0", "layers.1"], ["norm", "output"]], grouped["units"]
-    for run in (two, grouped):
+    joined = _run(tmp_path, 2, tag="-ends", DEEPWELL_TEST_UNITS="1,1", DEEPWELL_TEST_ENDS="1")
+    assert joined["units"] == [["tok_embeddings", "layers.0"], ["layers.1", "norm", "output"]], joined["units"]
+    for run in (two, grouped, joined):
         assert trains_alike(one["losses"], run["losses"]), (one["losses"], run["losses"])
 
 
@@ -305,11 +311,16 @@ def test_fsdp_units_are_the_ends_and_groups_of_blocks_in_forward_order():
         ["tok_embeddings"], ["layers.0", "layers.1"], ["layers.2", "layers.3"], ["layers.4"], ["norm", "output"]]
     assert names(llama, fsdp_units(llama, [1, 2, 2])) == [  # the planner's growing units
         ["tok_embeddings"], ["layers.0"], ["layers.1", "layers.2"], ["layers.3", "layers.4"], ["norm", "output"]]
+    assert names(llama, fsdp_units(llama, [1, 2, 2], ends_join_blocks=True)) == [  # the plan's ends_join_blocks
+        ["tok_embeddings", "layers.0"], ["layers.1", "layers.2"], ["layers.3", "layers.4", "norm", "output"]]
+    assert names(llama, fsdp_units(llama, [5], ends_join_blocks=True)) == [  # one group takes both ends
+        ["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.3", "layers.4", "norm", "output"]]
     for wrong in ([1, 2], [1, 2, 4], [0, 5]):
         with pytest.raises(RuntimeError, match=r"deepwell.compile: the plan's FSDP units of .* do not cover this model's 5 blocks"):
             fsdp_units(llama, wrong)
     tied = Llama(64, 32, 2, 2, 64, max_seq=16, tied=True)
     assert names(tied, fsdp_units(tied)) == [["layers.0"], ["layers.1"]]
+    assert names(tied, fsdp_units(tied, 1, ends_join_blocks=True)) == [["layers.0"], ["layers.1"]]
 
     class Inner(torch.nn.Module):  # Hugging Face's layout: model.embed_tokens, model.layers, model.norm
         def __init__(self):

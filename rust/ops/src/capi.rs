@@ -67,7 +67,7 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("recipes", policy::recipes_entry, "{} -> [{name, block_k, low_precision, elem_max, ...}]"),
     ("roles", policy::roles_entry, "{sites: [[name, module_type], ...]} -> [role]"),
     ("step_cost", policy::step_cost_entry, "{arch, sites: [{tokens, in_features, out_features, recipe}], other_bytes} -> {step_ms, bf16_step_ms, rates_from}"),
-    ("parallel_plan", policy::parallel_plan_entry, "{cluster: {world_size, devices_per_node, memory_bytes, peer_access}, model: {weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes, largest_unit_bytes, blocks?}, tensor?} -> {data, tensor, fsdp, reshard_after_forward, per_rank_bytes, sm_carveout, collectives, unit_blocks, forward_prefetch, reason}"),
+    ("parallel_plan", policy::parallel_plan_entry, "{cluster: {world_size, devices_per_node, memory_bytes, peer_access}, model: {weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes, largest_unit_bytes, blocks?}, tensor?} -> {data, tensor, fsdp, reshard_after_forward, per_rank_bytes, sm_carveout, collectives, unit_blocks, ends_join_blocks, forward_prefetch, reason}"),
     ("direct_cublaslt", crate::gemm::cublaslt::direct_cublaslt_entry, "{enable?} -> {enabled, loaded, calls, declined: {why: count}} (FP8 GEMMs on cuBLASLt called directly; false: through aten::_scaled_mm_v2)"),
     ("sm_carveout", crate::cuda::sm_carveout_entry, "{sms?} -> sms (SMs deepwell's persistent GEMMs leave to collectives; sets them when given)"),
     ("fp8_gemm_tile", crate::gemm::fp8_gemm::fp8_gemm_tile_entry, "{tile?} -> tile (\"128\", \"256\", \"2x128\" or null: the tile shape forced on deepwell's FP8 GEMM; sets it when given)"),

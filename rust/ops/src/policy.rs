@@ -289,6 +289,6 @@ pub fn parallel_plan_entry(req: &Value) -> Answer {
     let p = parallel::plan_with_tensor(&cluster, &model, forced.map(|t| t as u32));
     Ok(json!({
         "data": p.data, "tensor": p.tensor, "fsdp": p.fsdp, "reshard_after_forward": p.reshard_after_forward, "sm_carveout": p.sm_carveout,
-        "collectives": p.collectives.name(), "unit_blocks": p.unit_blocks, "forward_prefetch": p.forward_prefetch, "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
+        "collectives": p.collectives.name(), "unit_blocks": p.unit_blocks, "ends_join_blocks": p.ends_join_blocks, "forward_prefetch": p.forward_prefetch, "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
     }))
 }

@@ -46,7 +46,7 @@ from .copy_engine import staging_bytes, unit_params
 from .engine import Engine
 from .fp8_all_gather import gathered_bytes
 from .memory import codes_of, saved_activation_bytes
-from .parallel import fsdp_units, nbytes, unit_blocks_of
+from .parallel import nbytes, plan_units
 
 
 @dataclass
@@ -122,7 +122,7 @@ def dryrun(engine: Engine) -> Estimate:
         share = sum(local.numel() * local.element_size() for local in map(_local, model.parameters()))
     staging = 0
     if ranks > 1:
-        modules = fsdp_units(model, unit_blocks_of(plan.sharding))
+        modules = plan_units(model, plan.sharding)
         units = [gathered_bytes(p for m in unit for p in m.parameters()) for unit in modules]
         keep = not plan.sharding["reshard_after_forward"]
         gathered = (sum(units) if keep else 2 * max(units, default=0)) // tensor if data > 1 else 0

@@ -129,7 +129,7 @@ def autoplan(
     par = with_tensor_share(ir.model, ir.example_inputs, par, quantized, sequence)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "sm_carveout", "collectives", "unit_blocks",
-                                       "forward_prefetch", "per_rank_bytes", "reason", "saved")}
+                                       "ends_join_blocks", "forward_prefetch", "per_rank_bytes", "reason", "saved")}
     plan.sharding["fp8_all_gather"], plan.sharding["fp8_gathered"] = bool(fp8_all_gather), []
     plan.sharding["sequence_parallel"] = sequence
     if sequence:

@@ -29,7 +29,14 @@ def unit_blocks_of(sharding: dict) -> list[int] | int:
     return sharding.get("unit_blocks") or 1
 
 
-def fsdp_units(model: torch.nn.Module, unit_blocks: list[int] | int = 1) -> list[list[torch.nn.Module]]:
+def plan_units(model: torch.nn.Module, sharding: dict) -> list[list[torch.nn.Module]]:
+    """The FSDP units a plan's `sharding` gives `model` (`fsdp_units` with its `unit_blocks` and
+    `ends_join_blocks`; plans made before the latter existed keep the ends in units of their own)."""
+    return fsdp_units(model, unit_blocks_of(sharding), bool(sharding.get("ends_join_blocks")))
+
+
+def fsdp_units(model: torch.nn.Module, unit_blocks: list[int] | int = 1,
+               ends_join_blocks: bool = False) -> list[list[torch.nn.Module]]:
     """FSDP's units in forward order: the modules registered before the blocks (the embedding), the
     blocks in consecutive groups of `unit_blocks` blocks (the plan's counts, which must cover the
     blocks; an int: groups of that many), and those registered after them (the final norm and the
@@ -37,8 +44,10 @@ def fsdp_units(model: torch.nn.Module, unit_blocks: list[int] | int = 1) -> list
     a parameter: tied embeddings) stays with the root's unit. Before and after are read off
     registration order along the path from the root to the blocks' ModuleList, which is forward order
     in the LLaMA layouts (deepwell.models, Hugging Face's `model.embed_tokens ... model.norm, lm_head`).
-    Their own units let the LM head's gather overlap the blocks' forward and its gradients' reduction
-    overlap their backward, where the root's would wait for the whole step."""
+    Out of the root's unit, the LM head's gather overlaps the blocks' forward and its gradients'
+    reduction their backward, where the root's would wait for the whole step. `ends_join_blocks`:
+    the modules before the blocks share the first group's unit and those after the last group's
+    (the plan's choice, rust/core/src/policy/parallel.rs: every unit costs host time each step)."""
     every = blocks(model)
     if isinstance(unit_blocks, int):
         per_unit = max(unit_blocks, 1)
@@ -65,6 +74,10 @@ def fsdp_units(model: torch.nn.Module, unit_blocks: list[int] | int = 1) -> list
     params = [{id(p) for m in end for p in m.parameters()} for end in (before, after)]
     if params[0] & params[1]:
         return groups
+    if ends_join_blocks and groups:
+        if len(groups) == 1:
+            return [before + groups[0] + after]
+        return [before + groups[0], *groups[1:-1], groups[-1] + after]
     return ([before] if before else []) + groups + ([after] if after else [])
 
 
@@ -88,8 +101,8 @@ def plan_parallelism(
     model: torch.nn.Module, example_inputs: tuple, hw: Hardware | None, world: int, quantized: bool | None = None,
     codes: dict[str, str] | None = None, tensor: int | None = None
 ) -> dict:
-    """{data, tensor, fsdp, reshard_after_forward, sm_carveout, unit_blocks, forward_prefetch,
-    per_rank_bytes, reason, saved} for `world`
+    """{data, tensor, fsdp, reshard_after_forward, sm_carveout, unit_blocks, ends_join_blocks,
+    forward_prefetch, per_rank_bytes, reason, saved} for `world`
     processes; `saved`: `memory.saved_activation_bytes`'s (total, largest, output bytes, output elements), measured before
     sharding (dryrun reuses it: a sharded model's forward cannot run on fake tensors). `example_inputs`
     is one rank's micro-batch; `hw` the node's devices (None: unknown memory); `quantized`: whether

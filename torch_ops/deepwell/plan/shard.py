@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .. import _native
 from . import copy_engine, fp8_all_gather, tensor_parallel
-from .parallel import fsdp_units, unit_blocks_of, world_size
+from .parallel import plan_units, world_size
 
 
 def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: dict[str, str] | None = None) -> torch.nn.Module:
@@ -61,7 +61,7 @@ def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: 
     reshard = sharding["reshard_after_forward"]
     # Before fully_shard, which shards the FP8 path's parameters like any other (fp8_all_gather.py).
     fp8_all_gather.apply(model, sharding.get("fp8_gathered") or [], data)
-    units = fsdp_units(model, unit_blocks_of(sharding))
+    units = plan_units(model, sharding)
     for unit in units:
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh["data"], reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh["data"], reshard_after_forward=reshard)

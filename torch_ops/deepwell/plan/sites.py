@@ -50,7 +50,7 @@ class Plan:
     #: Parallel degrees (single GPU: all 1) and the training shape the plan was made for.
     parallelism: dict = field(default_factory=lambda: {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1})
     #: How the degrees are applied: {fsdp, reshard_after_forward, sm_carveout, unit_blocks,
-    #: forward_prefetch, per_rank_bytes, reason, ...} (autoplan).
+    #: ends_join_blocks, forward_prefetch, per_rank_bytes, reason, ...} (autoplan).
     sharding: dict | None = None
     seq_len: int | None = None
     global_batch: int | None = None

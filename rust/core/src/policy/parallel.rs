@@ -81,6 +81,21 @@ impl Collectives {
 /// re-gathered for the backward a unit stays one block: two gathered units is the memory counted.
 pub const MAX_BLOCKS_PER_UNIT: u32 = 8;
 
+/// Why the embedding and the LM head join the block units at the two ends when the weights stay
+/// gathered. Units of their own cost each step what every FSDP unit costs the host (its hooks, its
+/// collectives' launches) and buy no overlap: the embedding's forward is a gather too short to
+/// cover the first block's all-gather, the end of the backward waits for both the first block's
+/// and the embedding's reduce-scatters either way, and the LM head's all-gather and reduce-scatter
+/// overlap the blocks' compute in either layout. So joining them exposes no more communication
+/// and saves two units. Measured on 2 H100s, the 0.95B LLaMA at 4x2048 tokens per
+/// GPU, copy-engine collectives, alternated in three leases (benchmarks/results/bench_parallel-1b-ends-*):
+/// 94.5-96.4 ms a step by mean in five runs (medians 92.8-95.2) against 97.8-107.6 in four
+/// (medians 92.0-102.5) with units of their own, one GPU 85.4-86.1: 1.79-1.82x against 1.60-1.75x.
+/// The best steps are alike; the joined runs had fewer stretches where a host could not launch as
+/// fast as its GPU ran (the 2-GPU step is close to bound by its host; README "Several GPUs").
+pub const ENDS_JOIN_BLOCKS: &str = "the embedding joins the first unit and the final norm with the LM head the last \
+     (each FSDP unit costs host time every step; joined, no collective is less hidden)";
+
 /// The processes of the job and their devices.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Cluster {
@@ -130,6 +145,11 @@ pub struct ParallelPlan {
     /// `ModelSize::blocks` (`unit_blocks`: 1, 2, 4, ... when the weights stay gathered, else 1
     /// each); empty without data parallelism.
     pub unit_blocks: Vec<u32>,
+    /// The modules before the blocks (the embedding) share the first block unit and those after
+    /// them (the final norm, the LM head) the last, instead of units of their own: true where the
+    /// weights stay gathered under data parallelism alone (`ENDS_JOIN_BLOCKS` says why), else false
+    /// (a unit stays one block when two gathered units is the memory counted).
+    pub ends_join_blocks: bool,
     /// Units ahead whose all-gathers each unit's forward starts (1 with data parallelism, else 0):
     /// FSDP2 starts a unit's all-gather when the host reaches it, so without this the gathers
     /// overlap compute only as far as the host runs ahead of the GPU.
@@ -173,6 +193,7 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
             sm_carveout: 0,
             collectives: Collectives::ProcessGroup,
             unit_blocks: Vec::new(),
+            ends_join_blocks: false,
             forward_prefetch: 0,
             reason: "one process: no sharding (launch with torchrun --nproc-per-node N to use N GPUs)".into(),
         };
@@ -244,6 +265,13 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
             "; FSDP units of {unit_blocks:?} blocks (one block at each end of the step, fewer units on the host)"
         );
     }
+    // Data parallelism alone, as measured: beside tensor groups the embedding and the LM head are
+    // split differently from the blocks (vocabulary-parallel only with sequence parallelism), a
+    // unit mixing them has not run.
+    let ends_join_blocks = keep && tensor == 1 && !unit_blocks.is_empty();
+    if ends_join_blocks {
+        reason += &format!("; {ENDS_JOIN_BLOCKS}");
+    }
     ParallelPlan {
         data,
         tensor,
@@ -253,6 +281,7 @@ pub fn plan_with_tensor(c: &Cluster, m: &ModelSize, forced: Option<u32>) -> Para
         sm_carveout,
         collectives,
         unit_blocks,
+        ends_join_blocks,
         forward_prefetch: u32::from(data > 1),
         reason,
     }
@@ -312,6 +341,9 @@ mod tests {
         assert_eq!(p.per_rank_bytes, 4 * GIB + 10 * GIB + GIB / 4 + GIB);
         assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![1, 2, 4, 8, 1], 1));
         assert!(p.reason.contains("FSDP units of [1, 2, 4, 8, 1] blocks"), "{}", p.reason);
+        // Kept gathered: the embedding and the LM head join the end units, and the plan says why.
+        assert!(p.ends_join_blocks);
+        assert!(p.reason.contains(ENDS_JOIN_BLOCKS), "{}", p.reason);
     }
 
     #[test]
@@ -360,8 +392,10 @@ mod tests {
         assert_eq!((p.data, p.tensor), (8, 1));
         assert!(p.reshard_after_forward);
         assert_eq!(p.per_rank_bytes, 32 * GIB + 20 * GIB + GIB / 4);
-        // Re-gathered units stay one block each: the plan counted two of them in flight.
-        assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![1; 16], 1));
+        // Re-gathered units stay one block each, the ends in units of their own: the plan counted
+        // two blocks in flight.
+        assert_eq!((p.unit_blocks, p.forward_prefetch, p.ends_join_blocks), (vec![1; 16], 1, false));
+        assert!(!p.reason.contains(ENDS_JOIN_BLOCKS), "{}", p.reason);
     }
 
     #[test]
@@ -396,10 +430,13 @@ mod tests {
         assert_eq!(plan(&cluster(1, 80), &model(10)).sm_carveout, 0);
         let p = plan(&cluster(2, 80), &model(100));
         assert_eq!((p.data, p.tensor, p.sm_carveout), (1, 2, 0));
-        // No data parallelism: no FSDP units to group or prefetch.
-        assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![], 0));
+        // No data parallelism: no FSDP units to group, join or prefetch.
+        assert_eq!((p.unit_blocks, p.forward_prefetch, p.ends_join_blocks), (vec![], 0, false));
         let p = plan(&cluster(1, 80), &model(10));
-        assert_eq!((p.unit_blocks, p.forward_prefetch), (vec![], 0));
+        assert_eq!((p.unit_blocks, p.forward_prefetch, p.ends_join_blocks), (vec![], 0, false));
+        // No blocks found: no block units for the ends to join.
+        let p = plan(&cluster(2, 80), &ModelSize { blocks: 0, ..model(10) });
+        assert_eq!((p.unit_blocks, p.ends_join_blocks), (vec![], false));
     }
 
     #[test]
@@ -427,6 +464,8 @@ mod tests {
         let p = plan_with_tensor(&cluster(4, 80), &model(10), Some(2));
         assert_eq!((p.data, p.tensor, p.collectives, p.forward_prefetch), (2, 2, Collectives::ProcessGroup, 1));
         assert_eq!(p.sm_carveout, COMM_SMS);
+        // Kept gathered, but beside tensor groups: the ends keep units of their own.
+        assert!(!p.reshard_after_forward && !p.ends_join_blocks);
         // Forcing the planner's own degree changes nothing.
         assert_eq!(plan_with_tensor(&cluster(2, 80), &model(10), Some(1)), plan(&cluster(2, 80), &model(10)));
     }
