@@ -124,12 +124,15 @@ def _worker(args) -> None:
     codes = {None: None, "on": True, "off": False}[args.fp8_block_codes]
     engine = deepwell.compile(ir, plan=plan, fp8_block_codes=codes)
     estimate = deepwell.dryrun(engine)
-    # Fused AdamW takes one kind of tensor per call: tensor parallelism leaves the embeddings, norms
-    # and LM head plain next to its DTensor shards, so each kind gets its own optimizer.
-    from torch.distributed.tensor import DTensor
+    if args.optimizer == "deepwell":  # fused AdamW on the local shards (train/optim.py), the Trainer's default
+        opts = [deepwell.train.AdamW(model.parameters(), lr=1e-4, fused=True)]
+    else:
+        # torch's fused AdamW takes one kind of tensor per call: tensor parallelism leaves the
+        # embeddings, norms and LM head plain next to its DTensor shards, so each kind gets its own.
+        from torch.distributed.tensor import DTensor
 
-    kinds = [[p for p in model.parameters() if isinstance(p, DTensor) == d] for d in (True, False)]
-    opts = [torch.optim.AdamW(params, lr=1e-4, fused=True) for params in kinds if params]
+        kinds = [[p for p in model.parameters() if isinstance(p, DTensor) == d] for d in (True, False)]
+        opts = [torch.optim.AdamW(params, lr=1e-4, fused=True) for params in kinds if params]
     losses = []
 
     forward_carveout = torch._C._get_sm_carveout_experimental() if cuda else None
@@ -154,7 +157,11 @@ def _worker(args) -> None:
 
     def step():
         forward().backward()
+        if args.sync_every_step:  # as deepwell.Trainer, which reads the loss and gradient norm first
+            sync()
         update()
+        if args.sync_every_step:
+            sync()
         steps_run[0] += 1
         if args.gc_every and steps_run[0] % args.gc_every == 0:
             gc.collect(1)  # the young generations only, at the same step on every rank
@@ -257,7 +264,7 @@ def _worker(args) -> None:
             "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
             "parallelism": plan.parallelism, "unit_blocks": plan.sharding.get("unit_blocks"),
-            "ends_join_blocks": bool(plan.sharding.get("ends_join_blocks")), "reason": plan.sharding["reason"],
+            "ends_join_blocks": bool(plan.sharding.get("ends_join_blocks")), "optimizer": args.optimizer, "sync_every_step": args.sync_every_step, "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
             "estimate": str(estimate), "kernel_ms": kernels,
             "phases": phases, "host_regions_ms": regions, "spans": spans, "timeline": timeline, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
@@ -282,7 +289,8 @@ def _launch(args, config: str, out: str) -> dict:
     cmd += ["--pin-cores"] * args.pin_cores
     cmd += [] if args.fp8_block_codes is None else ["--fp8-block-codes", args.fp8_block_codes]
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
-    for flag in ("forward_prefetch", "unit_blocks", "backward_carveout", "collectives", "ends_join_blocks"):
+    cmd += ["--sync-every-step"] * args.sync_every_step
+    for flag in ("forward_prefetch", "unit_blocks", "backward_carveout", "collectives", "ends_join_blocks", "optimizer"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     cmd += ["--trace", args.trace] if args.trace else []
     cmd += [] if args.gc_every is None else ["--gc-every", str(args.gc_every)]
@@ -328,6 +336,11 @@ def main() -> None:
     p.add_argument("--ends-join-blocks", choices=["on", "off"], default=None,
                    help="the embedding in the first block unit, the final norm and LM head in the last (on), or "
                         "units of their own (off); default: the plan's ends_join_blocks")
+    p.add_argument("--optimizer", choices=["deepwell", "torch"], default="deepwell",
+                   help="fused AdamW: deepwell.train.AdamW, stepped on the local shards (default), or torch.optim.AdamW, "
+                        "stepped through DTensor's dispatch")
+    p.add_argument("--sync-every-step", action="store_true",
+                   help="wait for the GPU before each optimizer step and at each step's end, as deepwell.Trainer does")
     p.add_argument("--gc-every", type=int, default=None,
                    help="Python's automatic garbage collection off, a young-generation collection every N steps "
                         "instead; 0: automatic (default: deepwell.Trainer's choice, every 50 steps under several processes)")
@@ -395,7 +408,8 @@ def main() -> None:
                         print(f"{'':<10} idle {g['ms']:.2f} ms at {g['at_ms']:.1f} ms: after {g['after']}, before {g['before']}")
         if r.get("unit_blocks"):
             ends = "with the embedding and the LM head" if r.get("ends_join_blocks") else "besides the embedding's and the LM head's"
-            print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks, {ends}")
+            print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks, {ends}; {r.get('optimizer', 'torch')}'s fused AdamW"
+                  + ("; the GPU waited for every step" if r.get("sync_every_step") else ""))
         if r.get("host_ms"):
             print(f"{'':<8} host: {r['host_ms']:.1f} ms to launch a step")
         for phase, v in (r.get("phases") or {}).items():

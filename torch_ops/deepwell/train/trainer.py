@@ -54,6 +54,7 @@ from ..nn.weight_cache import microbatches
 from . import checkpoint, distributed, plots, sharded, state
 from .data import TokenBatches
 from .log import JsonlLog
+from .optim import AdamW
 from .schedule import WarmupCosine, constant
 
 
@@ -198,12 +199,13 @@ class Trainer:
     ) -> "Trainer":
         """A Trainer for `engine` (a `deepwell.compile` result). `optimizer`: an optimizer on
         `engine.model`'s parameters, a callable params -> optimizer, or None for AdamW(lr=3e-4,
-        betas=(0.9, 0.95), weight_decay=0.1). Other keyword arguments: see `Trainer`."""
+        betas=(0.9, 0.95), weight_decay=0.1): deepwell.train.AdamW, torch's AdamW stepped on the
+        local shards of a sharded model (train/optim.py says why). Other keyword arguments: see `Trainer`."""
         if not hasattr(engine, "model") or not callable(engine):
             raise ValueError(f"deepwell.Trainer.from_engine: expected a deepwell.Engine (deepwell.compile's result), got {type(engine).__name__}")
         params = list(engine.model.parameters())
         if optimizer is None:
-            optimizer = torch.optim.AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+            optimizer = AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
         elif not isinstance(optimizer, torch.optim.Optimizer):
             if not callable(optimizer):
                 raise ValueError(f"deepwell.Trainer.from_engine: optimizer must be a torch Optimizer, a callable params -> Optimizer or None, got {optimizer!r}")
