@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -155,13 +156,25 @@ def _worker(args) -> None:
 
     steps_run = [0]
 
+    trainer = None
+    if args.trainer:  # deepwell.Trainer's own step: gradient clipping, the non-finite check, its reads
+        trainer = deepwell.Trainer.from_engine(engine, optimizer=opts[0], max_steps=1 << 30, log_every=10, progress=False,
+                                               plot=False, loss_fn=lambda eng, batch: forward(),
+                                               wait_every_step=args.sync_every_step)
+        feed = itertools.repeat(0)  # a stand-in batch: the loss function reads this rank's rows itself
+
     def step():
-        forward().backward()
-        if args.sync_every_step:  # as deepwell.Trainer, which reads the loss and gradient norm first
-            sync()
-        update()
-        if args.sync_every_step:
-            sync()
+        if trainer is not None:
+            # What Trainer.fit runs each step, without its progress bar, evaluations and checkpoints.
+            if trainer._train_step(feed) or trainer.step % trainer.log_every == 0:
+                trainer._read_steps()
+        else:
+            forward().backward()
+            if args.sync_every_step:  # as deepwell.Trainer with wait_every_step, which reads the loss and norm first
+                sync()
+            update()
+            if args.sync_every_step:
+                sync()
         steps_run[0] += 1
         if args.gc_every and steps_run[0] % args.gc_every == 0:
             gc.collect(1)  # the young generations only, at the same step on every rank
@@ -222,7 +235,7 @@ def _worker(args) -> None:
     settle()
     host = host_ms(step)[0] if cuda else None  # before any profiler (host_ms says why)
     settle()
-    phases = phase_lag(forward, update) if cuda else {}
+    phases = phase_lag(forward, update) if cuda and trainer is None else {}
     settle()
     regions = host_regions(step, sync) if args.profile and cuda else {}
     settle()
@@ -264,7 +277,7 @@ def _worker(args) -> None:
             "predicted_peak_bytes_per_rank": estimate.peak_bytes, "losses": curve.tolist(),
             "params": sum(p.numel() for p in model.parameters()) if world == 1 else None,
             "parallelism": plan.parallelism, "unit_blocks": plan.sharding.get("unit_blocks"),
-            "ends_join_blocks": bool(plan.sharding.get("ends_join_blocks")), "optimizer": args.optimizer, "sync_every_step": args.sync_every_step, "reason": plan.sharding["reason"],
+            "ends_join_blocks": bool(plan.sharding.get("ends_join_blocks")), "optimizer": args.optimizer, "sync_every_step": args.sync_every_step, "trainer": args.trainer, "reason": plan.sharding["reason"],
             "sites": {r: sum(s.recipe == r for s in plan.sites) for r in sorted({s.recipe for s in plan.sites})},
             "estimate": str(estimate), "kernel_ms": kernels,
             "phases": phases, "host_regions_ms": regions, "spans": spans, "timeline": timeline, "fp8_gathered": len(plan.sharding.get("fp8_gathered", [])),
@@ -289,7 +302,7 @@ def _launch(args, config: str, out: str) -> dict:
     cmd += ["--pin-cores"] * args.pin_cores
     cmd += [] if args.fp8_block_codes is None else ["--fp8-block-codes", args.fp8_block_codes]
     cmd += [] if args.sm_carveout is None else ["--sm-carveout", str(args.sm_carveout)]
-    cmd += ["--sync-every-step"] * args.sync_every_step
+    cmd += ["--sync-every-step"] * args.sync_every_step + ["--trainer"] * args.trainer
     for flag in ("forward_prefetch", "unit_blocks", "backward_carveout", "collectives", "ends_join_blocks", "optimizer"):
         cmd += [] if getattr(args, flag) is None else ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     cmd += ["--trace", args.trace] if args.trace else []
@@ -341,6 +354,9 @@ def main() -> None:
                         "stepped through DTensor's dispatch")
     p.add_argument("--sync-every-step", action="store_true",
                    help="wait for the GPU before each optimizer step and at each step's end, as deepwell.Trainer does")
+    p.add_argument("--trainer", action="store_true",
+                   help="each step as deepwell.Trainer runs it (clipping, the non-finite check, the loss read every 10 steps, or "
+                        "every step with --sync-every-step); needs --optimizer deepwell")
     p.add_argument("--gc-every", type=int, default=None,
                    help="Python's automatic garbage collection off, a young-generation collection every N steps "
                         "instead; 0: automatic (default: deepwell.Trainer's choice, every 50 steps under several processes)")
@@ -349,6 +365,8 @@ def main() -> None:
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.trainer and args.optimizer != "deepwell":
+        p.error("--trainer runs deepwell.Trainer with one optimizer: --optimizer deepwell")
     if args.worker:
         return _worker(args)
 
@@ -409,6 +427,7 @@ def main() -> None:
         if r.get("unit_blocks"):
             ends = "with the embedding and the LM head" if r.get("ends_join_blocks") else "besides the embedding's and the LM head's"
             print(f"{'':<8} FSDP units of {r['unit_blocks']} blocks, {ends}; {r.get('optimizer', 'torch')}'s fused AdamW"
+                  + ("; deepwell.Trainer's step" if r.get("trainer") else "")
                   + ("; the GPU waited for every step" if r.get("sync_every_step") else ""))
         if r.get("host_ms"):
             print(f"{'':<8} host: {r['host_ms']:.1f} ms to launch a step")

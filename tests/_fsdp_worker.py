@@ -117,7 +117,8 @@ def main() -> None:
     engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan, **COMPILE)
     estimate = deepwell.dryrun(engine) if MODE != "eager" else None
     saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)
-    opt = deepwell.train.AdamW(model.parameters(), lr=1e-3)  # its checkpoints resume below into torch.optim.AdamW
+    # Fused: the Trainer skips non-finite steps on the device. Its checkpoints resume below into torch.optim.AdamW.
+    opt = deepwell.train.AdamW(model.parameters(), lr=1e-3, fused=True)
     losses, norms = [], []
     resumed, crossed = [], []
     errors = []

@@ -1,7 +1,8 @@
 """One process of tests/test_optim.py (gloo on the CPU): RANK of WORLD steps deepwell.train.AdamW and
 torch.optim.AdamW side by side on two copies of the same FSDP2-sharded model, under each optimizer
 setting in CASES, and writes to OUT, per case, whether every parameter and state shard stayed
-equal bit for bit and how often the update ran on local shards. DEEPWELL_TEST_DEVICE=cuda runs it
+equal bit for bit and how often the update ran on local shards; then the same for gradient-norm
+clipping (train/clip.py through train/distributed.py) against torch.nn.utils.clip_grad_norm_. DEEPWELL_TEST_DEVICE=cuda runs it
 on one GPU per rank over NCCL instead (torch's CUDA kernels: fused, foreach, per tensor).
 
     python tests/_optim_worker.py RANK WORLD STORE OUT
@@ -20,7 +21,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import deepwell.train.clip as clip
 import deepwell.train.optim as optim
+from deepwell.train import distributed
 from _util import finish_rank
 
 # Each case: AdamW's keyword arguments, and whether the run splits the parameters into two groups
@@ -178,6 +181,54 @@ def _mixed(mesh, rank: int) -> dict:
     return {"equal": same and torch.equal(plain[0], plain[1]), "torch_fused_refuses": torch_fused_refuses}
 
 
+def _sharded_grads(mesh, rank: int, mixed: bool, poison: bool) -> torch.nn.Module:
+    """A model whose gradients are set, not computed: `mixed` makes one layer bf16, `poison` puts a
+    NaN in rank 0's first gradient."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.GELU(), torch.nn.Linear(7, 5, bias=False),
+                                torch.nn.LayerNorm(5), torch.nn.Linear(5, 1)).to(DEVICE)
+    if mixed:
+        model[2].to(torch.bfloat16)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    g = torch.Generator().manual_seed(10 + rank)
+    for i, p in enumerate(model.parameters()):
+        local = torch.randn(p._local_tensor.shape, generator=g).to(DEVICE, p.dtype)
+        if poison and i == 0 and rank == 0:
+            local.view(-1)[0] = float("nan")
+        p.grad = DTensor.from_local(local, mesh, p.placements, shape=p.shape, stride=p.stride())
+    return model
+
+
+def _clip_cases(mesh, rank: int) -> dict:
+    """deepwell's clip (train/distributed.py, local shards) against torch's clip_grad_norm_ on the
+    DTensors: the returned norm and every clipped gradient shard bit for bit."""
+    out = {}
+    for name, (max_norm, mixed, poison) in {"clips": (1e-3, False, False), "does_not_clip": (1e9, False, False),
+                                            "no_limit": (float("inf"), False, False), "bf16_layer": (0.5, True, False),
+                                            "nan": (1.0, False, True)}.items():
+        ref, mine = _sharded_grads(mesh, rank, mixed, poison), _sharded_grads(mesh, rank, mixed, poison)
+        want = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), max_norm).full_tensor()
+        local = clip.sharded_over_one_mesh([p.grad for p in mine.parameters()])
+        got = distributed.clip_grad_norm(list(mine.parameters()), max_norm)
+        same_norm = bool(torch.equal(want, got) or (want.isnan() and got.isnan()))
+        grads = [(a.grad._local_tensor, b.grad._local_tensor) for a, b in zip(ref.parameters(), mine.parameters())]
+        same_grads = all(torch.equal(a, b) or (a.isnan().all() and b.isnan().all()) for a, b in grads)
+        out[name] = {"local": local, "norm": same_norm, "grads": same_grads}
+    # A replicated gradient beside sharded ones: torch's path, unchanged.
+    ref, mine = _sharded_grads(mesh, rank, False, False), _sharded_grads(mesh, rank, False, False)
+    for m in (ref, mine):
+        w = m[0].weight
+        w.grad = w.grad.redistribute(w.device_mesh, [Replicate()])
+    want = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 1e-3).full_tensor()
+    local = clip.sharded_over_one_mesh([p.grad for p in mine.parameters()])
+    got = distributed.replicated(distributed.clip_grad_norm(list(mine.parameters()), 1e-3))
+    out["replicated_grad"] = {"local": local, "norm": bool(torch.equal(want, got)),
+                              "grads": all(torch.equal(a.grad.full_tensor(), b.grad.full_tensor()) for a, b in zip(ref.parameters(), mine.parameters()))}
+    return out
+
+
 def main() -> None:
     rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     if DEVICE == "cuda":
@@ -193,6 +244,7 @@ def main() -> None:
     result["resume"] = _resume(mesh, rank)
     result["fallback"] = _fallback(mesh, rank)
     result["mixed"] = _mixed(mesh, rank)
+    result["clip"] = _clip_cases(mesh, rank)
     finish_rank(result, rank, world, out)
 
 

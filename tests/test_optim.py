@@ -1,4 +1,5 @@
-"""deepwell.train.AdamW (train/optim.py) against torch.optim.AdamW: on FSDP2-sharded models, under
+"""deepwell.train.AdamW (train/optim.py) against torch.optim.AdamW, and the Trainer's gradient clipping
+(train/clip.py) against torch.nn.utils.clip_grad_norm_: on FSDP2-sharded models, under
 every update torch has (fused, foreach, per tensor) and the settings that change its arithmetic, it
 must leave every parameter and state shard equal bit for bit, step after step, while running on the
 local shards; and stay torch's where it cannot (tests/_optim_worker.py runs both side by side)."""
@@ -24,6 +25,9 @@ def _check(result: dict) -> None:
     assert result["resume"] == {"equal": True, "dtensor_states": True}
     assert result["fallback"] == {"equal": True, "local": [False]}
     assert result["mixed"] == {"equal": True, "torch_fused_refuses": True}
+    for name, case in result["clip"].items():
+        assert case["norm"] and case["grads"], f"clip {name}: differs from torch.nn.utils.clip_grad_norm_: {case}"
+        assert case["local"] == (name != "replicated_grad"), f"clip {name}: local shards {case['local']}"
 
 
 def test_adamw_on_local_shards_equals_torch_on_two_processes(tmp_path):

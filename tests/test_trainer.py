@@ -89,6 +89,53 @@ def test_non_finite_steps_are_skipped_and_fallbacks_logged(tmp_path):
     assert fresh.fc.guardrail.recipe == "bf16" and fresh.fc.guardrail.record.events == net.fc.guardrail.record.events
 
 
+def _reads(t: Trainer) -> list[list[int]]:
+    """Records the steps each read of the device's values covers."""
+    seen, read_steps = [], t._read_steps
+
+    def counted(bar=None):
+        records = read_steps(bar)
+        seen.append([r["step"] for r in records]) if records else None
+        return records
+
+    t._read_steps = counted
+    return seen
+
+
+def test_a_non_finite_step_is_skipped_on_the_device_as_when_waiting_every_step(tmp_path):
+    """The default fused AdamW takes found_inf: the host reads the losses at the log points only,
+    and the weights, moments, step counts, history and log equal a run that waits every step
+    (wait_every_step=True) bit for bit. A foreach AdamW cannot skip on the device: it waits."""
+    data = [torch.randn(16, 32, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    data[2][1, 3] = math.inf  # step 3
+    runs = {}
+    for name, kw in {"device": {}, "waiting": {"wait_every_step": True}, "foreach": {}}.items():
+        torch.manual_seed(0)
+        net = torch.nn.Linear(32, 32)
+        opt = deepwell.train.AdamW(net.parameters(), lr=1e-2, foreach=True) if name == "foreach" else None
+        t = Trainer.from_engine(EagerEngine(net), optimizer=opt, max_steps=8, log_every=4, checkpoint_dir=tmp_path / name,
+                                loss_fn=_square_loss, progress=False, plot=False, **kw)
+        reads = _reads(t)
+        t.fit(data)
+        runs[name] = (net, t, reads, read(tmp_path / name / "metrics.jsonl"))
+    net, t, reads, log = runs["device"]
+    assert reads == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    assert runs["waiting"][2] == runs["foreach"][2] == [[s] for s in range(1, 9)]
+    wnet, wt, _, wlog = runs["waiting"]
+    assert torch.equal(net.weight, wnet.weight) and torch.equal(net.bias, wnet.bias)
+    for p, q in zip(net.parameters(), wnet.parameters()):
+        a, b = t.optimizer.state[p], wt.optimizer.state[q]
+        assert int(a["step"]) == int(b["step"]) == 7 and torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+    keys = ("step", "loss", "grad_norm", "lr", "tokens")
+    same = lambda h: [tuple(r[k] for k in keys) for r in h if "loss" in r]  # noqa: E731
+    assert same(t.history) == same(wt.history) and len(t.history) == 8
+    assert not math.isfinite(t.history[2]["loss"]) and all(math.isfinite(r["loss"]) for i, r in enumerate(t.history) if i != 2)
+    for records in (log, wlog):
+        assert [r["step"] for r in records if r.get("event") == "skipped_step"] == [3]
+        assert [r["step"] for r in records if "loss" in r] == [4, 8]
+    assert runs["foreach"][1].history[2]["step"] == 3 and int(runs["foreach"][1].optimizer.state[runs["foreach"][0].weight]["step"]) == 7
+
+
 def test_a_data_source_without_state_is_fast_forwarded(tmp_path):
     torch.manual_seed(0)
     data = [torch.randn(32, 64) for _ in range(6)]  # a list: no state_dict, so resume skips what was used

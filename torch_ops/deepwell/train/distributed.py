@@ -46,11 +46,17 @@ def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
     one mesh (one process; FSDP2). Tensor parallelism mixes them: its split weights are DTensors
     on the tensor mesh (with FSDP2, on the 2-D mesh) next to whole weights that are plain tensors
     (with FSDP2, DTensors on the data mesh). Then: each group's norm, gathered, combined into the
-    global norm, and every gradient scaled by one coefficient."""
+    global norm, and every gradient scaled by one coefficient. FSDP2's gradients alone (sharded
+    over one mesh) are clipped on their local shards (train/clip.py: torch's bits, without
+    DTensor's dispatch)."""
     if world_size() == 1:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     from torch.distributed.tensor import DTensor
 
+    from .clip import clip_shards_, sharded_over_one_mesh
+
+    if sharded_over_one_mesh([p.grad for p in params]):
+        return clip_shards_([p.grad for p in params], max_norm)
     groups: dict = {}
     for p in params:
         groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
@@ -79,10 +85,15 @@ def mean(value: torch.Tensor) -> torch.Tensor:
     return value / world_size()
 
 
-def scalar(t: torch.Tensor) -> float:
-    """A Python float from a tensor that may be a replicated DTensor (clip_grad_norm_ under FSDP2)."""
+def replicated(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from one that may be a DTensor (clip_grad_norm_'s norm under FSDP2)."""
     full = getattr(t, "full_tensor", None)
-    return (full() if full is not None else t).item()
+    return full() if full is not None else t
+
+
+def scalar(t: torch.Tensor) -> float:
+    """A Python float from a tensor that may be a replicated DTensor."""
+    return replicated(t).item()
 
 
 def _options(**kw):

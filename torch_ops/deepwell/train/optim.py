@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-__all__ = ["AdamW", "shard_local"]
+__all__ = ["AdamW", "fusable", "shard_local"]
 
 
 def shard_local(params: list[torch.Tensor], *per_param: list[torch.Tensor]) -> bool:
@@ -56,6 +56,11 @@ def shard_local(params: list[torch.Tensor], *per_param: list[torch.Tensor]) -> b
             if t._spec.placements != spec.placements or not (t._spec.mesh is spec.mesh or t._spec.mesh == spec.mesh):
                 return False
     return True
+
+
+def fusable(params) -> bool:
+    """Whether torch's fused AdamW takes these parameters: floating point, on the CPU or a CUDA GPU."""
+    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def _local(tensors: list[torch.Tensor]) -> None:

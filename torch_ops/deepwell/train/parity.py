@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from .data import ByteCorpus, TokenBatches, heldout_batches
-from .optim import AdamW
+from .optim import AdamW, fusable
 from .plots import parity_curves
 from .schedule import WarmupCosine
 from .trainer import Trainer
@@ -90,7 +90,7 @@ def make_trainer(engine, steps: int, lr: float = 3e-3, **kw) -> Trainer:
     decay 0.1), 10% linear warmup then cosine to 10%, gradients clipped at 1.0."""
     return Trainer.from_engine(
         engine,
-        optimizer=lambda params: AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1),
+        optimizer=lambda params: AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=fusable(params)),
         lr_schedule=WarmupCosine(warmup_steps=max(steps // 10, 1), min_ratio=0.1),
         max_steps=steps,
         **kw,

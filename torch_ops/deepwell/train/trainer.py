@@ -29,6 +29,19 @@ every rank, as torchtitan does: a collection pause on one rank stalls the others
 collective (bench_parallel.py on 2 H100s: steps of 110-164 ms among 97-104 ms ones with automatic
 collection, one such step in 30 without).
 
+Waiting for the GPU. The host reads each step's loss and gradient norm (waiting for the GPU to get
+there) only at the log points (every `log_every` steps), before an evaluation or a checkpoint, and
+at the end; each step's record then joins `history`, with `step_s` and `tokens_per_s` the means
+over the steps read together. Skipping a non-finite step needs no reading when the optimizer takes
+`found_inf` (torch's fused optimizers, as GradScaler drives them; the default AdamW is fused): it
+gets 1.0 where the loss or the norm is not finite and leaves the weights, the moments and the step
+count as they were. Otherwise (another optimizer, DeepwellMoE expert biases, whose update follows
+the host's decision), or with `wait_every_step=True`, the host reads both after every backward, as
+before. Why: waiting every step drains the GPU's queue, and the next step's first launches then
+find it idle. The 0.95B step on one H100 (benchmarks/bench_parallel.py --trainer): 95.6 ms waiting
+every step, 87.5 reading every 10; on 2 H100s 121.0-128.4 against 115.5-118.2 (README "Several GPUs").
+Under FSDP2 the gradient norm is clipped on the local shards (train/clip.py).
+
 A batch is a (batch, seq + 1) int64 tensor of token ids (next-token prediction on [:, :-1] ->
 [:, 1:]) unless `loss_fn(engine, batch)` says otherwise. A data source with `state_dict()` /
 `load_state_dict()` (train/data.py TokenBatches) is checkpointed; any other iterable is
@@ -54,7 +67,7 @@ from ..nn.weight_cache import microbatches
 from . import checkpoint, distributed, plots, sharded, state
 from .data import TokenBatches
 from .log import JsonlLog
-from .optim import AdamW
+from .optim import AdamW, fusable
 from .schedule import WarmupCosine, constant
 
 
@@ -111,6 +124,7 @@ class Trainer:
         deterministic: bool | None = None,
         checkpoint_format: str | None = None,
         gc_every: int | None = None,
+        wait_every_step: bool = False,
     ):
         who = "deepwell.Trainer"
         self.engine = engine
@@ -147,6 +161,11 @@ class Trainer:
         if not isinstance(gc_every, int) or isinstance(gc_every, bool) or gc_every < 0:
             raise ValueError(f"{who}: gc_every must be a non-negative int or None, got {gc_every!r}")
         self.gc_every = gc_every
+        #: Read each step's loss and gradient norm as it ends (the host waits for the GPU every
+        #: step) rather than at the log points; see "Waiting for the GPU" in the module docs.
+        self.wait_every_step = bool(wait_every_step)
+        self._pending: list[dict] = []  # steps run whose loss and norm are still on the device
+        self._interval_start = None  # when the steps in _pending began (time.perf_counter)
         self.keep_checkpoints = keep_checkpoints
         #: "sharded" (the default under several processes: each rank writes its shards through
         #: torch.distributed.checkpoint, train/sharded.py) or "full" (the default with one process:
@@ -199,13 +218,14 @@ class Trainer:
     ) -> "Trainer":
         """A Trainer for `engine` (a `deepwell.compile` result). `optimizer`: an optimizer on
         `engine.model`'s parameters, a callable params -> optimizer, or None for AdamW(lr=3e-4,
-        betas=(0.9, 0.95), weight_decay=0.1): deepwell.train.AdamW, torch's AdamW stepped on the
-        local shards of a sharded model (train/optim.py says why). Other keyword arguments: see `Trainer`."""
+        betas=(0.9, 0.95), weight_decay=0.1), fused where torch has the kernel (so a non-finite step
+        is skipped on the device: "Waiting for the GPU" in the module docs): deepwell.train.AdamW,
+        torch's AdamW stepped on the local shards of a sharded model (train/optim.py says why). Other keyword arguments: see `Trainer`."""
         if not hasattr(engine, "model") or not callable(engine):
             raise ValueError(f"deepwell.Trainer.from_engine: expected a deepwell.Engine (deepwell.compile's result), got {type(engine).__name__}")
         params = list(engine.model.parameters())
         if optimizer is None:
-            optimizer = AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+            optimizer = AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fusable(params))
         elif not isinstance(optimizer, torch.optim.Optimizer):
             if not callable(optimizer):
                 raise ValueError(f"deepwell.Trainer.from_engine: optimizer must be a torch Optimizer, a callable params -> Optimizer or None, got {optimizer!r}")
@@ -252,20 +272,24 @@ class Trainer:
             raise ValueError("deepwell.Trainer.fit: eval_data must be a finite list of batches (heldout_batches(...)), got an endless TokenBatches")
         eval_batches = list(eval_data) if eval_data is not None else None
         bar = tqdm(total=self.max_steps, initial=self.step, unit="step", disable=not self.progress, mininterval=0.5, dynamic_ncols=True)
+        self._interval_start = time.perf_counter()
         try:
             while self.step < self.max_steps:
-                record = self._train_step(batches)
+                waited = self._train_step(batches)
                 if self.gc_every and self.step % self.gc_every == 0:
                     gc.collect(1)
                 self._guardrail_events()
                 bar.update(1)
-                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-                if self.step % self.log_every == 0 or self.step == self.max_steps:
-                    self.log.write(record)
-                if eval_batches and self.eval_every and self.step % self.eval_every == 0:
+                due_eval = bool(eval_batches and self.eval_every and self.step % self.eval_every == 0)
+                due_checkpoint = bool(self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0)
+                if waited or due_eval or due_checkpoint or self.step % self.log_every == 0 or self.step == self.max_steps:
+                    self._read_steps(bar)
+                if due_eval:
                     self._evaluate(eval_batches, bar)
-                if self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0:
+                if due_checkpoint:
                     self.save_checkpoint()
+                if due_eval or due_checkpoint:
+                    self._interval_start = time.perf_counter()  # the steps' times leave them out
         finally:
             bar.close()
         if eval_batches and not any(r.get("step") == self.step and "eval_loss" in r for r in self.history):
@@ -283,14 +307,15 @@ class Trainer:
         """The stochastic-rounding seed sequence of this step: a function of (seed, step) alone."""
         return (self.seed * 0x9E3779B97F4A7C15 + self.step * 0xBF58476D1CE4E5B9 + 1) & (2**64 - 1)
 
-    def _train_step(self, batches) -> dict:
+    def _train_step(self, batches) -> bool:
+        """One optimizer step; its loss and gradient norm join `_pending` (read by `_read_steps`).
+        Returns whether the host waited for the GPU (then the step's values are ready)."""
         _native.manual_seed(self._sr_seed())
         if self.scheduler is None:
             factor = self._lr_factor()
             for group in self.optimizer.param_groups:
                 group["lr"] = group["initial_lr"] * factor
         device = next(self.model.parameters()).device
-        start = time.perf_counter()
         total, tokens = None, 0
         self.model.train()
         with microbatches():
@@ -309,36 +334,70 @@ class Trainer:
                 loss.backward()
                 total = loss.detach() if total is None else total + loss.detach()
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        norm = distributed.clip_grad_norm(params, self.clip_grad_norm if self.clip_grad_norm else math.inf)
-        loss_value, norm_value = distributed.mean(total).item(), distributed.scalar(norm)
+        norm = distributed.replicated(distributed.clip_grad_norm(params, self.clip_grad_norm if self.clip_grad_norm else math.inf))
+        loss = distributed.mean(total)
         lr = self.optimizer.param_groups[0]["lr"]
-        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
-        if not skipped:
-            self.optimizer.step()
-            update_expert_biases(self.model)
+        # A non-finite step would poison the weights and the optimizer's moments: it is skipped (as
+        # loss-scaling trainers do) and logged. An optimizer that takes `found_inf` (torch's fused
+        # ones, as GradScaler uses them) skips on the device, so the host need not wait here.
+        waits = self.wait_every_step or not self._skips_on_device()
+        if waits:
+            if math.isfinite(loss.item()) and math.isfinite(norm.item()):
+                self.optimizer.step()
+                update_expert_biases(self.model)
+        else:
+            self.optimizer.found_inf = (~(torch.isfinite(loss) & torch.isfinite(norm.to(loss.device)))).float()
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
-        if device.type == "cuda":
+        if waits and device.type == "cuda":
             torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - start
         self.step += 1
         self.tokens_seen += tokens
-        record = {
-            "step": self.step,
-            "loss": loss_value,
-            "grad_norm": norm_value,
-            "lr": lr,
-            "tokens": self.tokens_seen,
-            "step_s": seconds,
-            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-        }
-        self.history.append(record)
-        if skipped:
-            # A non-finite step would poison the weights and the optimizer's moments; skipping it
-            # (as loss-scaling trainers do) keeps the run alive, and the log says so.
-            self.log.write({"step": self.step, "event": "skipped_step", "reason": f"loss {loss_value}, grad norm {norm_value}: not finite"})
-        return record
+        self._pending.append({"step": self.step, "loss": loss, "grad_norm": norm, "lr": lr, "tokens": self.tokens_seen, "step_tokens": tokens})
+        return waits
+
+    def _skips_on_device(self) -> bool:
+        """Whether a non-finite step can be skipped without the host reading the loss: the
+        optimizer takes `found_inf` (torch's fused Adam, AdamW, SGD, ...) and no DeepwellMoE moves
+        its expert biases after the step (update_expert_biases runs on the host's decision)."""
+        if not getattr(self.optimizer, "_step_supports_amp_scaling", False):
+            return False
+        if not all(g.get("fused") for g in self.optimizer.param_groups):
+            return False
+        return not any(isinstance(m, DeepwellMoE) and m.expert_bias is not None for m in self.model.modules())
+
+    def _read_steps(self, bar=None) -> list[dict]:
+        """Reads the pending steps' loss and gradient norm from the device (the host waits for the
+        GPU here), records them in `history`, logs the skipped ones, and writes the log-point
+        records to metrics.jsonl. A step's `step_s` and `tokens_per_s` are the means over the steps
+        read together: between two reads the host does not wait for the GPU, so a single step's
+        time is not known."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return []
+        values = [(distributed.scalar(p["loss"]), distributed.scalar(p["grad_norm"])) for p in pending]
+        now = time.perf_counter()
+        seconds = (now - self._interval_start) / len(pending) if self._interval_start is not None else 0.0
+        rate = sum(p["step_tokens"] for p in pending) / len(pending) / seconds if seconds > 0 else 0.0
+        self._interval_start = now
+        records = []
+        for p, (loss_value, norm_value) in zip(pending, values):
+            record = {"step": p["step"], "loss": loss_value, "grad_norm": norm_value, "lr": p["lr"], "tokens": p["tokens"],
+                      "step_s": seconds, "tokens_per_s": rate}
+            self.history.append(record)
+            records.append(record)
+            if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+                self.log.write({"step": p["step"], "event": "skipped_step", "reason": f"loss {loss_value}, grad norm {norm_value}: not finite"})
+            if p["step"] % self.log_every == 0 or p["step"] == self.max_steps:
+                self.log.write(record)
+        if bar is not None:
+            bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", tok_s=f"{records[-1]['tokens_per_s']:.0f}", refresh=False)
+        return records
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable) -> float:
@@ -376,6 +435,7 @@ class Trainer:
     def state(self) -> tuple[dict[str, dict[str, torch.Tensor]], dict]:
         """(tensor parts, JSON state) of a checkpoint at the current step in the one-process
         ("full") format; under several processes the model and optimizer state gathered to rank 0."""
+        self._read_steps()  # the history complete
         model, aliases = distributed.model_tensors(self.model)
         opt, opt_meta = distributed.optimizer_state(self.model, self.optimizer)
         rng, rng_meta = state.rng_state()
@@ -412,6 +472,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         if self.checkpoint_dir is None:
             raise ValueError("deepwell.Trainer.save_checkpoint: the Trainer has no checkpoint_dir")
+        self._read_steps()  # the history complete
 
         if self.checkpoint_format == "sharded":
             guard, guard_meta = state.guardrail_state(self.model)  # rank 0's, as in the full format
