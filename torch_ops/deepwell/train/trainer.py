@@ -166,6 +166,11 @@ class Trainer:
         self.wait_every_step = bool(wait_every_step)
         self._pending: list[dict] = []  # steps run whose loss and norm are still on the device
         self._interval_start = None  # when the steps in _pending began (time.perf_counter)
+        # What a step would otherwise find by walking the model's modules (host time in every step
+        # of a host-bound loop): found again at the start of every fit, the model and optimizer
+        # being fixed while it runs.
+        self._skip_on_device: bool | None = None  # _skips_on_device()
+        self._guarded: dict | None = None  # state.guarded_layers(model)
         self.keep_checkpoints = keep_checkpoints
         #: "sharded" (the default under several processes: each rank writes its shards through
         #: torch.distributed.checkpoint, train/sharded.py) or "full" (the default with one process:
@@ -272,6 +277,8 @@ class Trainer:
             raise ValueError("deepwell.Trainer.fit: eval_data must be a finite list of batches (heldout_batches(...)), got an endless TokenBatches")
         eval_batches = list(eval_data) if eval_data is not None else None
         bar = tqdm(total=self.max_steps, initial=self.step, unit="step", disable=not self.progress, mininterval=0.5, dynamic_ncols=True)
+        self._skip_on_device, self._guarded = self._skips_on_device(), state.guarded_layers(self.model)
+        self.model.train()  # once: evaluate() sets it back after its eval mode
         self._interval_start = time.perf_counter()
         try:
             while self.step < self.max_steps:
@@ -317,7 +324,6 @@ class Trainer:
                 group["lr"] = group["initial_lr"] * factor
         device = next(self.model.parameters()).device
         total, tokens = None, 0
-        self.model.train()
         with microbatches():
             for _ in range(self.grad_accum):
                 batch = next(batches, None)
@@ -340,7 +346,9 @@ class Trainer:
         # A non-finite step would poison the weights and the optimizer's moments: it is skipped (as
         # loss-scaling trainers do) and logged. An optimizer that takes `found_inf` (torch's fused
         # ones, as GradScaler uses them) skips on the device, so the host need not wait here.
-        waits = self.wait_every_step or not self._skips_on_device()
+        if self._skip_on_device is None:
+            self._skip_on_device = self._skips_on_device()
+        waits = self.wait_every_step or not self._skip_on_device
         if waits:
             if math.isfinite(loss.item()) and math.isfinite(norm.item()):
                 self.optimizer.step()
@@ -423,7 +431,7 @@ class Trainer:
 
     def _guardrail_events(self) -> None:
         """Logs every deepwell.Linear guardrail fallback that happened since the last step."""
-        for name, g in state.guarded_layers(self.model).items():
+        for name, g in (self._guarded if self._guarded is not None else state.guarded_layers(self.model)).items():
             seen = self._events_seen.get(name, 0)
             for event in g.record.events[seen:]:
                 self.log.write({"step": self.step, "event": "guardrail_fallback", "layer": name, "detail": event, "running": g.recipe})
