@@ -3,7 +3,10 @@ language model of tests/_moe_lm.py (its blocks with aux-loss-free balancing and 
 loss) through deepwell's step API (capture, autoplan, compile: FSDP2 over the data ranks) on its
 rows of the same global batches, moving the expert biases after every optimizer step (each
 block's `update_expert_bias()` on even steps, the Trainer's `update_expert_biases(model)` on odd
-ones). It writes the ranks' mean losses and every rank's expert biases to OUT (rank 0). With
+ones). Then a step the optimizer skipped (`update_expert_biases(model, skipped=...)`, the Trainer's
+on-device skip) must leave the biases and each rank's own counts, so that the next update equals
+one update of both steps' counts. It writes the ranks' mean losses, every rank's expert biases and
+that check to OUT (rank 0). With
 WORLD=1 it is the single-process reference. DEEPWELL_TEST_RECIPE sets the experts' recipe
 (default fp8_block, emulated on the CPU).
 
@@ -27,6 +30,27 @@ from _util import finish_rank
 STEPS, BATCH, SEQ, VOCAB, DIM, EXPERTS, TOP_K, LAYERS = 3, 4, 32, 256, 128, 4, 2, 2
 RECIPE = os.environ.get("DEEPWELL_TEST_RECIPE", "fp8_block")
 RATE = 0.01
+
+
+def _skipped_update(model, rank: int) -> dict:
+    moes = [layer.moe for layer in model.layers]
+    start = [m.expert_bias.clone() for m in moes]
+    first = torch.tensor([rank + 1.0, 0.0, 2.0, 3.0 * rank])  # this rank's counts of the skipped step
+    second = torch.tensor([0.0, 4.0, 1.0, 1.0])
+    for m in moes:
+        m.tokens_per_expert.copy_(first)
+    update_expert_biases(model, skipped=torch.tensor(True))
+    kept = all(torch.equal(m.expert_bias, b) and torch.equal(m.tokens_per_expert, first) for m, b in zip(moes, start))
+    for m in moes:
+        m.tokens_per_expert.add_(second)
+    update_expert_biases(model)
+    after_skip = [m.expert_bias.clone() for m in moes]
+    for m, b in zip(moes, start):  # the same from one update of both steps' counts
+        m.expert_bias.copy_(b)
+        m.tokens_per_expert.copy_(first + second)
+    update_expert_biases(model)
+    return {"kept": kept, "same": all(torch.equal(a, m.expert_bias) for a, m in zip(after_skip, moes)),
+            "moved": not all(torch.equal(a, b) for a, b in zip(after_skip, start))}
 
 
 def main() -> None:
@@ -63,6 +87,7 @@ def main() -> None:
             dist.all_reduce(mean)
             mean /= world
         losses.append(mean.item())
+    skip = _skipped_update(model, rank)
     biases = torch.stack([layer.moe.expert_bias for layer in model.layers])
     every = [torch.zeros_like(biases) for _ in range(world)]
     if world > 1:
@@ -75,6 +100,7 @@ def main() -> None:
         "parallelism": plan.parallelism,
         "sharded": type(model).__name__,
         "experts_sharded": type(model.layers[0].moe.experts.gate_up_proj).__name__,
+        "skipped_update": skip,
     }
     finish_rank(result, rank, world, out)
 

@@ -20,3 +20,5 @@ def test_moe_model_under_fsdp_trains_like_one_process_with_one_expert_bias(tmp_p
     assert rank0 == rank1, (rank0, rank1)
     assert any(b != 0 for layer in rank0 for b in layer), "the biases moved"
     assert rank0 == solo, (rank0, solo)
+    for run in (one, two):
+        assert run["skipped_update"] == {"kept": True, "same": True, "moved": True}, run["skipped_update"]

@@ -204,6 +204,37 @@ def test_each_step_moves_the_expert_biases_of_moe_blocks():
     assert torch.all(net.a.tokens_per_expert == 0) and net.b.expert_bias is None
 
 
+def test_a_skipped_step_leaves_the_expert_biases_without_waiting():
+    """A non-finite step with a fused optimizer: the expert bias stays and the step's counts carry
+    into the next update, decided on the device, as the Trainer that waits every step does."""
+    runs = {}
+    for wait in (False, True):
+        torch.manual_seed(0)
+        moe = deepwell.DeepwellMoE(32, 16, 4, top_k=1, expert_bias=True, bias_update_rate=0.25)
+        with torch.no_grad():  # every token to expert 0
+            moe.gate.weight.zero_()
+            moe.gate.weight[0] = 1.0
+        data = [torch.rand(8, 32) for _ in range(4)]
+        data[1][2, 0] = math.inf  # step 1 (batches 0 and 1) is not finite
+        t = Trainer.from_engine(EagerEngine(moe), max_steps=1, grad_accum=2, loss_fn=_square_loss, progress=False, plot=False,
+                                optimizer=lambda p: torch.optim.SGD(p, lr=0.0, fused=True), wait_every_step=wait)
+        reads = _reads(t)
+        t.fit(data)
+        after_skip = (moe.expert_bias.clone(), moe.tokens_per_expert.clone())
+        t.max_steps = 2
+        t.fit(data)
+        runs[wait] = (moe.expert_bias.clone(), moe.tokens_per_expert.clone(), reads, [r["step"] for r in t.history if not math.isfinite(r["loss"])], after_skip)
+    assert runs[False][2] == [[1], [2]] == runs[True][2]  # each fit ends with a read
+    assert runs[False][3] == runs[True][3] == [1]
+    # After the skipped step: no bias moved, the step's 16 tokens still counted, for the next update.
+    for bias, counts in (runs[False][4], runs[True][4]):
+        assert torch.all(bias == 0) and counts.tolist() == [16.0, 0.0, 0.0, 0.0], (bias, counts)
+    assert torch.equal(runs[False][0], runs[True][0]) and torch.equal(runs[False][1], runs[True][1])
+    # One update (step 2) from both steps' counts: expert 0 took every token.
+    assert torch.allclose(runs[False][0], torch.tensor([-0.375, 0.125, 0.125, 0.125])), runs[False][0]
+    assert torch.all(runs[False][1] == 0)
+
+
 def test_bad_arguments_say_what_was_expected():
     eng = EagerEngine(_Net())
     with pytest.raises(ValueError, match="grad_accum must be a positive int, got 0"):

@@ -391,13 +391,20 @@ class DeepwellMoE(nn.Module):
         _sum_over_processes(self.tokens_per_expert, group)
         self._move_bias(rate)
 
-    def _move_bias(self, rate: float | None) -> None:
-        """The update from counts already summed over the processes."""
+    def _move_bias(self, rate: float | None, skipped: torch.Tensor | None = None, own: torch.Tensor | None = None) -> None:
+        """The update from counts already summed over the processes. `skipped` (a bool tensor on
+        the device) and `own` (this process's counts before the sum): where skipped, the bias stays
+        and the counts go back to `own`, as if this update had not been called (the next one sums
+        them again), without the host reading `skipped`."""
         rate = self.bias_update_rate if rate is None else rate
         c = self.tokens_per_expert
         delta = rate * torch.sign(c.mean() - c)
-        self.expert_bias.add_(delta - delta.mean())
-        c.zero_()
+        if skipped is None:
+            self.expert_bias.add_(delta - delta.mean())
+            c.zero_()
+        else:
+            self.expert_bias.add_(torch.where(skipped, 0.0, delta - delta.mean()))
+            c.copy_(torch.where(skipped, own, 0.0))
 
     def extra_repr(self) -> str:
         shared = f", shared_experts={self.shared_experts.down_proj.in_features}" if self.shared_experts else ""
@@ -435,17 +442,22 @@ def _sum_over_processes(t: torch.Tensor, group=None) -> None:
 
 
 @torch.no_grad()
-def update_expert_biases(model: nn.Module, group=None) -> int:
+def update_expert_biases(model: nn.Module, group=None, skipped: torch.Tensor | None = None) -> int:
     """`update_expert_bias()` of every DeepwellMoE in `model` that keeps an expert bias, each at its
     own `bias_update_rate`, with all their counts summed over the processes in one all-reduce (a
     collective: every process calls it at the same step). deepwell.Trainer calls it after each
-    optimizer step, as torchtitan's optimizer hook does. Returns how many modules it updated."""
+    optimizer step, as torchtitan's optimizer hook does. `skipped`: a bool tensor on the device,
+    true when the optimizer skipped this step; then nothing moves and each process keeps its own
+    counts for the next update, as when this is not called, but the host need not read it.
+    Returns how many modules it updated."""
     moes = [m for m in model.modules() if isinstance(m, DeepwellMoE) and m.expert_bias is not None]
     if not moes:
         return 0
     counts = torch.cat([m.tokens_per_expert for m in moes])
+    sizes = [m.num_experts for m in moes]
+    own = counts.clone().split(sizes) if skipped is not None else [None] * len(moes)
     _sum_over_processes(counts, group)
-    for m, c in zip(moes, counts.split([m.num_experts for m in moes])):
+    for m, c, mine in zip(moes, counts.split(sizes), own):
         m.tokens_per_expert.copy_(c)
-        m._move_bias(None)
+        m._move_bias(None, skipped, mine)
     return len(moes)

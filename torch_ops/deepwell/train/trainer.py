@@ -35,9 +35,9 @@ at the end; each step's record then joins `history`, with `step_s` and `tokens_p
 over the steps read together. Skipping a non-finite step needs no reading when the optimizer takes
 `found_inf` (torch's fused optimizers, as GradScaler drives them; the default AdamW is fused): it
 gets 1.0 where the loss or the norm is not finite and leaves the weights, the moments and the step
-count as they were. Otherwise (another optimizer, DeepwellMoE expert biases, whose update follows
-the host's decision), or with `wait_every_step=True`, the host reads both after every backward, as
-before. Why: waiting every step drains the GPU's queue, and the next step's first launches then
+count as they were (and DeepwellMoE expert biases their bias and counts: update_expert_biases'
+`skipped`). Otherwise (another optimizer), or with `wait_every_step=True`, the host reads both
+after every backward, as before. Why: waiting every step drains the GPU's queue, and the next step's first launches then
 find it idle. The 0.95B step on one H100 (benchmarks/bench_parallel.py --trainer): 95.6 ms waiting
 every step, 87.5 reading every 10; on 2 H100s 121.0-128.4 against 115.5-118.2 (README "Several GPUs").
 Under FSDP2 the gradient norm is clipped on the local shards (train/clip.py).
@@ -166,9 +166,9 @@ class Trainer:
         self.wait_every_step = bool(wait_every_step)
         self._pending: list[dict] = []  # steps run whose loss and norm are still on the device
         self._interval_start = None  # when the steps in _pending began (time.perf_counter)
-        # What a step would otherwise find by walking the model's modules (host time in every step
-        # of a host-bound loop): found again at the start of every fit, the model and optimizer
-        # being fixed while it runs.
+        # What a step would otherwise find by walking the model's modules or the optimizer's groups
+        # (host time in every step of a host-bound loop): found again at the start of every fit,
+        # the model and optimizer being fixed while it runs.
         self._skip_on_device: bool | None = None  # _skips_on_device()
         self._guarded: dict | None = None  # state.guarded_layers(model)
         self.keep_checkpoints = keep_checkpoints
@@ -354,11 +354,13 @@ class Trainer:
                 self.optimizer.step()
                 update_expert_biases(self.model)
         else:
-            self.optimizer.found_inf = (~(torch.isfinite(loss) & torch.isfinite(norm.to(loss.device)))).float()
+            skipped = ~(torch.isfinite(loss) & torch.isfinite(norm.to(loss.device)))
+            self.optimizer.found_inf = skipped.float()
             try:
                 self.optimizer.step()
             finally:
                 del self.optimizer.found_inf
+            update_expert_biases(self.model, skipped=skipped)
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -371,13 +373,9 @@ class Trainer:
 
     def _skips_on_device(self) -> bool:
         """Whether a non-finite step can be skipped without the host reading the loss: the
-        optimizer takes `found_inf` (torch's fused Adam, AdamW, SGD, ...) and no DeepwellMoE moves
-        its expert biases after the step (update_expert_biases runs on the host's decision)."""
-        if not getattr(self.optimizer, "_step_supports_amp_scaling", False):
-            return False
-        if not all(g.get("fused") for g in self.optimizer.param_groups):
-            return False
-        return not any(isinstance(m, DeepwellMoE) and m.expert_bias is not None for m in self.model.modules())
+        optimizer takes `found_inf` (torch's fused Adam, AdamW, SGD, ...; DeepwellMoE expert biases
+        take the same flag, update_expert_biases' `skipped`)."""
+        return getattr(self.optimizer, "_step_supports_amp_scaling", False) and all(g.get("fused") for g in self.optimizer.param_groups)
 
     def _read_steps(self, bar=None) -> list[dict]:
         """Reads the pending steps' loss and gradient norm from the device (the host waits for the
