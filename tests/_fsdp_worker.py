@@ -117,7 +117,8 @@ def main() -> None:
     engine = _eager(ir, plan) if MODE == "eager" else deepwell.compile(ir, plan=plan, **COMPILE)
     estimate = deepwell.dryrun(engine) if MODE != "eager" else None
     saved = []  # per step: this rank's loss and gradient shards (DEEPWELL_TEST_GRADS)
-    # Fused: the Trainer skips non-finite steps on the device. Its checkpoints resume below into torch.optim.AdamW.
+    # Fused: the Trainer skips non-finite steps on the device. Its checkpoints resume below into
+    # torch.optim.AdamW (without tensor parallelism).
     opt = deepwell.train.AdamW(model.parameters(), lr=1e-3, fused=True)
     losses, norms = [], []
     resumed, crossed = [], []
@@ -148,7 +149,11 @@ def main() -> None:
             fplan = deepwell.autoplan(fir, policy=policy, tensor_parallel=tp, fp8_all_gather=FP8_ALL_GATHER,
                                       sequence_parallel=sequence_parallel)
             feng = deepwell.compile(fir, plan=fplan, **COMPILE)
-            t = deepwell.Trainer.from_engine(feng, optimizer=torch.optim.AdamW(fresh.parameters(), lr=1e-3),
+            # torch.optim.AdamW, where it can: the checkpoint's param groups say fused=True, and
+            # torch's fused AdamW refuses the plain parameters tensor parallelism leaves beside
+            # DTensors (deepwell's takes them, train/optim.py).
+            kind = deepwell.train.AdamW if tp else torch.optim.AdamW
+            t = deepwell.Trainer.from_engine(feng, optimizer=kind(fresh.parameters(), lr=1e-3),
                                              max_steps=STEPS, progress=False, plot=False)
             t.fit(batches, resume=source)
             into.extend(r["loss"] for r in t.history)

@@ -65,12 +65,13 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     trainer.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=0), heldout)
     losses = _steps_losses(trainer)
     evals = [(r["step"], r["eval_loss"]) for r in trainer.history if "eval_loss" in r]
-    rates = [r["tokens_per_s"] for r in trainer.history if "tokens_per_s" in r][1:]  # step 1 compiles
+    # A rate is the mean over the steps read together (a log interval): the first one compiles.
+    rates = [r["tokens_per_s"] for r in trainer.history if "tokens_per_s" in r and r["step"] > trainer.log_every]
     k = max(steps // 10, 1)
     print(f"train loss {_mean(list(losses.values())[:k]):.3f} (first {k} steps) -> {_mean(list(losses.values())[-k:]):.3f} (last {k})")
     print("held-out loss " + ", ".join(f"step {s}: {v:.3f}" for s, v in evals))
     if rates:
-        print(f"tokens/s: {statistics.median(rates):,.0f} (median over steps 2..{steps}; step 1 compiles)")
+        print(f"tokens/s: {statistics.median(rates):,.0f} (median over steps {trainer.log_every + 1}..{steps}; the first {trainer.log_every} compile)")
 
     # Resume from the middle checkpoint into fresh optimizer and data-loader objects.
     mid = out_dir / "checkpoints" / f"step_{half:08d}"
