@@ -55,8 +55,9 @@ def clip_grad_norm(params: list, max_norm: float) -> torch.Tensor:
 
     from .clip import clip_shards_, sharded_over_one_mesh
 
-    if sharded_over_one_mesh([p.grad for p in params]):
-        return clip_shards_([p.grad for p in params], max_norm)
+    grads = [p.grad for p in params]
+    if sharded_over_one_mesh(grads):
+        return clip_shards_(grads, max_norm)
     groups: dict = {}
     for p in params:
         groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
