@@ -166,8 +166,7 @@ def _worker(args) -> None:
     def step():
         if trainer is not None:
             # What Trainer.fit runs each step, without its progress bar, evaluations and checkpoints.
-            if trainer._train_step(feed) or trainer.step % trainer.log_every == 0:
-                trainer._read_steps()
+            trainer._read_steps(wait=trainer._train_step(feed))
         else:
             forward().backward()
             if args.sync_every_step:  # as deepwell.Trainer with wait_every_step, which reads the loss and norm first
@@ -355,8 +354,8 @@ def main() -> None:
     p.add_argument("--sync-every-step", action="store_true",
                    help="wait for the GPU before each optimizer step and at each step's end, as deepwell.Trainer does")
     p.add_argument("--trainer", action="store_true",
-                   help="each step as deepwell.Trainer runs it (clipping, the non-finite check, the loss read every 10 steps, or "
-                        "every step with --sync-every-step); needs --optimizer deepwell")
+                   help="each step as deepwell.Trainer runs it (clipping, the non-finite check, the loss and norm copied to the "
+                        "host without waiting, or read every step with --sync-every-step); needs --optimizer deepwell")
     p.add_argument("--gc-every", type=int, default=None,
                    help="Python's automatic garbage collection off, a young-generation collection every N steps "
                         "instead; 0: automatic (default: deepwell.Trainer's choice, every 50 steps under several processes)")

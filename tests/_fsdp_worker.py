@@ -193,6 +193,8 @@ def main() -> None:
         "local_types": {n: type(getattr(p, "_local_tensor", p)).__name__ for n, p in model.named_parameters()},
         "state_dict_types": {n: type(getattr(t, "_local_tensor", t)).__name__ for n, t in model.state_dict().items()},
         "sharded": type(model).__name__,
+        # What the Trainer asks before opening deepwell.microbatches() (Trainer._reuses_weights).
+        "fsdp_sharded": deepwell.train.distributed.fsdp_sharded(model),
         # FSDP2's units below the root, as the names of the modules of each (forward order).
         "units": _units(model),
         "heads": [layer.attention.heads for layer in model.layers],

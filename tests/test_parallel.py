@@ -192,6 +192,7 @@ def test_fsdp2_on_two_processes_matches_one(tmp_path):
     FSDP2-sharded weights, give one process's losses (fp8_block on every block GEMM in both)."""
     one, two = _run(tmp_path, 1), _run(tmp_path, 2)
     assert two["parallelism"]["data"] == 2 and two["sharding"]["fsdp"] and two["sharded"].startswith("FSDP")
+    assert two["fsdp_sharded"] and not one["fsdp_sharded"]
     assert set(two["ran"]) == {"fp8_block"} and one["ran"].count("fp8_block") == 2 * len(two["ran"])
     assert trains_alike(one["losses"], two["losses"]), (one["losses"], two["losses"])
     assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]

@@ -51,6 +51,17 @@ def test_micro_batches_quantize_each_weight_once_per_step(run):
     assert after["entries"] == 0  # the scope closes with every step
 
 
+def test_one_micro_batch_per_step_caches_no_weights():
+    """grad_accum=1: no reuse scope, so no layer's quantized copies outlive its own pass (a scope
+    would keep every layer's two FP8 copies from its forward to the optimizer step, and the
+    backward would reuse them: hits)."""
+    before = deepwell.weight_cache_info()
+    t = trainer(engine(), 2, grad_accum=1).fit(batches())
+    after = deepwell.weight_cache_info()
+    assert t._reuse is False
+    assert after["hits"] == before["hits"] and after["misses"] - before["misses"] >= 6 * 2 * 2
+
+
 class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -90,28 +101,30 @@ def test_non_finite_steps_are_skipped_and_fallbacks_logged(tmp_path):
 
 
 def _reads(t: Trainer) -> list[list[int]]:
-    """Records the steps each read of the device's values covers."""
+    """Records the steps each read that waited for the device's values covers."""
     seen, read_steps = [], t._read_steps
 
-    def counted(bar=None):
-        records = read_steps(bar)
-        seen.append([r["step"] for r in records]) if records else None
+    def counted(bar=None, wait=True):
+        records = read_steps(bar, wait)
+        seen.append([r["step"] for r in records]) if records and wait else None
         return records
 
     t._read_steps = counted
     return seen
 
 
-def test_a_non_finite_step_is_skipped_on_the_device_as_when_waiting_every_step(tmp_path):
-    """The default fused AdamW takes found_inf: the host reads the losses at the log points only,
-    and the weights, moments, step counts, history and log equal a run that waits every step
-    (wait_every_step=True) bit for bit. A foreach AdamW cannot skip on the device: it waits."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_non_finite_step_is_skipped_on_the_device_as_when_waiting_every_step(tmp_path, device):
+    """The default fused AdamW takes found_inf: the host waits for the losses only at the end (it
+    takes each step's as they reach it: train/readback.py), and the weights, moments, step counts,
+    history and log equal a run that waits every step (wait_every_step=True) bit for bit. A
+    foreach AdamW cannot skip on the device: it waits."""
     data = [torch.randn(16, 32, generator=torch.Generator().manual_seed(i)) for i in range(8)]
     data[2][1, 3] = math.inf  # step 3
     runs = {}
     for name, kw in {"device": {}, "waiting": {"wait_every_step": True}, "foreach": {}}.items():
         torch.manual_seed(0)
-        net = torch.nn.Linear(32, 32)
+        net = torch.nn.Linear(32, 32).to(device)
         opt = deepwell.train.AdamW(net.parameters(), lr=1e-2, foreach=True) if name == "foreach" else None
         t = Trainer.from_engine(EagerEngine(net), optimizer=opt, max_steps=8, log_every=4, checkpoint_dir=tmp_path / name,
                                 loss_fn=_square_loss, progress=False, plot=False, **kw)
@@ -119,7 +132,9 @@ def test_a_non_finite_step_is_skipped_on_the_device_as_when_waiting_every_step(t
         t.fit(data)
         runs[name] = (net, t, reads, read(tmp_path / name / "metrics.jsonl"))
     net, t, reads, log = runs["device"]
-    assert reads == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    # The one wait, at the end, takes the steps still on their way (on the CPU none but the last).
+    assert len(reads) == 1 and reads[0][-1] == 8 and (device == "cuda" or reads == [[8]]), reads
+    assert [r["step"] for r in t.history] == list(range(1, 9)) and all(r["step_s"] > 0 for r in t.history)
     assert runs["waiting"][2] == runs["foreach"][2] == [[s] for s in range(1, 9)]
     wnet, wt, _, wlog = runs["waiting"]
     assert torch.equal(net.weight, wnet.weight) and torch.equal(net.bias, wnet.bias)

@@ -232,6 +232,24 @@ def test_a_weight_at_the_address_of_a_resized_storage_is_not_a_hit():
     assert reused, "the allocator never reused the address: the test proved nothing"  # 5 of 20 here
 
 
+def test_an_entry_whose_storage_moved_is_dropped_at_the_next_miss():
+    """FSDP2 frees each gathered weight after its pass and gathers it into fresh memory for the
+    next: such an entry can never hit again, and a scope must not keep its operands until it closes."""
+    x = torch.randn(64, DIM)
+    with deepwell.microbatches():
+        kept = torch.randn(DIM, DIM)
+        ops.scaled_linear(x, kept, None, "fp8_block", 0)
+        for _ in range(5):
+            w = torch.randn(DIM, DIM)
+            ops.scaled_linear(x, w, None, "fp8_block", 0)
+            assert deepwell.weight_cache_info()["entries"] == 2  # kept's and w's
+            w.untyped_storage().resize_(0)  # FSDP2's reshard
+        hits = deepwell.weight_cache_info()["hits"]
+        assert same_bits(ops.scaled_linear(x, kept, None, "fp8_block", 0), _fresh(x, kept, "fp8_block"))
+        assert deepwell.weight_cache_info()["hits"] == hits + 1  # a live entry stays
+    assert deepwell.weight_cache_info()["entries"] == 0
+
+
 def test_views_and_dtypes_of_one_storage_are_told_apart():
     x = torch.randn(64, DIM)
     sq = torch.randn(DIM, DIM)

@@ -86,6 +86,16 @@ def mean(value: torch.Tensor) -> torch.Tensor:
     return value / world_size()
 
 
+def fsdp_sharded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 (`fully_shard`) shards any of the model's modules: it gathers their weights
+    into fresh memory for each forward and backward, and frees them after."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def replicated(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor from one that may be a DTensor (clip_grad_norm_'s norm under FSDP2)."""
     full = getattr(t, "full_tensor", None)

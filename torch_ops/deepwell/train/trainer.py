@@ -7,8 +7,9 @@
     trainer.fit(train_batches, eval_batches, resume=True)   # resume=True: from ckpt/latest if any
 
 Each step: deepwell's stochastic-rounding seeds restarted from (seed, step); the schedule's lr set;
-`grad_accum` micro-batches forward and backward inside `deepwell.microbatches()` (each weight
-quantized once per step), the loss scaled by 1/grad_accum; the gradient norm clipped; the optimizer
+`grad_accum` micro-batches forward and backward, several inside `deepwell.microbatches()` (each
+weight quantized once per step) unless FSDP2 shards the model (`_reuses_weights` says why), the loss
+scaled by 1/grad_accum; the gradient norm clipped; the optimizer
 step skipped and recorded when the loss or the norm is not finite; after it, the expert biases of
 the model's deepwell.DeepwellMoE blocks built with `expert_bias=True` move towards balance from the
 step's token counts (`update_expert_biases`, summed over the processes; torchtitan's optimizer
@@ -29,17 +30,20 @@ every rank, as torchtitan does: a collection pause on one rank stalls the others
 collective (bench_parallel.py on 2 H100s: steps of 110-164 ms among 97-104 ms ones with automatic
 collection, one such step in 30 without).
 
-Waiting for the GPU. The host reads each step's loss and gradient norm (waiting for the GPU to get
-there) only at the log points (every `log_every` steps), before an evaluation or a checkpoint, and
-at the end; each step's record then joins `history`, with `step_s` and `tokens_per_s` the means
-over the steps read together. Skipping a non-finite step needs no reading when the optimizer takes
-`found_inf` (torch's fused optimizers, as GradScaler drives them; the default AdamW is fused): it
-gets 1.0 where the loss or the norm is not finite and leaves the weights, the moments and the step
-count as they were (and DeepwellMoE expert biases their bias and counts: update_expert_biases'
-`skipped`). Otherwise (another optimizer), or with `wait_every_step=True`, the host reads both
-after every backward, as before. Why: waiting every step drains the GPU's queue, and the next step's first launches then
-find it idle. The 0.95B step on one H100 (benchmarks/bench_parallel.py --trainer): 95.6 ms waiting
-every step, 87.5 reading every 10; on 2 H100s 121.0-128.4 against 115.5-118.2 (README "Several GPUs").
+Waiting for the GPU. The host never waits for a step's loss and gradient norm: each step queues
+their copy to the host behind its work (train/readback.py), and after every step the records of
+the steps the GPU has finished join `history` (and metrics.jsonl at the log points), a step or so
+late; `step_s` is each step's own time on the GPU's clock (CUDA events), `tokens_per_s` from it.
+The host waits only before an evaluation or a checkpoint, and at the end. Skipping a non-finite
+step needs no reading when the optimizer takes `found_inf` (torch's fused optimizers, as GradScaler
+drives them; the default AdamW is fused): it gets 1.0 where the loss or the norm is not finite and
+leaves the weights, the moments and the step count as they were (and DeepwellMoE expert biases
+their bias and counts: update_expert_biases' `skipped`). Otherwise (another optimizer), or with
+`wait_every_step=True`, the host reads both after every backward. Why: a read drains the GPU's
+queue, and the next steps' first launches then find it idle. The 0.95B step on one H100
+(benchmarks/bench_parallel.py --trainer): 95.6 ms waiting every step, 87.5 reading every 10 steps
+(stop 38); on 2 H100s each read every 10 steps still cost the next few steps 10-25 ms (stop 39,
+README "Several GPUs" has the numbers without any read).
 Under FSDP2 the gradient norm is clipped on the local shards (train/clip.py).
 
 A batch is a (batch, seq + 1) int64 tensor of token ids (next-token prediction on [:, :-1] ->
@@ -50,10 +54,10 @@ fast-forwarded past the batches already used on resume.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterable
@@ -68,6 +72,7 @@ from . import checkpoint, distributed, plots, sharded, state
 from .data import TokenBatches
 from .log import JsonlLog
 from .optim import AdamW, fusable
+from .readback import StepClock
 from .schedule import WarmupCosine, constant
 
 
@@ -162,15 +167,16 @@ class Trainer:
             raise ValueError(f"{who}: gc_every must be a non-negative int or None, got {gc_every!r}")
         self.gc_every = gc_every
         #: Read each step's loss and gradient norm as it ends (the host waits for the GPU every
-        #: step) rather than at the log points; see "Waiting for the GPU" in the module docs.
+        #: step) rather than as they reach the host; see "Waiting for the GPU" in the module docs.
         self.wait_every_step = bool(wait_every_step)
-        self._pending: list[dict] = []  # steps run whose loss and norm are still on the device
-        self._interval_start = None  # when the steps in _pending began (time.perf_counter)
+        self._pending: list[dict] = []  # steps run whose loss and norm have not been read yet
+        self._clock: StepClock | None = None  # marks the steps' ends (readback.py); made by fit
         # What a step would otherwise find by walking the model's modules or the optimizer's groups
         # (host time in every step of a host-bound loop): found again at the start of every fit,
         # the model and optimizer being fixed while it runs.
         self._skip_on_device: bool | None = None  # _skips_on_device()
         self._guarded: dict | None = None  # state.guarded_layers(model)
+        self._reuse: bool | None = None  # _reuses_weights()
         self.keep_checkpoints = keep_checkpoints
         #: "sharded" (the default under several processes: each rank writes its shards through
         #: torch.distributed.checkpoint, train/sharded.py) or "full" (the default with one process:
@@ -278,8 +284,9 @@ class Trainer:
         eval_batches = list(eval_data) if eval_data is not None else None
         bar = tqdm(total=self.max_steps, initial=self.step, unit="step", disable=not self.progress, mininterval=0.5, dynamic_ncols=True)
         self._skip_on_device, self._guarded = self._skips_on_device(), state.guarded_layers(self.model)
+        self._reuse = self._reuses_weights()
         self.model.train()  # once: evaluate() sets it back after its eval mode
-        self._interval_start = time.perf_counter()
+        self._clock = StepClock(next(self.model.parameters()).device)
         try:
             while self.step < self.max_steps:
                 waited = self._train_step(batches)
@@ -289,14 +296,13 @@ class Trainer:
                 bar.update(1)
                 due_eval = bool(eval_batches and self.eval_every and self.step % self.eval_every == 0)
                 due_checkpoint = bool(self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0)
-                if waited or due_eval or due_checkpoint or self.step % self.log_every == 0 or self.step == self.max_steps:
-                    self._read_steps(bar)
+                self._read_steps(bar, wait=waited or due_eval or due_checkpoint or self.step == self.max_steps)
                 if due_eval:
                     self._evaluate(eval_batches, bar)
                 if due_checkpoint:
                     self.save_checkpoint()
                 if due_eval or due_checkpoint:
-                    self._interval_start = time.perf_counter()  # the steps' times leave them out
+                    self._clock.mark()  # the steps' times leave them out
         finally:
             bar.close()
         if eval_batches and not any(r.get("step") == self.step and "eval_loss" in r for r in self.history):
@@ -324,7 +330,9 @@ class Trainer:
                 group["lr"] = group["initial_lr"] * factor
         device = next(self.model.parameters()).device
         total, tokens = None, 0
-        with microbatches():
+        if self._reuse is None:
+            self._reuse = self._reuses_weights()
+        with microbatches() if self._reuse else contextlib.nullcontext():
             for _ in range(self.grad_accum):
                 batch = next(batches, None)
                 if batch is None:
@@ -368,8 +376,24 @@ class Trainer:
             torch.cuda.synchronize(device)
         self.step += 1
         self.tokens_seen += tokens
-        self._pending.append({"step": self.step, "loss": loss, "grad_norm": norm, "lr": lr, "tokens": self.tokens_seen, "step_tokens": tokens})
+        if self._clock is None:
+            self._clock = StepClock(device)
+        values = self._clock.push([distributed.replicated(loss), norm.to(loss.device)])
+        self._pending.append({"step": self.step, "values": values, "lr": lr, "tokens": self.tokens_seen, "step_tokens": tokens})
         return waits
+
+    def _reuses_weights(self) -> bool:
+        """Whether a step's micro-batches run inside `deepwell.microbatches()`, each weight quantized
+        once for all of them: only with several micro-batches and weights that stay in place.
+
+        A scope makes a weight's two operands (fprop and dgrad) at its first forward and keeps both
+        until the optimizer step. With one micro-batch that saves one re-read of the weight per step
+        and keeps every layer's FP8 copies alive through the forward and backward: on the 0.95B
+        model, 2 bytes per parameter, the peak 17.05 GiB a GPU against 15.58 without (FSDP2 on 2
+        H100s, benchmarks/bench_parallel.py). FSDP2 gathers each weight into fresh memory for every
+        pass, so a scope never reuses an operand across micro-batches there and makes dgrad copies
+        its backward then makes again (nn/weight_cache.py)."""
+        return self.grad_accum > 1 and not distributed.fsdp_sharded(self.model)
 
     def _skips_on_device(self) -> bool:
         """Whether a non-finite step can be skipped without the host reading the loss: the
@@ -377,31 +401,27 @@ class Trainer:
         take the same flag, update_expert_biases' `skipped`)."""
         return getattr(self.optimizer, "_step_supports_amp_scaling", False) and all(g.get("fused") for g in self.optimizer.param_groups)
 
-    def _read_steps(self, bar=None) -> list[dict]:
-        """Reads the pending steps' loss and gradient norm from the device (the host waits for the
-        GPU here), records them in `history`, logs the skipped ones, and writes the log-point
-        records to metrics.jsonl. A step's `step_s` and `tokens_per_s` are the means over the steps
-        read together: between two reads the host does not wait for the GPU, so a single step's
-        time is not known."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return []
-        values = [(distributed.scalar(p["loss"]), distributed.scalar(p["grad_norm"])) for p in pending]
-        now = time.perf_counter()
-        seconds = (now - self._interval_start) / len(pending) if self._interval_start is not None else 0.0
-        rate = sum(p["step_tokens"] for p in pending) / len(pending) / seconds if seconds > 0 else 0.0
-        self._interval_start = now
+    def _read_steps(self, bar=None, wait: bool = True) -> list[dict]:
+        """Records the pending steps whose loss and gradient norm have reached the host, oldest
+        first, in `history` (with `wait`, every pending step: the host waits for the GPU), logs the
+        skipped ones, and writes the log-point records to metrics.jsonl. Called after every step
+        without `wait`: a record is written about a step after its step ran (readback.py)."""
+        ready = 0
+        while ready < len(self._pending) and self._pending[ready]["values"].ready(block=wait):
+            ready += 1
+        done, self._pending = self._pending[:ready], self._pending[ready:]
         records = []
-        for p, (loss_value, norm_value) in zip(pending, values):
+        for p in done:
+            (loss_value, norm_value), seconds = p["values"].values(), p["values"].seconds()
             record = {"step": p["step"], "loss": loss_value, "grad_norm": norm_value, "lr": p["lr"], "tokens": p["tokens"],
-                      "step_s": seconds, "tokens_per_s": rate}
+                      "step_s": seconds, "tokens_per_s": p["step_tokens"] / seconds if seconds > 0 else 0.0}
             self.history.append(record)
             records.append(record)
             if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
                 self.log.write({"step": p["step"], "event": "skipped_step", "reason": f"loss {loss_value}, grad norm {norm_value}: not finite"})
             if p["step"] % self.log_every == 0 or p["step"] == self.max_steps:
                 self.log.write(record)
-        if bar is not None:
+        if bar is not None and records:
             bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", tok_s=f"{records[-1]['tokens_per_s']:.0f}", refresh=False)
         return records
 
