@@ -102,11 +102,6 @@ def replicated(t: torch.Tensor) -> torch.Tensor:
     return full() if full is not None else t
 
 
-def scalar(t: torch.Tensor) -> float:
-    """A Python float from a tensor that may be a replicated DTensor."""
-    return replicated(t).item()
-
-
 def _options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 

@@ -53,6 +53,7 @@ class StepClock:
     """Marks steps' ends on the device's stream (CUDA events) or on the host's clock (CPU)."""
 
     def __init__(self, device: torch.device):
+        self.device = device
         self.cuda = device.type == "cuda"
         self._last = None
         self.mark()
@@ -61,7 +62,8 @@ class StepClock:
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        # The device's own stream, where the step's work and the copy run, whichever device is current.
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def mark(self) -> None:

@@ -20,8 +20,9 @@
 //!   version counter of the same value. So a hit also needs the alias to still point at the key's
 //!   address: two live storages never share an address, so then the weight is on the entry's
 //!   storage (tests/test_weight_cache.py and tests/test_parallel.py reproduce both). An entry
-//!   whose alias no longer points at its key's address can never hit again: every miss drops
-//!   such entries (`dead`), so a scope does not hold freed passes' operands until it closes;
+//!   whose alias no longer points at its key's address can never hit again: such entries are
+//!   dropped as entries accumulate (`dead`), so a scope does not hold freed passes' operands
+//!   until it closes;
 //! - the same version counter (in-place writes through the parameter: `copy_`, `load_state_dict`,
 //!   `torch.no_grad()` updates, foreach/single-tensor optimizers);
 //! - no CUDA graph is being captured on the current stream (a replay runs only what was captured:
@@ -51,6 +52,9 @@ use crate::tensor::Tensor;
 
 /// Entries kept before the least recently used is evicted (a 70B dense model has ~560 linears).
 const CAPACITY: usize = 1024;
+
+/// The fewest entries at which a miss looks for dead ones (`dead`).
+const SWEEP_AT_LEAST: usize = 32;
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -89,6 +93,8 @@ struct State {
     generation: u64,
     entries: HashMap<Key, Entry>,
     clock: u64,
+    /// The entry count at which the next miss sweeps out dead entries (`dead`).
+    sweep_at: usize,
 }
 
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(|| Mutex::new(State::default()));
@@ -103,6 +109,7 @@ impl State {
     /// Starts a new generation; returns the dropped entries (release them after the lock).
     fn invalidate(&mut self) -> HashMap<Key, Entry> {
         self.generation += 1;
+        self.sweep_at = 0;
         std::mem::take(&mut self.entries)
     }
 }
@@ -204,13 +211,21 @@ pub fn operand(
     Ok(result)
 }
 
-/// Takes out the entries that can never hit again: their weight's storage no longer holds the
-/// key's address. FSDP2 frees a block's gathered weights after its forward (or backward) and gathers
-/// them into new memory for the next pass, so without this a scope around a sharded model would
-/// keep every pass's operands, dead, until it closed (with 2 gloo processes and 2 micro-batches,
-/// 56 misses, 0-3 hits and ~50 entries per step before this). Run on each miss, under the lock.
+/// Takes out the entries that can never hit again (their weight's storage no longer holds the
+/// key's address) once the entries have doubled since the last sweep (and number at least
+/// `SWEEP_AT_LEAST`): a sweep reads every entry's pointer, so sweeping at every miss would cost a
+/// model of N linears N^2 / 2 reads a step, and doubling keeps it to a few per miss while at most
+/// half of the entries are dead. FSDP2 frees a block's gathered weights after its forward (or
+/// backward) and gathers them into new memory for the next pass, so without this a scope around
+/// a sharded model would keep every pass's operands, dead, until it closed (with 2 gloo processes
+/// and 2 micro-batches, 56 misses, 0-3 hits and ~50 entries per step before this). Under the lock.
 fn dead(s: &mut State) -> Vec<Entry> {
-    s.entries.extract_if(|k, e| e.alias.data_ptr() as usize != k.ptr).map(|(_, e)| e).collect()
+    if s.entries.len() < s.sweep_at.max(SWEEP_AT_LEAST) {
+        return Vec::new();
+    }
+    let gone: Vec<Entry> = s.entries.extract_if(|k, e| e.alias.data_ptr() as usize != k.ptr).map(|(_, e)| e).collect();
+    s.sweep_at = 2 * s.entries.len();
+    gone
 }
 
 /// Drops every entry (and the weight aliases they hold).
