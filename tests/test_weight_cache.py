@@ -235,20 +235,21 @@ def test_a_weight_at_the_address_of_a_resized_storage_is_not_a_hit():
 def test_entries_whose_storage_moved_are_swept_out():
     """FSDP2 frees each gathered weight after its pass and gathers it into fresh memory for the
     next: such an entry can never hit again, and a scope must not keep its operands until it closes.
-    Misses sweep them out once the entries have doubled since the last sweep (at 32 at least:
-    weight_cache.rs `dead`), so 200 freed weights leave fewer than 64 entries, and a live one
-    keeps hitting."""
+    A miss sweeps them out once the entries have doubled since the last sweep (at 32 at least:
+    weight_cache.rs `dead`), and a live entry keeps hitting. Each weight has its own shape, so no
+    entry is replaced by a later weight at a reused address: only the sweeps remove them."""
     x = torch.randn(64, DIM)
     with deepwell.microbatches():
         kept = torch.randn(DIM, DIM)
         ops.scaled_linear(x, kept, None, "fp8_block", 0)
-        most = 0
-        for _ in range(200):
-            w = torch.randn(DIM, DIM)
+        seen = []
+        for i in range(1, 61):
+            w = torch.randn(128 * i, DIM)
             ops.scaled_linear(x, w, None, "fp8_block", 0)
-            most = max(most, deepwell.weight_cache_info()["entries"])
+            seen.append(deepwell.weight_cache_info()["entries"])
             w.untyped_storage().resize_(0)  # FSDP2's reshard
-        assert 32 <= most < 64, most
+        # 2, 3, ..., 32; then the miss that finds 32 sweeps out the 31 dead: kept's and its own.
+        assert seen[:31] == list(range(2, 33)) and seen[31] == 2 and max(seen) == 32, seen
         hits = deepwell.weight_cache_info()["hits"]
         assert same_bits(ops.scaled_linear(x, kept, None, "fp8_block", 0), _fresh(x, kept, "fp8_block"))
         assert deepwell.weight_cache_info()["hits"] == hits + 1  # a live entry stays
