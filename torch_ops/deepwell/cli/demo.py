@@ -65,7 +65,8 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     trainer.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=0), heldout)
     losses = _steps_losses(trainer)
     evals = [(r["step"], r["eval_loss"]) for r in trainer.history if "eval_loss" in r]
-    # A rate is the mean over the steps read together (a log interval): the first one compiles.
+    # Each step's own rate (its time between CUDA events on a GPU); the first log interval's steps
+    # compile.
     rates = [r["tokens_per_s"] for r in trainer.history if "tokens_per_s" in r and r["step"] > trainer.log_every]
     k = max(steps // 10, 1)
     print(f"train loss {_mean(list(losses.values())[:k]):.3f} (first {k} steps) -> {_mean(list(losses.values())[-k:]):.3f} (last {k})")

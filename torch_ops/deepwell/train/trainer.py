@@ -349,7 +349,8 @@ class Trainer:
                 total = loss.detach() if total is None else total + loss.detach()
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         norm = distributed.replicated(distributed.clip_grad_norm(params, self.clip_grad_norm if self.clip_grad_norm else math.inf))
-        loss = distributed.mean(total)
+        loss = distributed.replicated(distributed.mean(total))
+        norm = norm.to(loss.device)
         lr = self.optimizer.param_groups[0]["lr"]
         # A non-finite step would poison the weights and the optimizer's moments: it is skipped (as
         # loss-scaling trainers do) and logged. An optimizer that takes `found_inf` (torch's fused
@@ -362,7 +363,7 @@ class Trainer:
                 self.optimizer.step()
                 update_expert_biases(self.model)
         else:
-            skipped = ~(torch.isfinite(loss) & torch.isfinite(norm.to(loss.device)))
+            skipped = ~(torch.isfinite(loss) & torch.isfinite(norm))
             self.optimizer.found_inf = skipped.float()
             try:
                 self.optimizer.step()
@@ -378,7 +379,7 @@ class Trainer:
         self.tokens_seen += tokens
         if self._clock is None:
             self._clock = StepClock(device)
-        values = self._clock.push([distributed.replicated(loss), norm.to(loss.device)])
+        values = self._clock.push([loss, norm])
         self._pending.append({"step": self.step, "values": values, "lr": lr, "tokens": self.tokens_seen, "step_tokens": tokens})
         return waits
 
