@@ -44,6 +44,23 @@ def time_ms(fn, warmup: int = 5, iters: int = 20, reps: int = 7) -> float:
     return samples[len(samples) // 2]
 
 
+def step_times_ms(fn, warmup: int = 3, steps: int = 10) -> list[float]:
+    """Milliseconds of each of `steps` back-to-back calls of `fn()` after `warmup`: a CUDA event
+    after each call, none of them waited on until the last (the launch queue stays full, as in
+    training). Their mean is what `time_ms(fn, warmup, steps, reps=1)` reads; each one on its own
+    shows a single slow call (a recompile, a host pause) that a mean over one window hides."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    events[0].record()
+    for event in events[1:]:
+        fn()
+        event.record()
+    events[-1].synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
 def environment(device: str = "cuda") -> dict:
     """Where the run happened: the GPU (name, SM version and count) or, for a `device="cpu"` run,
     "cpu" with its threads as `sms`; torch, CUDA and Python versions; the UTC date."""

@@ -4,7 +4,10 @@ precision="auto", in one process; plus `deepwell.dryrun`'s predicted peak memory
 `torch.cuda.max_memory_allocated()`, and the planner's share of compile time. torchao's float8
 training (tensorwise and rowwise recipes, LM head in bf16) runs in the same process when torchao is
 installed (skipped with a note otherwise). For every run, `kernels ms` is the GPU's kernel time per
-step (torch.profiler): a step much longer than its kernels is bound by the host's launches.
+step (torch.profiler): a step much longer than its kernels is bound by the host's launches. Each
+timed step gets its own CUDA event (none waited on before the last): `step ms` is their mean,
+`median` their median, and a run whose slowest step passes 1.5x its median prints every step's time
+(a recompile or a host pause inside the window, which the mean alone hides).
 
 Models (`--model`): "1b": d=2048, 16 layers, 16 heads, SwiGLU 5632 (0.95B); "8b": LLaMA-3-8B's
 layer shape (d=4096, 32 heads, SwiGLU 14336) with `--layers` of them (default 8, what fits beside
@@ -25,6 +28,7 @@ graphs (mode="reduce-overhead"; deepwell's `cudagraphs=True`).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -34,10 +38,13 @@ import deepwell
 import deepwell.plan.backend
 from torch.profiler import ProfilerActivity, profile
 
-from _common import environment, first_call_s, header, time_ms, torchao_float8, torchao_version, write_json
+from _common import (environment, first_call_s, header, step_times_ms, torchao_float8, torchao_version,
+                     write_json)
 from deepwell.models import Llama
 
 VOCAB, SEQ, BATCH = 32000, 2048, 4
+#: A timed step this many times the run's median is printed with the run's every step time.
+SLOW_STEP = 1.5
 CUDAGRAPHS = False  # --cudagraphs: each step begins a new CUDA graph trees iteration
 #: name -> (dim, heads, SwiGLU hidden, default layers)
 MODELS = {"1b": (2048, 16, 5632, 16), "8b": (4096, 32, 14336, 8)}
@@ -134,10 +141,11 @@ def run(model, compiled, tokens, targets, steps: int, warmup: int = 3, host: boo
         opt.zero_grad(set_to_none=True)
 
     first = first_call_s(step)
-    ms = time_ms(step, warmup=warmup, iters=steps, reps=1)
+    each = step_times_ms(step, warmup=warmup, steps=steps)
+    ms = sum(each) / len(each)
     peak = torch.cuda.max_memory_allocated()
-    row = {"step_ms": ms, "tokens_per_s": tokens.numel() / ms * 1e3, "first_call_s": first,
-           "peak_bytes": peak}
+    row = {"step_ms": ms, "step_ms_median": statistics.median(each), "step_ms_each": each,
+           "tokens_per_s": tokens.numel() / ms * 1e3, "first_call_s": first, "peak_bytes": peak}
     if host:
         row["host_ms"], row["host_ops"] = host_ms(step)
     kms, kinds, per_kernel = kernel_ms(step)
@@ -233,13 +241,16 @@ def main() -> None:
     dw, plan, estimate = deepwell_rows[0]
     print(f"{n_params / 1e9:.2f}B parameters; {dw['precision']} plan: {len(plan.sites)} GEMM sites, {dw['sites']}")
     steps_run = rows[0]["loss"][2]
-    print(f"{'run':<32} {'step ms':>8} {'kernels ms':>10} {'tokens/s':>10} {'vs bf16':>8} {'peak GiB':>9} "
-          f"{'first call s':>12} {f'loss step 1 -> {steps_run}':>20}")
+    print(f"{'run':<32} {'step ms':>8} {'median':>7} {'kernels ms':>10} {'tokens/s':>10} {'vs bf16':>8} "
+          f"{'peak GiB':>9} {'first call s':>12} {f'loss step 1 -> {steps_run}':>20}")
     for r in rows:
         first_loss, last_loss, _ = r["loss"]
-        print(f"{r['what']:<32} {r['step_ms']:8.1f} {r['kernel_ms']:10.1f} {r['tokens_per_s']:10.0f} "
-              f"{r['tokens_per_s'] / base:8.2f} {r['peak_bytes'] / 2**30:9.2f} {r['first_call_s']:12.1f} "
-              f"{first_loss:9.4f} -> {last_loss:.4f}")
+        print(f"{r['what']:<32} {r['step_ms']:8.1f} {r['step_ms_median']:7.1f} {r['kernel_ms']:10.1f} "
+              f"{r['tokens_per_s']:10.0f} {r['tokens_per_s'] / base:8.2f} {r['peak_bytes'] / 2**30:9.2f} "
+              f"{r['first_call_s']:12.1f} {first_loss:9.4f} -> {last_loss:.4f}")
+    for r in rows:  # a single slow step moves the mean of a short window: say so beside the table
+        if max(r["step_ms_each"]) > SLOW_STEP * r["step_ms_median"]:
+            print(f"  {r['what']}: timed steps (ms) " + " ".join(f"{t:.0f}" for t in r["step_ms_each"]))
     for r, _, _ in deepwell_rows:
         err = r["predicted_peak_bytes"] / r["peak_bytes"] - 1
         print(f"dryrun, {r['what']}: predicted peak {r['predicted_peak_bytes'] / 2**30:.2f} GiB vs measured "
