@@ -109,7 +109,10 @@ def layer_rows(name, e, d, f, k, tokens, recipes_) -> list[dict]:
 
     # Round-robin timing: each round times every variant once, the median of the rounds is kept. Timed
     # one after the other instead, a variant's place in the order moved it by up to 8% (the same
-    # fp8_block plan measured 27.3 and 25.1 ms in one run, 2026-11-26).
+    # fp8_block plan measured 27.3 and 25.1 ms in one run, 2026-11-26). Each round starts one variant
+    # later, so each variant takes every place once (5 rounds of the 5 default variants): in a fixed
+    # order, auto (the fp8_block plan at Mixtral, always timed right after fp8_block) read 0.6-1.3 ms
+    # slower than fp8_block in four runs on two GPU kinds (2026-11-26 to 2026-11-28).
     runs = {}
     for label, fn in variants:
         try:
@@ -118,10 +121,11 @@ def layer_rows(name, e, d, f, k, tokens, recipes_) -> list[dict]:
         except torch.OutOfMemoryError as err:
             print(f"{name:>10} {label:>18} out of memory ({str(err)[:60]})")
         torch.cuda.empty_cache()
-    for _ in range(ROUNDS):
-        for label, fn in variants:
-            if label in runs:
-                runs[label].append(time_ms(lambda: step(fn, x, params_of(fn), dy), warmup=1, iters=5, reps=1))
+    timed = [(label, fn) for label, fn in variants if label in runs]
+    for turn in range(ROUNDS):
+        first = turn % len(timed)
+        for label, fn in timed[first:] + timed[:first]:
+            runs[label].append(time_ms(lambda: step(fn, x, params_of(fn), dy), warmup=1, iters=5, reps=1))
     # fp8_block with the experts' FP8 weights from the weight cache (`deepwell.microbatches()`): what
     # micro-batches 2..n of a gradient-accumulation step pay. The scope is process-wide (it would cache
     # the other variants' weights too), so this variant is timed after the round-robin, alone.
