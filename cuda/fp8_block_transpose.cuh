@@ -131,11 +131,12 @@ __device__ __forceinline__ void transposed_tiles(const Src& src, int64_t m, int6
         band_tile(t, row_tiles, walk_cols, rt, ct);
         ct = src.column_tile(ct, col_tiles);
     };
-    // PlainSrc (PREFETCH): the next tile's chunks load while this tile is stored (the kernel holds
-    // ~80 registers for 16-bit inputs even so). Computed sources: fetched and made at the top of
-    // the tile, GROUP steps at a time, so that two CTAs fit an SM and one computes while the other
-    // waits for memory (holding a whole tile's fetched inputs took 160-248 registers, one CTA per
-    // SM, and ran at 20-38% of copy bandwidth: bench_swiglu-*-2026-11-27).
+    // PlainSrc (PREFETCH): the next tile's chunks load while this tile is stored (a CTA loops over
+    // tiles where its grid is cut to the CTAs resident at once: `Geometry::resident`). Computed
+    // sources: fetched and made at the top of the tile, GROUP steps at a time, so that two CTAs fit
+    // an SM and one computes while the other waits for memory (holding a whole tile's fetched
+    // inputs took 160-248 registers, one CTA per SM, and ran at 20-38% of copy bandwidth:
+    // bench_swiglu-*-2026-11-27).
     typename Src::Fetch fetched[Src::PREFETCH ? S : 1];
     uint32_t raw[S][4];
     auto load_tile = [&](int64_t t) {
@@ -315,8 +316,13 @@ __device__ __forceinline__ void transposing_pass(const Src& src, int64_t m, int6
 // =============================================================================================
 // Kernels (INTERFACE.md "fp8_block_transpose.cuh").
 
+// Three CTAs per SM: at the default bound the pass held 125 registers a thread, two CTAs per SM
+// (Nsight Compute on the H200), its DRAM 33% busy and each warp issuing every ~8 cycles. Bounded to
+// 80 it runs 9-10% faster from 8192 x 5632 up (3.3-3.5 TB/s of its least traffic against
+// 3.0-3.1), 2-4% at 8192 x 2048; at four CTAs (64 registers) it spills and ran slower than at two
+// (README "fp8_block's rowcol pass at three CTAs per SM").
 template <class In, int MM>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, 3)
     fp8_block_quantize_rowcol(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,
                               float* row_scale_inv, uint8_t* col_data, float* col_scale_inv) {
     using namespace fp8_block_detail;

@@ -71,6 +71,8 @@ GEMM_OPS = {
     "fp8_block_gemm": 5e-3,
     "fp8_block_grouped_gemm": 5e-3,
     "fp8_block_grouped_wgrad": 5e-3,
+    "fp8_block_swiglu_mlp": 5e-3,
+    "fp8_block_swiglu_mlp_backward": 5e-3,
 }
 
 
@@ -179,7 +181,11 @@ def test_special_values(gen):
 def test_large_tensor_grid_stride(gen):
     x = torch.randn(8192, 4096, generator=gen).bfloat16()
     assert_cuda_matches_cpu(ops.mxfp8_quantize, x)
+    # 2048 tiles: each CTA of the transposing passes' resident grid loops over several, loading
+    # the next tile while it stores this one.
     assert_cuda_matches_cpu(ops.fp8_block_quantize_rowcol, x)
+    assert_cuda_matches_cpu(ops.fp8_block_quantize_rowcol, x, True, True)
+    assert_cuda_matches_cpu(ops.fp8_block_quantize_transposed, x, True)
     assert_cuda_matches_cpu(ops.fp8_tensor_quantize_rowcol, x, "e5m2")
 
 

@@ -70,6 +70,9 @@ pub struct Device {
     /// Clusters of a clustered kernel that can be resident at once (cuOccupancyMaxActiveClusters;
     /// the kernel fixes its cluster size and shared memory): the cap of its persistent grid.
     resident_clusters: RwLock<HashMap<KernelId, u32>>,
+    /// CTAs of a `Geometry::resident` kernel that fit on one SM at once
+    /// (cuOccupancyMaxActiveBlocksPerMultiprocessor at its block size and shared memory).
+    resident_blocks: RwLock<HashMap<KernelId, u32>>,
 }
 
 // SAFETY: the primary context handle is process-global; the table is behind an RwLock.
@@ -145,6 +148,7 @@ impl Device {
         let capability = (major as u32, minor as u32);
         let functions = RwLock::new(HashMap::new());
         let resident_clusters = RwLock::new(HashMap::new());
+        let resident_blocks = RwLock::new(HashMap::new());
         Ok(Device {
             ordinal,
             ctx,
@@ -156,6 +160,7 @@ impl Device {
             name,
             functions,
             resident_clusters,
+            resident_blocks,
         })
     }
 
@@ -286,11 +291,33 @@ impl Device {
             // SAFETY: as below; the launch configuration lives through the call.
             return unsafe { self.launch_clustered(kernel, f, g, stream, &mut ptrs) };
         }
+        let grid = if g.resident { g.grid.min(self.resident_blocks(kernel, f, g)? * self.sms) } else { g.grid };
         // SAFETY: guaranteed by the caller; `words` outlives the call (cuLaunchKernel copies the
         // parameters before returning).
         driver("cuLaunchKernel", unsafe {
-            result::launch_kernel(f.0, (g.grid, 1, 1), (g.block, 1, 1), g.smem, stream as sys::CUstream, &mut ptrs)
+            result::launch_kernel(f.0, (grid, 1, 1), (g.block, 1, 1), g.smem, stream as sys::CUstream, &mut ptrs)
         })
+    }
+
+    /// CTAs of `kernel` (loaded as `f`, launched as `g`) that fit on one SM at once, at least one;
+    /// asked of the driver once per kernel (its registers and shared memory fix the answer).
+    fn resident_blocks(&self, kernel: KernelId, f: Function, g: Geometry) -> Result<u32> {
+        if let Some(n) = self.resident_blocks.read().ok().and_then(|t| t.get(&kernel).copied()) {
+            return Ok(n);
+        }
+        let mut n: i32 = 0;
+        // SAFETY: `f` is a loaded function of this context.
+        let code =
+            unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f.0, g.block as i32, g.smem as usize) };
+        driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", code.result())?;
+        let n = n.max(1) as u32;
+        if let Ok(mut t) = self.resident_blocks.write() {
+            t.insert(kernel, n);
+        }
+        if self::config().is_some_and(|c| c.print_compile) {
+            eprintln!("deepwell: {} fits {n} CTAs of {} threads per SM", kernel.name_expression(), g.block);
+        }
+        Ok(n)
     }
 
     /// A launch in clusters of `g.cluster` CTAs (cuLaunchKernelEx). A persistent kernel's grid is

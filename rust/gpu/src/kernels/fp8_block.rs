@@ -127,8 +127,11 @@ impl Family for Fp8Block {
                 let (nrows, ncols) = if block == Block::Row { (n / TILE, TILE) } else { (s.batch * s.rows, s.cols) };
                 wave.cover(nrows.div_ceil(TILE) * ncols.div_ceil(TILE), 1)
             }
-            // Whole tiles only (m, k multiples of 128; `transposed_tiles`).
-            Fp8Block::Rowcol { .. } | Fp8Block::Transposed { .. } => wave.cover((s.rows / TILE) * (s.cols / TILE), 1),
+            // Whole tiles only (m, k multiples of 128; `transposed_tiles`), each CTA loading its next
+            // tile while it quantizes and stores this one: as many CTAs as fit at once.
+            Fp8Block::Rowcol { .. } | Fp8Block::Transposed { .. } => {
+                wave.cover_resident((s.rows / TILE) * (s.cols / TILE), 1)
+            }
             // The vector path needs cols % (16 / sizeof(Out)) == 0 (fp8_block.cuh `fp8_block_dequantize`).
             Fp8Block::Dequantize { out, .. } => wave.dequantize(out, n, s.aligned && s.cols % (16 / out.bytes()) == 0),
         }

@@ -186,6 +186,7 @@ impl Family for Fp8Gemm {
             block: THREADS,
             smem: self.smem_bytes() as u32,
             cluster: self.cluster.into(),
+            resident: false,
         }
     }
 }
@@ -263,7 +264,7 @@ mod tests {
         assert_eq!(pair.tiles(big), 64 * 32);
         assert_eq!(
             pair.geometry(big, H100),
-            Geometry { grid: 132, block: 384, smem: pair.smem_bytes() as u32, cluster: 2 }
+            Geometry { grid: 132, block: 384, smem: pair.smem_bytes() as u32, cluster: 2, resident: false }
         );
         assert_eq!(pair.geometry(big, Wave { sms: 127, ..H100 }).grid, 126);
         assert_eq!(pair.geometry(small, H100).grid, 4); // two 256-row pair tiles of 128 columns

@@ -184,19 +184,31 @@ pub struct Wave {
 /// A 1-D launch. `smem` is dynamic shared memory: every kernel's shared memory is static, so 0.
 /// `cluster`: CTAs per thread-block cluster (1: no clusters); the grid is then a multiple of it,
 /// and the launcher may cut a persistent grid to the clusters that fit at once.
+/// `resident`: the launcher cuts the grid to the CTAs that fit at once (the kernel's occupancy as
+/// the driver computes it from its registers and shared memory, times the SMs). For grid-stride
+/// kernels whose CTAs fetch their next unit while they work on this one: `Wave` caps a grid by
+/// thread count alone (8 CTAs of 256 threads per SM), and where registers let fewer fit, the
+/// CTAs past them ran one unit each, in later waves, with nothing fetched ahead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
     pub grid: u32,
     pub block: u32,
     pub smem: u32,
     pub cluster: u32,
+    pub resident: bool,
 }
 
 impl Wave {
     /// A grid-stride launch over `work` units, `per_cta` per CTA per iteration: enough CTAs to
     /// cover the work once, capped at one wave (the loops cover the rest), at least one.
     pub fn cover(self, work: u64, per_cta: u64) -> Geometry {
-        Geometry { grid: grid_blocks(work, per_cta, self.sms, self.per_sm), block: THREADS, smem: 0, cluster: 1 }
+        let grid = grid_blocks(work, per_cta, self.sms, self.per_sm);
+        Geometry { grid, block: THREADS, smem: 0, cluster: 1, resident: false }
+    }
+
+    /// `cover`, its grid then cut by the launcher to the CTAs that fit at once (`Geometry::resident`).
+    pub fn cover_resident(self, work: u64, per_cta: u64) -> Geometry {
+        Geometry { resident: true, ..self.cover(work, per_cta) }
     }
 
     /// The dequantize kernels of mxfp8.cuh and fp8_block.cuh (the same loops): on the vector path
@@ -293,7 +305,8 @@ pub(crate) mod tests {
 
     #[test]
     fn cover_is_grid_blocks() {
-        assert_eq!(H100.cover(0, 256), Geometry { grid: 1, block: 256, smem: 0, cluster: 1 });
+        assert_eq!(H100.cover(0, 256), Geometry { grid: 1, block: 256, smem: 0, cluster: 1, resident: false });
+        assert!(H100.cover_resident(1000, 256).resident && H100.cover_resident(1000, 256).grid == 4);
         assert_eq!(H100.cover(1000, 256).grid, 4);
         assert_eq!(H100.cover(1 << 40, 1).grid, 132 * 8);
     }
