@@ -16,6 +16,16 @@ bf16 parameters, AdamW (fused); batch 4 x seq 2048 = 8192 tokens per step, cross
 targets. Each run's kernel time is also split by kind (GEMMs, deepwell's quantizers, attention,
 Inductor's fused kernels, optimizer, other), so a gap can be attributed.
 
+`--rounds R` (R >= 2) keeps every run's model alive after its own measurement, then times them
+again in R rounds, each round starting one run later (every run takes every place in the order):
+the GPU's clocks drift with how long and how hard it has run (on an H200 the same GEMM kernel took
+7% longer in a saturated run than in a host-bound one), and runs measured one after another in
+separate windows carry that drift into their ratios. The rounds give each run's median step and its
+step time over bf16's and torchao's in the same round (median and range over rounds). The rounds
+run before any profiler session (`--kernels`' host times too), and a run's peak memory is its own:
+what the runs kept alive hold is subtracted. Every run stays on the GPU at once (~5.3 GiB of
+weights and AdamW states each at 0.95B): an 80 GB GPU may not hold five 8B runs.
+
 `--kernels N` also prints each run's N longest kernels, the host's time to launch a step (measured
 before any profiler session: one leaves CUDA's activity tracing attached, which slows every later
 launch) and each deepwell op's host time from Rust's spans. `--cudagraphs` runs every model in CUDA
@@ -23,6 +33,7 @@ graphs (mode="reduce-overhead"; deepwell's `cudagraphs=True`).
 
     python benchmarks/bench_train_step.py [--quick] [--model 1b|8b] [--layers N] [--torchao tensorwise,rowwise]
         [--precisions auto,fp8_tensor,auto+codes,auto+recompute,auto+fused] [--kernels N] [--cudagraphs]
+        [--rounds R]
 """
 
 from __future__ import annotations
@@ -121,12 +132,14 @@ def print_kernels(what: str, per_kernel, n: int) -> None:
         print(f"  {ms:7.2f} ms {calls:6.0f}x  {kind_of(name):<9} {name[:110]}")
 
 
-def run(model, compiled, tokens, targets, steps: int, warmup: int = 3, host: bool = False) -> dict:
-    """One run's row: first-call seconds, ms per step, tokens/s, peak bytes, kernel ms per step (by
-    kind, and the longest kernels), (first loss, last loss, steps), and with `host` the host's time
+def run(model, compiled, tokens, targets, steps: int, warmup: int = 3, host: bool = False,
+        others: int = 0, kernels: bool = True) -> tuple[dict, object]:
+    """One run's row and its step function: first-call seconds, ms per step, tokens/s, peak bytes
+    (less `others`, the bytes earlier runs kept alive for `--rounds` hold), with `kernels` the
+    kernel time (`add_kernels`), (first loss, last loss, steps), and with `host` the host's time
     per step and per deepwell op (`host_ms`). Every run takes the same number of steps on the same
     batch from the same weights, so the last losses are comparable (the recipe's accuracy next to
-    its speed)."""
+    its speed); the rounds' steps come after the loss is read."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     losses = []
 
@@ -143,15 +156,63 @@ def run(model, compiled, tokens, targets, steps: int, warmup: int = 3, host: boo
     first = first_call_s(step)
     each = step_times_ms(step, warmup=warmup, steps=steps)
     ms = sum(each) / len(each)
-    peak = torch.cuda.max_memory_allocated()
+    peak = torch.cuda.max_memory_allocated() - others
     row = {"step_ms": ms, "step_ms_median": statistics.median(each), "step_ms_each": each,
            "tokens_per_s": tokens.numel() / ms * 1e3, "first_call_s": first, "peak_bytes": peak}
     if host:
         row["host_ms"], row["host_ops"] = host_ms(step)
+    if kernels:
+        add_kernels(row, step)
+    row["loss"] = (losses[0].item(), losses[-1].item(), len(losses))
+    return row, step
+
+
+def add_kernels(row: dict, step) -> None:
+    """The row's kernel ms per step, by kind and the longest kernels (`kernel_ms`: a profiler
+    session, after which every launch of the process is slower; `--rounds` runs it last)."""
     kms, kinds, per_kernel = kernel_ms(step)
     row.update({"kernel_ms": kms, "kernel_kinds": kinds, "top_kernels": per_kernel[:40]})
-    row["loss"] = (losses[0].item(), losses[-1].item(), len(losses))
-    return row
+
+
+def round_order(runs: list, r: int) -> list:
+    """The runs in round r's order: starting at run r (mod their number), so that over as many
+    rounds as runs every run takes every place once."""
+    start = r % len(runs)
+    return runs[start:] + runs[:start]
+
+
+def rounds(steppers: list[tuple[str, object]], n: int, steps: int) -> dict[str, list[float]]:
+    """Each run's mean step ms in each of `n` rounds (`round_order`) of `steps` timed steps, after
+    2 warm-up steps."""
+    means: dict[str, list[float]] = {what: [] for what, _ in steppers}
+    for r in range(n):
+        for what, step in round_order(steppers, r):
+            each = step_times_ms(step, warmup=2, steps=steps)
+            means[what].append(sum(each) / len(each))
+    return means
+
+
+def _ratio(v: tuple[float, float, float] | None) -> str:
+    return f"{v[0]:.3f}x ({v[1]:.3f}-{v[2]:.3f})" if v else ""
+
+
+def print_rounds(means: dict[str, list[float]], base: str, peer: str | None) -> dict[str, dict]:
+    """The rounds' table: each run's median step over the rounds, and its speed over `base`'s and
+    `peer`'s (torchao) in the same round, median [min-max] over rounds; returns it per run."""
+    n = len(means[base])
+    print(f"{n} interleaved rounds (each run's mean step in each round; ratios paired within a round):")
+    print(f"{'run':<40} {'median ms':>9} {'range ms':>13}  {'vs bf16 (range)':>22}  {'vs torchao (range)':>22}")
+    out = {}
+    for what, ms in means.items():
+        vs = {}
+        for name, ref in (("vs_bf16", base), ("vs_torchao", peer)):
+            if ref is not None:
+                ratios = sorted(b / a for a, b in zip(ms, means[ref]))
+                vs[name] = (statistics.median(ratios), ratios[0], ratios[-1])
+        out[what] = {"round_ms": ms, "median_ms": statistics.median(ms), **vs}
+        print(f"{what:<40} {statistics.median(ms):9.1f} {min(ms):6.1f}-{max(ms):<6.1f}  "
+              f"{_ratio(vs.get('vs_bf16')):>22}  {_ratio(vs.get('vs_torchao')):>22}")
+    return out
 
 
 def main() -> None:
@@ -167,7 +228,15 @@ def main() -> None:
     p.add_argument("--kernels", type=int, default=0, help="print each run's N longest kernels per step")
     p.add_argument("--cudagraphs", action="store_true",
                    help="every run replays CUDA graphs: mode='reduce-overhead', deepwell's cudagraphs=True")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="keep every run alive and time them again in R interleaved rounds (R >= 2)")
     args = p.parse_args()
+    if args.rounds == 1:
+        p.error("--rounds takes 2 or more (one round is the runs' own measurement)")
+    if args.rounds and args.cudagraphs:
+        # CUDA graph trees give all compiled models of a device one memory pool; interleaving their
+        # replays is not something this benchmark has verified, so it does not offer it.
+        p.error("--rounds does not run with --cudagraphs")
     global CUDAGRAPHS
     CUDAGRAPHS = args.cudagraphs
     mode = "reduce-overhead" if args.cudagraphs else None
@@ -184,37 +253,59 @@ def main() -> None:
     targets = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
     rows = []
 
+    kept = []  # (row, step, model, compiled) of every run, for --rounds
+    # With --rounds, each run's profiler session waits until after the rounds (see add_kernels).
+    measure = {"host": bool(args.kernels), "kernels": not args.rounds}
+
+    def done(row, step, *alive) -> None:
+        """Records the run's row; keeps it alive for the rounds, or frees it."""
+        rows.append(row)
+        if args.rounds:
+            kept.append((row, step, *alive))
+        torch.cuda.empty_cache()
+
+    def held() -> int:
+        """Bytes the runs kept alive hold (none without --rounds)."""
+        return torch.cuda.memory_allocated() if kept else 0
+
+    # Dynamo's caches are reset once, before the first run: a reset between runs would make the
+    # kept runs compile again in the rounds (each compiled model guards on its own module).
+    torch._dynamo.reset()
+    others = held()
     model = make_model(spec, layers)
     n_params = sum(p.numel() for p in model.parameters())
-    torch._dynamo.reset()
-    rows.append({"what": "torch.compile bf16", **run(model, torch.compile(model, mode=mode), tokens, targets,
-                                                      args.steps, host=bool(args.kernels))})
-    del model
-    torch.cuda.empty_cache()
+    compiled = torch.compile(model, mode=mode)
+    row, step = run(model, compiled, tokens, targets, args.steps, others=others, **measure)
+    done({"what": "torch.compile bf16", **row}, step, model, compiled)
+    del model, compiled, step
 
     if torchao_version() is None:
         print("torchao is not installed: its float8 rows are skipped (pip install torchao)")
     for ao_recipe in [r for r in args.torchao.split(",") if r] if torchao_version() else ():
+        if not args.rounds:
+            torch._dynamo.reset()
+        others = held()
         model = torchao_float8(make_model(spec, layers), ao_recipe)
-        torch._dynamo.reset()
-        row = run(model, torch.compile(model, mode=mode), tokens, targets, args.steps, host=bool(args.kernels))
-        rows.append({"what": f"torchao float8 {ao_recipe}", **row, "torchao": torchao_version()})
-        del model
-        torch.cuda.empty_cache()
+        compiled = torch.compile(model, mode=mode)
+        row, step = run(model, compiled, tokens, targets, args.steps, others=others, **measure)
+        done({"what": f"torchao float8 {ao_recipe}", **row, "torchao": torchao_version()}, step, model, compiled)
+        del model, compiled, step
 
     deepwell_rows = []
     for name in [p for p in args.precisions.split(",") if p]:
         precision, _, how = name.partition("+")
         codes = {"": None, "codes": True, "recompute": False, "fused": None, "unfused": None}[how]
         fused = {"fused_mlp": how == "fused"} if how in ("fused", "unfused") else {}
+        if not args.rounds:
+            torch._dynamo.reset()
+        others = held()
         model = make_model(spec, layers)
-        torch._dynamo.reset()
         ir = deepwell.capture(model, (tokens,))
         plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=precision)
         engine = deepwell.compile(ir, plan=plan, cudagraphs=args.cudagraphs, fp8_block_codes=codes, **fused)
         estimate = deepwell.dryrun(engine)
         planning_before = deepwell.plan.backend.STATS["planning_s"]
-        row = run(model, engine, tokens, targets, args.steps, host=bool(args.kernels))
+        row, step = run(model, engine, tokens, targets, args.steps, others=others, **measure)
         planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
         recipes = sorted({s.recipe for s in plan.sites})
         mlp_note = {None: "", True: ", MLP fused", False: ", MLP unfused"}[fused.get("fused_mlp")]
@@ -223,11 +314,16 @@ def main() -> None:
                "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,
                "predicted_speedup": estimate.speedup, "planning_s": planning, "precision": precision,
                "sites": {r: sum(s.recipe == r for s in plan.sites) for r in recipes}}
-        rows.append(row)
+        done(row, step, model, engine)
         deepwell_rows.append((row, plan, estimate))
-        del model, engine
-        torch.cuda.empty_cache()
+        del model, engine, step
 
+    interleaved = None
+    if args.rounds:
+        peer = next((r["what"] for r in rows if r["what"] == "torchao float8 tensorwise"), None)
+        means = rounds([(row["what"], step) for row, step, *_ in kept], args.rounds, args.steps)
+        for row, step, *_ in kept:
+            add_kernels(row, step)
     base = rows[0]["tokens_per_s"]
     for r in rows if args.kernels else ():
         print_kernels(r["what"], r["top_kernels"], args.kernels)
@@ -257,11 +353,15 @@ def main() -> None:
               f"{r['peak_bytes'] / 2**30:.2f} GiB ({err * 100:+.1f}%); predicted step {r['predicted_step_ms']:.1f} ms "
               f"({r['predicted_speedup']:.2f}x bf16)")
     print(estimate)
+    if args.rounds:
+        interleaved = print_rounds(means, rows[0]["what"], peer)
     print(f"planning {dw['planning_s'] * 1e3:.1f} ms of a {dw['first_call_s']:.1f} s first call "
           f"({dw['planning_s'] / dw['first_call_s'] * 100:.2f}% of compile time)")
     suffix = ("" if args.model == "1b" else f"-{args.model}") + ("-quick" if args.quick else "")
     name = "bench_train_step" + suffix + ("-cudagraphs" if args.cudagraphs else "")
-    extra = {"model": args.model, "dim": dim, "hidden": hidden, "layers": layers, "params": n_params}
+    name += f"-rounds{args.rounds}" if args.rounds else ""
+    extra = {"model": args.model, "dim": dim, "hidden": hidden, "layers": layers, "params": n_params,
+             "rounds": interleaved}
     print("wrote", write_json(name, env, rows, extra))
 
 

@@ -69,10 +69,40 @@ pub struct Device {
     functions: RwLock<HashMap<KernelId, Function>>,
     /// Clusters of a clustered kernel that can be resident at once (cuOccupancyMaxActiveClusters;
     /// the kernel fixes its cluster size and shared memory): the cap of its persistent grid.
-    resident_clusters: RwLock<HashMap<KernelId, u32>>,
+    resident_clusters: Occupancy,
     /// CTAs of a `Geometry::resident` kernel that fit on one SM at once
     /// (cuOccupancyMaxActiveBlocksPerMultiprocessor at its block size and shared memory).
-    resident_blocks: RwLock<HashMap<KernelId, u32>>,
+    resident_blocks: Occupancy,
+}
+
+/// A driver's occupancy answer per kernel, asked once: a kernel always launches with the same
+/// block size, shared memory and cluster size, and its registers are fixed at load, so the answer
+/// cannot change for the life of the process.
+#[derive(Default)]
+struct Occupancy(RwLock<HashMap<KernelId, u32>>);
+
+impl Occupancy {
+    /// The cached answer for `kernel`, else `ask()`'s, kept (and printed under `print_compile` as
+    /// "deepwell: <kernel> fits <n> <what()>"; `what` is a closure so that a launch, which finds
+    /// the answer cached, formats nothing).
+    fn get_or_ask(
+        &self,
+        kernel: KernelId,
+        ask: impl FnOnce() -> Result<u32>,
+        what: impl FnOnce() -> String,
+    ) -> Result<u32> {
+        if let Some(n) = self.0.read().ok().and_then(|t| t.get(&kernel).copied()) {
+            return Ok(n);
+        }
+        let n = ask()?;
+        if let Ok(mut t) = self.0.write() {
+            t.insert(kernel, n);
+        }
+        if self::config().is_some_and(|c| c.print_compile) {
+            eprintln!("deepwell: {} fits {n} {}", kernel.name_expression(), what());
+        }
+        Ok(n)
+    }
 }
 
 // SAFETY: the primary context handle is process-global; the table is behind an RwLock.
@@ -147,8 +177,6 @@ impl Device {
         let name = driver("cuDeviceGetName", result::device::get_name(dev))?;
         let capability = (major as u32, minor as u32);
         let functions = RwLock::new(HashMap::new());
-        let resident_clusters = RwLock::new(HashMap::new());
-        let resident_blocks = RwLock::new(HashMap::new());
         Ok(Device {
             ordinal,
             ctx,
@@ -159,8 +187,8 @@ impl Device {
             max_smem_optin,
             name,
             functions,
-            resident_clusters,
-            resident_blocks,
+            resident_clusters: Occupancy::default(),
+            resident_blocks: Occupancy::default(),
         })
     }
 
@@ -302,22 +330,16 @@ impl Device {
     /// CTAs of `kernel` (loaded as `f`, launched as `g`) that fit on one SM at once, at least one;
     /// asked of the driver once per kernel (its registers and shared memory fix the answer).
     fn resident_blocks(&self, kernel: KernelId, f: Function, g: Geometry) -> Result<u32> {
-        if let Some(n) = self.resident_blocks.read().ok().and_then(|t| t.get(&kernel).copied()) {
-            return Ok(n);
-        }
-        let mut n: i32 = 0;
-        // SAFETY: `f` is a loaded function of this context.
-        let code =
-            unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f.0, g.block as i32, g.smem as usize) };
-        driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", code.result())?;
-        let n = n.max(1) as u32;
-        if let Ok(mut t) = self.resident_blocks.write() {
-            t.insert(kernel, n);
-        }
-        if self::config().is_some_and(|c| c.print_compile) {
-            eprintln!("deepwell: {} fits {n} CTAs of {} threads per SM", kernel.name_expression(), g.block);
-        }
-        Ok(n)
+        let ask = || {
+            let mut n: i32 = 0;
+            // SAFETY: `f` is a loaded function of this context.
+            let code = unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f.0, g.block as i32, g.smem as usize)
+            };
+            driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", code.result())?;
+            Ok(n.max(1) as u32)
+        };
+        self.resident_blocks.get_or_ask(kernel, ask, || format!("CTAs of {} threads per SM", g.block))
     }
 
     /// A launch in clusters of `g.cluster` CTAs (cuLaunchKernelEx). A persistent kernel's grid is
@@ -353,24 +375,16 @@ impl Device {
             attrs: &mut attr,
             numAttrs: 1,
         };
-        let cached = self.resident_clusters.read().ok().and_then(|t| t.get(&kernel).copied());
-        let resident = match cached {
-            Some(n) => n,
-            None => {
-                let mut n: i32 = 0;
-                // SAFETY: `f` is a loaded function of this context; `config` is a complete
-                // configuration (its grid is ignored by the query).
-                let code = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.0, &config) };
-                driver("cuOccupancyMaxActiveClusters", code.result())?;
-                if let Ok(mut t) = self.resident_clusters.write() {
-                    t.insert(kernel, n.max(0) as u32);
-                }
-                if self::config().is_some_and(|c| c.print_compile) {
-                    eprintln!("deepwell: {} fits {n} clusters of {} at once", kernel.name_expression(), g.cluster);
-                }
-                n.max(0) as u32
-            }
+        let ask = || {
+            let mut n: i32 = 0;
+            // SAFETY: `f` is a loaded function of this context; `config` is a complete
+            // configuration (its grid is ignored by the query).
+            let code = unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.0, &config) };
+            driver("cuOccupancyMaxActiveClusters", code.result())?;
+            Ok(n.max(0) as u32)
         };
+        let resident =
+            self.resident_clusters.get_or_ask(kernel, ask, || format!("clusters of {} at once", g.cluster))?;
         if resident == 0 {
             return Err(GpuError::Unsupported(format!(
                 "{} cannot run in clusters of {} on {} ({} bytes of shared memory per CTA)",
