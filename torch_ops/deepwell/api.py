@@ -18,6 +18,7 @@ def optimize(
     cudagraphs: bool = False,
     fp8_block_codes: bool | None = None,
     fused_mlp: bool | None = None,
+    graph_ops: bool | None = None,
     **compile_kw,
 ):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
@@ -28,7 +29,7 @@ def optimize(
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
     experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role).
     `cudagraphs=True` replays the compiled graphs as CUDA graphs (`mode="reduce-overhead"`).
-    `fp8_block_codes`, `fused_mlp`: the backend's options of those names (`deepwell.compile` says
+    `fp8_block_codes`, `fused_mlp`, `graph_ops`: the backend's options of those names (`deepwell.compile` says
     what they do)."""
     if swap_moe and isinstance(model, torch.nn.Module):
         from .nn.moe_hf import swap_hf_moe
@@ -37,7 +38,7 @@ def optimize(
         if verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
     options = {"precision": precision, "verbose": verbose, "cudagraphs": cudagraphs}
-    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp)):
+    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp), ("graph_ops", graph_ops)):
         if value is not None:
             options[name] = value
     if policy is not None:

@@ -15,10 +15,18 @@ use crate::stack::c_message;
 
 static REGISTERED: OnceLock<()> = OnceLock::new();
 
+/// Every kernel is registered twice, under the same schema: `deepwell::<op>`, the ops users call,
+/// whose autograd formulas are Python (torch_ops/deepwell/ops), and `deepwell_graph::<op>`, which
+/// has none. The deepwell backend retargets the ops of its compiled graphs to the second
+/// (torch_ops/deepwell/plan/graph_ops.py): autograd is already done there, and the Python autograd
+/// kernel cost host time on every call (~8.5 us on the H200's host), only to redispatch below it.
+const NAMESPACES: [&str; 2] = ["deepwell", "deepwell_graph"];
+
 /// `register`: resolves the ABI table from the already-loaded `libtorch_cpu` (and `libtorch_cuda`,
 /// absent for a CPU-only torch), configures the GPU runtime (NVRTC path and JIT cache directory,
 /// either may be absent; `print_compile` logs every kernel load) and registers every kernel under
-/// `torch.ops.deepwell`. Idempotent. Torch must be imported in this process.
+/// `torch.ops.deepwell` and `torch.ops.deepwell_graph` (`NAMESPACES`). Idempotent. Torch must be
+/// imported in this process.
 pub fn register_entry(req: &Value) -> Answer {
     let cpu = fields::text(req, "libtorch_cpu")?;
     let cuda = fields::opt_text(req, "libtorch_cuda")?;
@@ -43,14 +51,14 @@ fn register(libtorch_cpu: &str, libtorch_cuda: Option<&str>, gpu: deepwell_gpu::
         abi::init_cuda(path)?;
         keys.push("CUDA");
     }
-    for key in keys {
+    for (ns, key) in NAMESPACES.iter().flat_map(|ns| keys.iter().map(move |key| (*ns, *key))) {
         let mut lib = std::ptr::null_mut();
-        let key_c = c_message(key);
+        let (ns_c, key_c) = (c_message(ns), c_message(key));
         // SAFETY: valid C strings; `lib` receives a heap torch::Library that we never free (freeing
         // it would deregister the kernels).
         let code = unsafe {
             (api.aoti_torch_library_init_impl)(
-                c"deepwell".as_ptr(),
+                ns_c.as_ptr(),
                 key_c.as_ptr(),
                 c"rust/ops/src/register.rs".as_ptr(),
                 line!(),
@@ -58,7 +66,7 @@ fn register(libtorch_cpu: &str, libtorch_cuda: Option<&str>, gpu: deepwell_gpu::
             )
         };
         if code != 0 {
-            return Err(Error::Load(format!("aoti_torch_library_init_impl(deepwell, {key}) failed")));
+            return Err(Error::Load(format!("aoti_torch_library_init_impl({ns}, {key}) failed")));
         }
         for k in all_kernels().into_iter().filter(|k| k.dispatch_key == key) {
             let name = c_message(k.spec.name);
@@ -66,7 +74,7 @@ fn register(libtorch_cpu: &str, libtorch_cuda: Option<&str>, gpu: deepwell_gpu::
             // signature; the version is the encoding our stack decoder implements.
             let code = unsafe { (api.torch_library_impl)(lib, name.as_ptr(), k.boxed, EXTENSION_BUILD_VERSION) };
             if code != 0 {
-                return Err(Error::Load(format!("registering deepwell::{} for {key} failed", k.spec.name)));
+                return Err(Error::Load(format!("registering {ns}::{} for {key} failed", k.spec.name)));
             }
         }
     }

@@ -25,7 +25,9 @@ of fp8_block sites is quantized once, both copies, for all the sites reading it,
 saved for their backwards, `fp8_block_linear_from_codes`; False: `scaled_linear` per site, its
 input recomputed in the backward; default `fp8_block_codes_default()`), `fused_mlp` (True:
 `w_down(silu(w_gate(x)) * w_up(x))` with its three sites fp8_block on x's codes runs as one
-`fp8_block_swiglu_mlp`, plan/fuse_mlp.py; default `FUSED_MLP`, False: three sites).
+`fp8_block_swiglu_mlp`, plan/fuse_mlp.py; default `FUSED_MLP`, False: three sites), `graph_ops`
+(True: the compiled graphs call `deepwell_graph` ops, without the Python autograd layer,
+plan/graph_ops.py; default `GRAPH_OPS`).
 A graph break splits the model into graphs planned separately (each has its own first and last site).
 """
 
@@ -47,6 +49,7 @@ from .. import _env
 from ..nn.weight_cache import allow_reuse
 from ..ops.fp8_tensor import amax_of
 from .fuse_mlp import fuse_mlp
+from .graph_ops import GraphOps
 from .policy import LayerDecision, PrecisionPolicy
 from .sites import Plan, Site, plan_sites, role_of
 
@@ -68,6 +71,9 @@ def fp8_block_codes_default() -> bool:
     (benchmarks/results/bench_parallel-1b-diag-*.log)."""
     return FP8_BLOCK_CODES
 
+
+#: The `graph_ops` option's default: compiled graphs call the `deepwell_graph` twins of deepwell's ops.
+GRAPH_OPS = True
 
 #: The `fused_mlp` option's default: off. Measured on the H100 (torch 2.11, 2026-11-27) the fused
 #: MLP ran no faster than the three sites (0.95B step 86.3 against 86.5 ms, 8B layers 153.5 against
@@ -358,10 +364,12 @@ def plan_graph(gm: torch.fx.GraphModule, options: dict | None = None) -> tuple[P
 
 def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """The Dynamo backend (see the module docs)."""
+    from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
     options = dict(options or {})
-    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs", "fp8_block_codes", "fused_mlp"}
+    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs", "fp8_block_codes", "fused_mlp",
+             "graph_ops"}
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
@@ -384,6 +392,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     inductor = {"triton.cudagraphs": True} if options.get("cudagraphs") else {}
     if inductor:
         allow_reuse(False)
+    if options.get("graph_ops", GRAPH_OPS):
+        inductor["post_grad_custom_post_pass"] = GraphOps(inductor_config.post_grad_custom_post_pass)
     with torch._functorch.config.patch(_partitioner_options(rewritten)):
         return compile_fx(gm, example_inputs, config_patches=inductor)
 

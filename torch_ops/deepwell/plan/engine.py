@@ -176,7 +176,7 @@ class Engine:
 
 def compile(
     ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe", cudagraphs: bool = False,
-    fp8_block_codes: bool | None = None, fused_mlp: bool | None = None,
+    fp8_block_codes: bool | None = None, fused_mlp: bool | None = None, graph_ops: bool | None = None,
 ) -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
     `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
@@ -189,6 +189,9 @@ def compile(
     `fp8_block_swiglu_mlp` (gate and up one GEMM, SwiGLU fused into the down projection's FP8
     operands, forward and backward; the backend's option of that name, plan/fuse_mlp.py; None: its
     default, `deepwell.plan.backend.FUSED_MLP`, off).
+    graph_ops=False keeps the compiled graphs calling `torch.ops.deepwell` ops through their Python
+    autograd layer instead of the `deepwell_graph` twins (the backend's option of that name,
+    plan/graph_ops.py; None: its default, `deepwell.plan.backend.GRAPH_OPS`, on).
     A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
     on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
     if fallback not in ("safe", "error"):
@@ -196,7 +199,7 @@ def compile(
     plan = plan or autoplan(ir, precision=precision)
     shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
     options = {"plan": plan, "fallback": fallback, "cudagraphs": cudagraphs}
-    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp)):
+    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp), ("graph_ops", graph_ops)):
         if value is not None:
             options[name] = value
     compiled = torch.compile(ir.model, backend="deepwell", options=options)
