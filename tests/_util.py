@@ -1,6 +1,7 @@
 """Helpers shared by the tests: conversions to the float64 reference model's numpy world, random
-inputs spanning many magnitudes, saved-activation bytes, the multi-process (gloo) launcher and
-the bound between FP8 training runs on different numbers of processes."""
+inputs spanning many magnitudes, saved-activation bytes, the multi-process (gloo) launcher, the
+bound between FP8 training runs on different numbers of processes, and the deepwell ops a call
+makes."""
 
 from __future__ import annotations
 
@@ -122,3 +123,13 @@ def spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
     for r, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}"
     return json.loads(out.read_text())
+
+
+def deepwell_calls(run) -> list[str]:
+    """The deepwell ops `run()` calls, in order, by name: `deepwell::<op>` from eager code and
+    `deepwell_graph::<op>`, its twin without autograd, from the backend's compiled graphs
+    (plan/graph_ops.py). Compiled code calls them through the dispatcher, which the profiler records."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    return [name for ns, _, name in (e.name.partition("::") for e in prof.events())
+            if ns in ("deepwell", "deepwell_graph") and name]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import deepwell
+from _util import deepwell_calls as _deepwell_calls
 from _util import same_bits, saved_activation_bytes
 
 ops = torch.ops.deepwell
@@ -137,12 +138,6 @@ def test_inside_a_weight_reuse_scope(device, gen):
     for a, b in zip(after, want_after):
         assert same_bits(a.cpu(), b.cpu())
     assert not same_bits(first[0].cpu(), after[0].cpu())
-
-
-def _deepwell_calls(run) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        run()
-    return [e.name.split("::")[1] for e in prof.events() if e.name.startswith("deepwell::")]
 
 
 class _TwoHeads(torch.nn.Module):

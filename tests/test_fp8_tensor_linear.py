@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import deepwell
+from _util import deepwell_calls as _deepwell_calls
 from _util import same_bits, saved_activation_bytes
 
 ops = torch.ops.deepwell
@@ -55,14 +56,6 @@ def test_autograd_keeps_the_codes_not_x(gen):
     plain = saved_activation_bytes(lambda t: ops.scaled_linear(t, lin.weight, lin.bias, "fp8_tensor", None), x, lin)
     assert plain == 512 * 256 * 2  # x in bf16
     assert saved == 512 * 256 * 1 + 4  # its codes and the scale
-
-
-def _deepwell_calls(run) -> list[str]:
-    """The deepwell ops `run()` calls, in order (compiled code calls custom ops through the
-    dispatcher, which the profiler records)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        run()
-    return [e.name.split("::")[1] for e in prof.events() if e.name.startswith("deepwell::")]
 
 
 @pytest.mark.parametrize("recipe", ["fp8_tensor", "fp8_block"])

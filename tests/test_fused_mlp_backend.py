@@ -18,6 +18,7 @@ from deepwell.models import Llama
 from deepwell.models.llama import FeedForward
 from deepwell.plan import backend as dw_backend
 from deepwell.plan.memory import codes_of, fused_mlps, saved_activation_bytes
+from _util import deepwell_calls as _deepwell_calls
 
 ops = torch.ops.deepwell
 D, FFN, TOKENS = 256, 384, 256
@@ -91,12 +92,6 @@ def _graph_counts(model, x, **options) -> dict:
     torch.compile(model, backend=spy)(x)
     torch._dynamo.reset()
     return counts
-
-
-def _deepwell_calls(run) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        run()
-    return [e.name.split("::")[1] for e in prof.events() if e.name.startswith("deepwell::")]
 
 
 def test_each_mlp_is_one_fused_op_within_fp8_noise_of_the_unfused_graph(gen, monkeypatch, capsys):

@@ -56,8 +56,17 @@ def test_a_twins_fake_kernel_is_its_deepwell_ops():
             twins.scaled_linear(torch.empty(256, 384, dtype=torch.bfloat16), torch.empty(512, 128), None, "fp8_block", None)
 
 
+def _namespaces_called(run) -> dict[str, int]:
+    """How many calls of each deepwell namespace's ops `run()` made (the profiler sees them all)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    names = [e.name.partition("::")[0] for e in prof.events()]
+    return {ns: names.count(ns) for ns in ("deepwell", "deepwell_graph")}
+
+
 def _train(graph_ops_on: bool, precision: str, steps: int = 2):
-    """Losses and final weights of `steps` AdamW steps of a 2-layer Llama compiled by the backend."""
+    """Losses and final weights of `steps` AdamW steps of a 2-layer Llama compiled by the backend,
+    and the namespaces of the deepwell ops its last step called."""
     torch.manual_seed(0)
     model = Llama(1000, 512, 2, 8, 1024, max_seq=64)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -68,22 +77,28 @@ def _train(graph_ops_on: bool, precision: str, steps: int = 2):
     # No cache hits: the test counts the pass's work, which a graph loaded from Inductor's or
     # AOTAutograd's cache (keyed on the pass's uuid) already carries without running it.
     with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
-        for _ in range(steps):
+        def step():
             loss = compiled(tokens).float().square().mean()
             loss.backward()
             opt.step()
             opt.zero_grad()
             losses.append(loss.detach())
-    return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+
+        for _ in range(steps - 1):
+            step()
+        called = _namespaces_called(step)
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], called
 
 
 @pytest.mark.parametrize("precision", ["fp8_tensor", "fp8_block"])
 def test_training_through_the_twins_gives_the_same_bits(precision):
     before = graph_ops.STATS["retargeted"]
-    losses, weights = _train(True, precision)
+    losses, weights, called = _train(True, precision)
     retargeted = graph_ops.STATS["retargeted"] - before
     assert retargeted > 0  # forward and backward graphs both had deepwell ops
-    ref_losses, ref_weights = _train(False, precision)
+    assert called["deepwell"] == 0 and called["deepwell_graph"] > 0  # at run time, only the twins
+    ref_losses, ref_weights, ref_called = _train(False, precision)
+    assert ref_called["deepwell_graph"] == 0 and ref_called["deepwell"] == called["deepwell_graph"]
     assert graph_ops.STATS["retargeted"] - before == retargeted  # graph_ops=False: the pass did not run
     assert torch.equal(losses, ref_losses)
     for w, r in zip(weights, ref_weights):
