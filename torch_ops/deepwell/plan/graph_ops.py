@@ -31,8 +31,8 @@ def twinned() -> frozenset[str]:
 
 
 class GraphOps(CustomGraphPass):
-    """Retargets `deepwell::<op>` call nodes to `deepwell_graph::<op>`, chained after `then` (a
-    custom pass the user had configured, which still runs). Counts what it retargeted in `STATS`."""
+    """Retargets `deepwell::<op>` call nodes to `deepwell_graph::<op>`, then runs `then` (the custom
+    pass the user had configured, if any). Counts what it retargeted in `STATS`."""
 
     def __init__(self, then=None):
         self.then = then
