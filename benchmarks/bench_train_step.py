@@ -32,7 +32,7 @@ launch) and each deepwell op's host time from Rust's spans. `--cudagraphs` runs 
 graphs (mode="reduce-overhead"; deepwell's `cudagraphs=True`).
 
     python benchmarks/bench_train_step.py [--quick] [--model 1b|8b] [--layers N] [--torchao tensorwise,rowwise]
-        [--precisions auto,fp8_tensor,auto+codes,auto+recompute,auto+fused,fp8_tensor+autograd] [--kernels N] [--cudagraphs]
+        [--precisions auto,fp8_tensor,auto+codes,auto+recompute,auto+requantize,auto+fused,fp8_tensor+autograd] [--kernels N] [--cudagraphs]
         [--rounds R]
 """
 
@@ -225,7 +225,8 @@ def main() -> None:
     p.add_argument("--precisions", default="auto,fp8_tensor",
                    help="deepwell precisions to run (auto first); 'NAME+codes' / 'NAME+recompute' compile with "
                         "fp8_block_codes=True / False, 'NAME+fused' / 'NAME+unfused' with fused_mlp=True / False, "
-                        "'NAME+autograd' with graph_ops=False (the graphs call deepwell ops through their autograd layer)")
+                        "'NAME+autograd' with graph_ops=False (the graphs call deepwell ops through their autograd layer), "
+                        "'NAME+requantize' with recompute_codes=True (x's codes made again in the backward)")
     p.add_argument("--kernels", type=int, default=0, help="print each run's N longest kernels per step")
     p.add_argument("--cudagraphs", action="store_true",
                    help="every run replays CUDA graphs: mode='reduce-overhead', deepwell's cudagraphs=True")
@@ -295,9 +296,11 @@ def main() -> None:
     deepwell_rows = []
     for name in [p for p in args.precisions.split(",") if p]:
         precision, _, how = name.partition("+")
-        codes = {"": None, "codes": True, "recompute": False, "fused": None, "unfused": None, "autograd": None}[how]
+        codes = {"": None, "codes": True, "recompute": False, "requantize": None, "fused": None, "unfused": None,
+                 "autograd": None}[how]
         fused = {"fused_mlp": how == "fused"} if how in ("fused", "unfused") else {}
         fused.update({"graph_ops": False} if how == "autograd" else {})
+        fused.update({"recompute_codes": True} if how == "requantize" else {})
         if not args.rounds:
             torch._dynamo.reset()
         others = held()
@@ -312,6 +315,7 @@ def main() -> None:
         recipes = sorted({s.recipe for s in plan.sites})
         mlp_note = {None: "", True: ", MLP fused", False: ", MLP unfused"}[fused.get("fused_mlp")]
         mlp_note += ", ops via autograd" if how == "autograd" else ""
+        mlp_note += ", x codes made again in the backward" if how == "requantize" else ""
         codes_note = {None: "", True: ", x codes saved", False: ", x recomputed"}[codes] + mlp_note
         row = {"what": f"deepwell {precision} ({'/'.join(recipes)}{codes_note})", **row,
                "predicted_peak_bytes": estimate.peak_bytes, "predicted_step_ms": estimate.step_ms,

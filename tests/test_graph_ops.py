@@ -64,15 +64,15 @@ def _namespaces_called(run) -> dict[str, int]:
     return {ns: names.count(ns) for ns in ("deepwell", "deepwell_graph")}
 
 
-def _train(graph_ops_on: bool, precision: str, steps: int = 2):
+def _train(graph_ops_on: bool, precision: str, device: str = "cpu", steps: int = 2):
     """Losses and final weights of `steps` AdamW steps of a 2-layer Llama compiled by the backend,
     and the namespaces of the deepwell ops its last step called."""
     torch.manual_seed(0)
-    model = Llama(1000, 512, 2, 8, 1024, max_seq=64)
+    model = Llama(1000, 512, 2, 8, 1024, max_seq=64).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="deepwell", options={"precision": precision, "graph_ops": graph_ops_on})
-    tokens = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(1)).to(device)
     losses = []
     # No cache hits: the test counts the pass's work, which a graph loaded from Inductor's or
     # AOTAutograd's cache (keyed on the pass's uuid) already carries without running it.
@@ -90,14 +90,15 @@ def _train(graph_ops_on: bool, precision: str, steps: int = 2):
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()], called
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["fp8_tensor", "fp8_block"])
-def test_training_through_the_twins_gives_the_same_bits(precision):
+def test_training_through_the_twins_gives_the_same_bits(precision, device):
     before = graph_ops.STATS["retargeted"]
-    losses, weights, called = _train(True, precision)
+    losses, weights, called = _train(True, precision, device)
     retargeted = graph_ops.STATS["retargeted"] - before
     assert retargeted > 0  # forward and backward graphs both had deepwell ops
     assert called["deepwell"] == 0 and called["deepwell_graph"] > 0  # at run time, only the twins
-    ref_losses, ref_weights, ref_called = _train(False, precision)
+    ref_losses, ref_weights, ref_called = _train(False, precision, device)
     assert ref_called["deepwell_graph"] == 0 and ref_called["deepwell"] == called["deepwell_graph"]
     assert graph_ops.STATS["retargeted"] - before == retargeted  # graph_ops=False: the pass did not run
     assert torch.equal(losses, ref_losses)

@@ -6,6 +6,7 @@ import warnings
 
 import torch
 
+from .plan.engine import chosen_options
 from .plan.policy import PrecisionPolicy
 
 
@@ -19,6 +20,7 @@ def optimize(
     fp8_block_codes: bool | None = None,
     fused_mlp: bool | None = None,
     graph_ops: bool | None = None,
+    recompute_codes: bool | None = None,
     **compile_kw,
 ):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
@@ -29,7 +31,7 @@ def optimize(
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
     experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role).
     `cudagraphs=True` replays the compiled graphs as CUDA graphs (`mode="reduce-overhead"`).
-    `fp8_block_codes`, `fused_mlp`, `graph_ops`: the backend's options of those names (`deepwell.compile` says
+    `fp8_block_codes`, `fused_mlp`, `graph_ops`, `recompute_codes`: the backend's options of those names (`deepwell.compile` says
     what they do)."""
     if swap_moe and isinstance(model, torch.nn.Module):
         from .nn.moe_hf import swap_hf_moe
@@ -38,9 +40,8 @@ def optimize(
         if verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
     options = {"precision": precision, "verbose": verbose, "cudagraphs": cudagraphs}
-    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp), ("graph_ops", graph_ops)):
-        if value is not None:
-            options[name] = value
+    options.update(chosen_options(fp8_block_codes=fp8_block_codes, fused_mlp=fused_mlp, graph_ops=graph_ops,
+                                  recompute_codes=recompute_codes))
     if policy is not None:
         options["policy"] = policy
     compiled = torch.compile(model, backend="deepwell", options=options, **compile_kw)

@@ -27,7 +27,9 @@ input recomputed in the backward; default `fp8_block_codes_default()`), `fused_m
 `w_down(silu(w_gate(x)) * w_up(x))` with its three sites fp8_block on x's codes runs as one
 `fp8_block_swiglu_mlp`, plan/fuse_mlp.py; default `FUSED_MLP`, False: three sites), `graph_ops`
 (True: the compiled graphs call `deepwell_graph` ops, without the Python autograd layer,
-plan/graph_ops.py; default `GRAPH_OPS`).
+plan/graph_ops.py; default `GRAPH_OPS`), `recompute_codes` (True: the sites on x's codes keep
+quantizing x once for all its readers, but the backward makes x's codes again from x instead of the
+forward saving them, `_quantize_once`; default `RECOMPUTE_CODES`, False).
 A graph break splits the model into graphs planned separately (each has its own first and last site).
 """
 
@@ -42,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils.checkpoint import CheckpointPolicy
 
 import deepwell  # noqa: F401  (the ops and their fake kernels exist before tracing)
 
@@ -71,6 +74,12 @@ def fp8_block_codes_default() -> bool:
     (benchmarks/results/bench_parallel-1b-diag-*.log)."""
     return FP8_BLOCK_CODES
 
+
+#: The `recompute_codes` option's default: off, x's codes are saved for the backward. On, the
+#: memory is torchao's (the codes are 1 byte per element of every GEMM input; x itself is recomputed
+#: by the partitioner or kept anyway) and the step pays for x's recompute and a second quantizing
+#: pass (README "x's codes made again in the backward").
+RECOMPUTE_CODES = False
 
 #: The `graph_ops` option's default: compiled graphs call the `deepwell_graph` twins of deepwell's ops.
 GRAPH_OPS = True
@@ -228,22 +237,33 @@ def _saves_codes(g: Gemm, fp8_block_codes: bool) -> bool:
     return not is_traceable_wrapper_subclass(w)
 
 
-def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str) -> tuple:
+def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str, recompute: bool = False) -> tuple:
     """Nodes of x's FP8 codes from one quantizing pass over x seen as (tokens, k), which every site
     of the recipe family that reads x (q/k/v, gate/up) shares, saved once for their backwards.
     fp8_tensor (`fp8_tensor_quantize_rowcol`): the codes, the codes transposed and the scale; x's
     amax is a torch reduction in the graph, which Inductor fuses into x's producer (RMSNorm,
     SwiGLU), so the quantizer reads x once instead of twice. fp8_block
     (`fp8_block_quantize_rowcol`, scales M-major): the row copy and its scales, the column copy
-    (x^T in 1x128 blocks along the tokens) and its scales."""
+    (x^T in 1x128 blocks along the tokens) and its scales.
+
+    `recompute`: the quantizing nodes are tagged as activation checkpointing tags what it recomputes
+    (`CheckpointPolicy.MUST_RECOMPUTE`); AOTAutograd copies the tag onto the ops traced from them,
+    and its min-cut partitioner then runs the pass again in the backward, once for all the sites'
+    backwards, from an x it recomputes (a norm's or SwiGLU's output) or keeps anyway (attention's
+    output), instead of saving the codes. fp8_tensor's amax (a scalar) stays the forward's."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
     if family == "fp8_block":
         q = graph.call_function(torch.ops.deepwell.fp8_block_quantize_rowcol.default, (x2, True, True))
-        return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(4))
-    amax = graph.call_function(amax_of, (x2,))
-    q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax))
-    return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
+        codes = tuple(graph.call_function(operator.getitem, (q, i)) for i in range(4))
+    else:
+        amax = graph.call_function(amax_of, (x2,))
+        q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax))
+        codes = tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
+    if recompute:
+        for node in (q, *codes):
+            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    return codes
 
 
 def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
@@ -262,10 +282,12 @@ def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torc
     return graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
 
 
-def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool | None = None) -> int:
+def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool | None = None,
+            recompute_codes: bool = False) -> int:
     """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor, and fp8_block with
     `fp8_block_codes`: the recipe's `*_linear_from_codes` on x's codes, made once per input;
-    `_saves_codes`; None: `fp8_block_codes_default()`); returns how many. A site's operands may be
+    `_saves_codes`; None: `fp8_block_codes_default()`; with `recompute_codes` the backward makes
+    the codes again, `_quantize_once`); returns how many. A site's operands may be
     earlier sites (a stack of linears): they are read through `replaced`, never from the erased
     nodes the sites were captured with."""
     if fp8_block_codes is None:
@@ -289,7 +311,7 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool |
             if _saves_codes(g, fp8_block_codes):
                 key = (g.x, g.site.recipe.partition("@")[0])
                 if key not in codes_of:
-                    codes_of[key] = _quantize_once(gm.graph, x, g.site.in_features, key[1])
+                    codes_of[key] = _quantize_once(gm.graph, x, g.site.in_features, key[1], recompute_codes)
                 codes = codes_of[key]
             new = _linear_call(gm.graph, g, x, w, bias, codes)
         new.meta = dict(g.node.meta)
@@ -369,14 +391,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
 
     options = dict(options or {})
     known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs", "fp8_block_codes", "fused_mlp",
-             "graph_ops"}
+             "graph_ops", "recompute_codes"}
     unknown = set(options) - known
     if unknown:
         raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
     start = time.perf_counter()
     plan, found = plan_graph(gm, options)
     _warn_hf_moe(gm)
-    rewritten = rewrite(gm, found, options.get("fp8_block_codes"))
+    rewritten = rewrite(gm, found, options.get("fp8_block_codes"), options.get("recompute_codes", RECOMPUTE_CODES))
     fused = fuse_mlp(gm) if options.get("fused_mlp", FUSED_MLP) else 0
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start

@@ -108,6 +108,16 @@ def _loss_bytes(output: list[int]) -> int:
     return nbytes + 2 * 4 * elements
 
 
+def _saved_codes(engine: Engine) -> dict[str, str]:
+    """The sites whose FP8 codes of x the forward saves (`memory.codes_of`); none where the engine
+    recomputes them in the backward (its `recompute_codes`), whose saved set is then the
+    recomputing partition's, which the plain GEMMs standing in for deepwell's trace."""
+    from .backend import RECOMPUTE_CODES
+
+    recompute = RECOMPUTE_CODES if engine.recompute_codes is None else engine.recompute_codes
+    return {} if recompute else codes_of(engine.plan, engine.fp8_block_codes)
+
+
 def dryrun(engine: Engine) -> Estimate:
     """The estimate for one training step of `engine` on its example inputs' shapes."""
     model, plan = engine.model, engine.plan
@@ -137,7 +147,7 @@ def dryrun(engine: Engine) -> Estimate:
         gathered = 0
         quantized = any(s.recipe != "bf16" for s in plan.sites)
         activations, largest, *output = saved_activation_bytes(model, engine.ir.example_inputs, quantized,
-                                                               codes=codes_of(plan, engine.fp8_block_codes),
+                                                               codes=_saved_codes(engine),
                                                                fused_mlp=engine.fused_mlp)
     quantized = 0
     for s in plan.sites:

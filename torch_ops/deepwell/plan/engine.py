@@ -158,6 +158,8 @@ class Engine:
     fp8_block_codes: bool | None = None
     #: the backend's `fused_mlp` option the engine was compiled with (None: its default).
     fused_mlp: bool | None = None
+    #: the backend's `recompute_codes` option the engine was compiled with (None: its default).
+    recompute_codes: bool | None = None
 
     def __repr__(self) -> str:
         recipes = sorted({s.recipe for s in self.plan.sites})
@@ -174,9 +176,15 @@ class Engine:
         return self.compiled(*args, **kwargs)
 
 
+def chosen_options(**options) -> dict:
+    """The backend options a caller set (not None); the others keep the backend's defaults."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
 def compile(
     ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe", cudagraphs: bool = False,
     fp8_block_codes: bool | None = None, fused_mlp: bool | None = None, graph_ops: bool | None = None,
+    recompute_codes: bool | None = None,
 ) -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
     `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
@@ -192,6 +200,9 @@ def compile(
     graph_ops=False keeps the compiled graphs calling `torch.ops.deepwell` ops through their Python
     autograd layer instead of the `deepwell_graph` twins (the backend's option of that name,
     plan/graph_ops.py; None: its default, `deepwell.plan.backend.GRAPH_OPS`, on).
+    recompute_codes=True has the backward make x's FP8 codes again from x instead of the forward
+    saving them: torchao's memory for a second quantizing pass per input (the backend's option of
+    that name; None: its default, `deepwell.plan.backend.RECOMPUTE_CODES`, off).
     A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
     on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
     if fallback not in ("safe", "error"):
@@ -199,8 +210,7 @@ def compile(
     plan = plan or autoplan(ir, precision=precision)
     shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
     options = {"plan": plan, "fallback": fallback, "cudagraphs": cudagraphs}
-    for name, value in (("fp8_block_codes", fp8_block_codes), ("fused_mlp", fused_mlp), ("graph_ops", graph_ops)):
-        if value is not None:
-            options[name] = value
+    options.update(chosen_options(fp8_block_codes=fp8_block_codes, fused_mlp=fused_mlp, graph_ops=graph_ops,
+                                  recompute_codes=recompute_codes))
     compiled = torch.compile(ir.model, backend="deepwell", options=options)
-    return Engine(ir, plan, compiled, fallback, fp8_block_codes, fused_mlp)
+    return Engine(ir, plan, compiled, fallback, fp8_block_codes, fused_mlp, recompute_codes)
