@@ -1,7 +1,7 @@
 """Helpers shared by the tests: conversions to the float64 reference model's numpy world, random
 inputs spanning many magnitudes, saved-activation bytes, the multi-process (gloo) launcher, the
-bound between FP8 training runs on different numbers of processes, and the deepwell ops a call
-makes."""
+bound between FP8 training runs on different numbers of processes, the deepwell ops a call
+makes, and a few uncached AdamW steps of a compiled model."""
 
 from __future__ import annotations
 
@@ -133,3 +133,25 @@ def deepwell_calls(run) -> list[str]:
         run()
     return [name for ns, _, name in (e.name.partition("::") for e in prof.events())
             if ns in ("deepwell", "deepwell_graph") and name]
+
+
+def adamw_steps(compiled, model: torch.nn.Module, tokens: torch.Tensor, steps: int, observe):
+    """`steps` AdamW steps (lr 1e-3) of `compiled`, which runs `model`, on `tokens` with a mean-square
+    loss, and Inductor's and AOTAutograd's caches off: a graph loaded from them would be neither
+    partitioned nor passed over again, which the callers check. Returns the losses, the final
+    weights, and what `observe(step)` returns, having run the last step."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+
+    def step():
+        loss = compiled(tokens).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        for _ in range(steps - 1):
+            step()
+        seen = observe(step)
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], seen

@@ -13,6 +13,7 @@ import deepwell
 from deepwell import _native
 from deepwell.models import Llama
 from deepwell.plan import graph_ops
+from _util import adamw_steps
 
 ops, twins = torch.ops.deepwell, torch.ops.deepwell_graph
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -69,25 +70,12 @@ def _train(graph_ops_on: bool, precision: str, device: str = "cpu", steps: int =
     and the namespaces of the deepwell ops its last step called."""
     torch.manual_seed(0)
     model = Llama(1000, 512, 2, 8, 1024, max_seq=64).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="deepwell", options={"precision": precision, "graph_ops": graph_ops_on})
     tokens = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(1)).to(device)
-    losses = []
-    # No cache hits: the test counts the pass's work, which a graph loaded from Inductor's or
+    # Uncached: the test counts the pass's work, which a graph loaded from Inductor's or
     # AOTAutograd's cache (keyed on the pass's uuid) already carries without running it.
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
-        def step():
-            loss = compiled(tokens).float().square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.detach())
-
-        for _ in range(steps - 1):
-            step()
-        called = _namespaces_called(step)
-    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], called
+    return adamw_steps(compiled, model, tokens, steps, _namespaces_called)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import deepwell
 import pytest
 import torch
-from _util import saved_activation_bytes
+from _util import adamw_steps, deepwell_calls, saved_activation_bytes
 from deepwell.models import Llama
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -34,31 +34,15 @@ def _compiled(model, precision: str, **options):
 
 def _quantizer_calls(run) -> int:
     """How many calls of a rowcol quantizer (either namespace) `run()` made."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        run()
-    return sum(e.name.endswith("_quantize_rowcol") and "::" in e.name for e in prof.events())
+    return sum(name.endswith("_quantize_rowcol") for name in deepwell_calls(run))
 
 
 def _train(precision: str, device: str, recompute: bool, steps: int = 2):
-    """Losses and final weights of `steps` AdamW steps, and the quantizer calls of the last step."""
+    """Losses and final weights of `steps` AdamW steps, and the quantizer calls of the last step
+    (uncached: a graph loaded from a cache would not be partitioned again)."""
     model = _model(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     compiled = _compiled(model, precision, recompute_codes=recompute)
-    tokens, losses = _tokens(device), []
-
-    def step():
-        loss = compiled(tokens).float().square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach())
-
-    # No cache hits: a graph loaded from Inductor's or AOTAutograd's cache would not be partitioned again.
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
-        for _ in range(steps - 1):
-            step()
-        calls = _quantizer_calls(step)
-    return torch.stack(losses), [p.detach().clone() for p in model.parameters()], calls
+    return adamw_steps(compiled, model, _tokens(device), steps, _quantizer_calls)
 
 
 @pytest.mark.parametrize("device", DEVICES)
