@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 import deepwell
+from deepwell.ops.fp8_tensor import amax_of
 from _common import environment, header, time_ms, torchao_version, write_json
 
 ops = torch.ops.deepwell
@@ -206,6 +207,24 @@ def main() -> None:
               f"backward from the saved codes alone: {bwd:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "fwd_from_codes_ms": fwd, "backward_saved_ms": bwd})
         del codes
+
+        # Each recipe on x's row copy alone, the backward making the column copy from x (the
+        # backend's recompute_codes): x saved instead of its codes, each pass writing one copy.
+        def rows_step(recipe):
+            if recipe == "fp8_block":
+                codes, scales = ops.fp8_block_quantize_rowcol(x.detach(), True, True, "rows")[:2]
+                y = ops.fp8_block_linear_from_rows(x, codes, scales, w, None, recipe)
+            else:
+                amax = amax_of(x.detach())
+                codes, _, scale = ops.fp8_tensor_quantize_rowcol(x.detach(), "e4m3", amax, "rows")
+                y = ops.fp8_tensor_linear_from_rows(x, codes, scale, w, None, recipe, None, amax)
+            return torch.autograd.grad(y, (x, w), dy)
+
+        for recipe in ("fp8_block", "fp8_tensor"):
+            ms = time_ms(lambda: rows_step(recipe))
+            print(f"{shape:>20} {recipe + '_linear_from_rows':>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
+            rows.append({"m": m, "k": k, "n": n, "recipe": f"{recipe}_linear_from_rows", "step_ms": ms,
+                         "speedup": base_step / ms})
         # The backward op alone (dgrad + wgrad, the weight quantized in it), for the breakdown.
         bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))
         print(f"{shape:>20} {'fp8_block':>10} backward op alone: {bwd:.3f} ms")

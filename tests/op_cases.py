@@ -30,6 +30,17 @@ def _fbc(x):
     return torch.ops.deepwell.fp8_block_quantize_rowcol(x, True, True)
 
 
+def _fbr(x):
+    """x's fp8_block row codes alone, M-major scales, as fp8_block_linear_from_rows takes them."""
+    return torch.ops.deepwell.fp8_block_quantize_rowcol(x, True, True, "rows")[:2]
+
+
+def _ftr(x, amax=None):
+    """x's fp8_tensor row codes alone and the scale, as fp8_tensor_linear_from_rows takes them."""
+    rows, _, scale = torch.ops.deepwell.fp8_tensor_quantize_rowcol(x, "e4m3", amax, "rows")
+    return rows, scale
+
+
 def _mlp_saved(x, recipe):
     """What fp8_block_swiglu_mlp saves for its backward, x (..., k) through w_gate / w_up (384, k) and
     w_down (128, 384): x's column codes, gate_up, h's column codes, and the three weights."""
@@ -88,6 +99,9 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(128, 256),), {}),
             ((_x(256, 128, dtype=torch.float16),), {"pow2": False}),
             ((_x(256, 384),), {"m_major_scales": True}),
+            ((_x(256, 384),), {"m_major_scales": True, "copies": "rows"}),
+            ((_x(128, 256, dtype=torch.float32),), {"copies": "cols"}),
+            ((_x(256, 128),), {"m_major_scales": True, "copies": "cols"}),
         ],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
         "swiglu": [((_p(8, 64),), {}), ((_x(3, 10, dtype=torch.float32),), {}), ((_p(5, 6, dtype=torch.float16),), {})],
@@ -123,7 +137,12 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(3, 5, 7, dtype=torch.float32),), {"elem": "e5m2"}),
             ((_x(8, 64, dtype=torch.float16).t(),), {}),
         ],
-        "fp8_tensor_quantize_rowcol": [((_x(70, 130),), {}), ((_x(64, 16, dtype=torch.float32),), {"elem": "e5m2"})],
+        "fp8_tensor_quantize_rowcol": [
+            ((_x(70, 130),), {}),
+            ((_x(64, 16, dtype=torch.float32),), {"elem": "e5m2"}),
+            ((_x(70, 130),), {"copies": "rows"}),
+            ((_x(64, 16, dtype=torch.float16), "e4m3", amax_of(_x(64, 16, dtype=torch.float16))), {"copies": "cols"}),
+        ],
         "fp8_tensor_dequantize": [
             (torch.ops.deepwell.fp8_tensor_quantize(_x(4, 33)), {}),
             (torch.ops.deepwell.fp8_tensor_quantize(_x(9, 5), "e5m2"), {"out_dtype": torch.float32}),
@@ -149,6 +168,12 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
               _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90",
               amax_of(_x(32, 64, seed=1, dtype=torch.float32))), {}),
         ],
+        "fp8_tensor_linear_from_rows": [
+            ((_p(2, 40, 48), *_ftr(_x(80, 48)), _p(32, 48, seed=1), _p(32, seed=2)), {}),
+            ((_p(64, 64, dtype=torch.float32), *_ftr(_x(64, 64, dtype=torch.float32), amax_of(_x(64, 64, dtype=torch.float32))),
+              _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90",
+              amax_of(_x(32, 64, seed=1, dtype=torch.float32)), amax_of(_x(64, 64, dtype=torch.float32))), {}),
+        ],
         "fp8_tensor_linear_backward": [
             ((_x(2, 40, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(2, 40, 48), _x(32, 48, seed=1), None)[1:],
               _x(32, 48, seed=1), "fp8_tensor", True, True), {}),
@@ -160,6 +185,11 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
         "fp8_block_linear_from_codes": [
             ((_p(2, 128, 256), *_fbc(_x(256, 256)), _p(128, 256, seed=1), _p(128, seed=2)), {}),
             ((_p(128, 128, dtype=torch.float32), *_fbc(_x(128, 128, dtype=torch.float32)),
+              _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90"), {}),
+        ],
+        "fp8_block_linear_from_rows": [
+            ((_p(2, 128, 256), *_fbr(_x(256, 256)), _p(128, 256, seed=1), _p(128, seed=2)), {}),
+            ((_p(128, 128, dtype=torch.float32), *_fbr(_x(128, 128, dtype=torch.float32)),
               _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90"), {}),
         ],
         "fp8_block_linear_backward": [

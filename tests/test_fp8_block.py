@@ -71,3 +71,33 @@ def test_rowcol_equals_row_and_transposed_quantizations(pow2, gen):
     want_cd, want_cs = deepwell.fp8_block_quantize(x.t().contiguous(), 1, 128, pow2)
     for got, want in ((rd, want_rd), (rs, want_rs), (cd, want_cd), (cs, want_cs)):
         assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("m_major_scales", [False, True])
+@pytest.mark.parametrize("copies", ["rows", "cols"])
+def test_one_copy_is_rowcols_copy(device, m_major_scales, copies, gen):
+    """`copies="rows"` / `"cols"` write one of rowcol's two copies, the same bits (its kernels are
+    the 1x128 quantizer and the transposing one), for ordinary values and every special one (zeros,
+    subnormals, saturation, Inf, NaN); the other copy comes back empty."""
+    x = wide_range((256, 384), gen, torch.bfloat16, lo=-42, hi=38)
+    flat = x.view(-1)
+    flat[:128], flat[300], flat[1000], flat[2000] = 0.0, 3e38, float("inf"), float("nan")
+    x = x.to(device)
+    both = deepwell.fp8_block_quantize_rowcol(x, True, m_major_scales)
+    one = deepwell.fp8_block_quantize_rowcol(x, True, m_major_scales, copies)
+    kept = (0, 1) if copies == "rows" else (2, 3)
+    for i in range(4):
+        if i in kept:
+            assert same_bits(one[i].cpu(), both[i].cpu()), i
+        else:
+            assert one[i].shape == (0,) and one[i].dtype == both[i].dtype, i
+
+
+def test_copies_must_be_named():
+    with pytest.raises(RuntimeError, match=r"fp8_block_quantize_rowcol: argument 'copies' must be one of 'both', "
+                                           r"'rows', 'cols'.*\"row\""):
+        deepwell.fp8_block_quantize_rowcol(torch.ones(128, 128), True, False, "row")
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the fake kernel says the same
+        with pytest.raises(RuntimeError, match=r"fp8_block_quantize_rowcol: argument 'copies'"):
+            deepwell.fp8_block_quantize_rowcol(mode.from_tensor(torch.ones(128, 128)), True, False, "row")

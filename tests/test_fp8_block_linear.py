@@ -37,15 +37,23 @@ def _x(shape, case, gen, dtype=torch.bfloat16):
     return x.to(dtype)
 
 
+def _from_rows(x, w, b, recipe):
+    """fp8_block_linear_from_rows on x's row copy (the backward makes the column copy from x)."""
+    rows = ops.fp8_block_quantize_rowcol(x.detach().reshape(-1, x.shape[-1]), True, True, "rows")
+    return ops.fp8_block_linear_from_rows(x, *rows[:2], w, b, recipe)
+
+
 def _both(x, n, recipe, device, gen, bias=True):
-    """(y, dx, dW[, db]) of scaled_linear and of fp8_block_linear, same inputs."""
+    """(y, dx, dW[, db]) of scaled_linear, of fp8_block_linear and of fp8_block_linear_from_rows,
+    same inputs."""
     k = x.shape[-1]
     x = x.to(device)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(x.dtype).to(device)
     b = torch.randn(n, generator=gen).to(x.dtype).to(device) if bias else None
     dy = torch.randn(*x.shape[:-1], n, generator=gen).to(x.dtype).to(device)
     outs = []
-    for fn in (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_block_linear(*a, recipe)):
+    for fn in (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_block_linear(*a, recipe),
+               lambda *a: _from_rows(*a, recipe)):
         leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
         y = fn(leaves[0], leaves[1], leaves[2] if bias else None)
         outs.append((y, *torch.autograd.grad(y, leaves, dy)))
@@ -59,18 +67,20 @@ def test_bit_identical_to_scaled_linear(device, shape, n, case, gen):
     """On the GPU the native path (cuBLASLt's block-scaled GEMMs or deepwell's FP8 GEMM, as the
     dispatch table picks per pass); on the CPU the exact emulation."""
     recipe = "fp8_block"
-    plain, saved = _both(_x(shape, case, gen), n, recipe, device, gen)
-    for i, (a, b) in enumerate(zip(plain, saved)):
-        assert same_bits(a.cpu(), b.cpu()), i
+    plain, *others = _both(_x(shape, case, gen), n, recipe, device, gen)
+    for other in others:
+        for i, (a, b) in enumerate(zip(plain, other)):
+            assert same_bits(a.cpu(), b.cpu()), i
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("case", ["ordinary", "outlier", "nan"])
 def test_native_sm90_arguments_on_the_cpu(dtype, case, gen):
     """sm_90's operands (M-major scales, the layouts cuBLASLt reads) through the CPU model of its GEMM."""
-    plain, saved = _both(_x((2, 128, 128), case, gen, dtype), 256, "fp8_block@sm_90", "cpu", gen, bias=False)
-    for i, (a, b) in enumerate(zip(plain, saved)):
-        assert same_bits(a, b), i
+    plain, *others = _both(_x((2, 128, 128), case, gen, dtype), 256, "fp8_block@sm_90", "cpu", gen, bias=False)
+    for other in others:
+        for i, (a, b) in enumerate(zip(plain, other)):
+            assert same_bits(a, b), i
 
 
 def test_autograd_keeps_the_column_codes_not_x(gen):
@@ -243,6 +253,17 @@ def test_errors_name_the_op_and_argument(gen):
     with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_codes: argument 'x' must have a token count"):
         short = torch.randn(200, 128)
         ops.fp8_block_linear_from_codes(short, rows[:200], rows_s[:, :200], cols[:, :200], cols_s[:1], w, None)
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x_scale_inv' must have shape \[1, 256\]"):
+        ops.fp8_block_linear_from_rows(x, rows, rows_s.t(), w, None)
+    bad_scales = rows_s.t().contiguous()
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the fake kernel says the same
+        fake = [mode.from_tensor(t) for t in (x, rows, bad_scales, w)]
+        with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x_scale_inv' must have shape"):
+            ops.fp8_block_linear_from_rows(*fake, None)
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x' must have a token count"):
+        ops.fp8_block_linear_from_rows(torch.randn(200, 128), rows[:200], rows_s[:, :200], w, None)
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x_codes' must have dtype"):
+        ops.fp8_block_linear_from_rows(x, rows.float(), rows_s, w, None)
     dy = torch.randn(256, 128)
     with pytest.raises(RuntimeError, match=r"fp8_block_linear_backward: argument 'x_scale_inv_t' must have shape \[2, 128\]"):
         ops.fp8_block_linear_backward(dy, cols, cols_s.t(), w, "fp8_block", True, True)

@@ -139,3 +139,29 @@ def test_bad_inputs_name_the_op_and_argument():
         deepwell.fp8_tensor_dequantize(data, torch.ones(2))
     with pytest.raises(RuntimeError, match=r"fp8_tensor_dequantize.*'data' must have dtype"):
         deepwell.fp8_tensor_dequantize(torch.ones(4), s)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("copies", ["rows", "cols"])
+def test_one_copy_is_rowcols_copy(device, copies, gen):
+    """`copies="rows"` (the plain cast) / `"cols"` (the transposing kernel alone) write one of rowcol's
+    copies with its scale, the same bits, with and without a given amax, for every special case of
+    the scale rule; the other copy comes back empty."""
+    amax_of = deepwell.ops.fp8_tensor.amax_of
+    for name, x in _special_values(gen, torch.bfloat16):
+        x = x.to(device)
+        both = deepwell.fp8_tensor_quantize_rowcol(x, "e4m3")
+        for amax in (None, amax_of(x)):
+            one = deepwell.fp8_tensor_quantize_rowcol(x, "e4m3", amax, copies)
+            kept, empty = (0, 1) if copies == "rows" else (1, 0)
+            assert same_bits(one[kept].cpu(), both[kept].cpu()) and same_bits(one[2].cpu(), both[2].cpu()), name
+            assert one[empty].shape == (0,) and one[empty].dtype == both[empty].dtype, name
+
+
+def test_copies_must_be_named():
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_quantize_rowcol: argument 'copies' must be one of 'both', "
+                                           r"'rows', 'cols'.*\"Rows\""):
+        deepwell.fp8_tensor_quantize_rowcol(torch.ones(4, 8), "e4m3", None, "Rows")
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the fake kernel says the same
+        with pytest.raises(RuntimeError, match=r"fp8_tensor_quantize_rowcol: argument 'copies'"):
+            deepwell.fp8_tensor_quantize_rowcol(mode.from_tensor(torch.ones(4, 8)), "e4m3", None, "Rows")

@@ -17,14 +17,25 @@ ops = torch.ops.deepwell
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
+def _from_rows(x, w, b, recipe):
+    """fp8_tensor_linear_from_rows on x's row codes (the backward makes the transposed codes from x
+    and the forward's amax)."""
+    x2 = x.detach().reshape(-1, x.shape[-1])
+    amax = deepwell.ops.fp8_tensor.amax_of(x2)
+    codes, _, scale = ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax, "rows")
+    return ops.fp8_tensor_linear_from_rows(x, codes, scale, w, b, recipe, None, amax)
+
+
 def _both(shape, n, recipe, device, gen, dtype=torch.bfloat16, bias=True):
+    """(y, dx, dW[, db]) of scaled_linear, of fp8_tensor_linear and of fp8_tensor_linear_from_rows."""
     k = shape[-1]
     x = torch.randn(shape, generator=gen).to(dtype).to(device)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
     b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
     dy = torch.randn(*shape[:-1], n, generator=gen).to(dtype).to(device)
     outs = []
-    for fn in (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_tensor_linear(*a, recipe)):
+    for fn in (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_tensor_linear(*a, recipe),
+               lambda *a: _from_rows(*a, recipe)):
         leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
         y = fn(leaves[0], leaves[1], leaves[2] if bias else None)
         outs.append((y, *torch.autograd.grad(y, leaves, dy)))
@@ -36,16 +47,18 @@ def _both(shape, n, recipe, device, gen, dtype=torch.bfloat16, bias=True):
 def test_bit_identical_to_scaled_linear(device, shape, n, gen):
     """M = 200 and 3: wgrad's K (the token count) not a multiple of 16 runs emulated on sm_90; the
     others native there. On the CPU all emulated."""
-    plain, saved = _both(shape, n, "fp8_tensor", device, gen)
-    for a, b in zip(plain, saved):
-        assert same_bits(a.cpu(), b.cpu())
+    plain, *others = _both(shape, n, "fp8_tensor", device, gen)
+    for other in others:
+        for a, b in zip(plain, other):
+            assert same_bits(a.cpu(), b.cpu())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_native_sm90_arguments_on_the_cpu(dtype, gen):
-    plain, saved = _both((2, 64, 128), 96, "fp8_tensor@sm_90", "cpu", gen, dtype=dtype, bias=False)
-    for a, b in zip(plain, saved):
-        assert same_bits(a, b)
+    plain, *others = _both((2, 64, 128), 96, "fp8_tensor@sm_90", "cpu", gen, dtype=dtype, bias=False)
+    for other in others:
+        for a, b in zip(plain, other):
+            assert same_bits(a, b)
 
 
 def test_autograd_keeps_the_codes_not_x(gen):
@@ -267,3 +280,7 @@ def test_weight_amax_errors_name_the_op_and_argument(gen):
         with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_backward: argument " + match):
             ops.fp8_tensor_linear_backward(torch.randn(4, 16), codes_t.view(torch.uint8), scale, w, "fp8_tensor",
                                            True, True, None, bad)
+        with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_from_rows: argument " + match.replace("weight", "x")):
+            ops.fp8_tensor_linear_from_rows(x, codes[0], scale, w, None, "fp8_tensor", None, bad)
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_from_rows: argument 'x_codes' must have shape \[4, 32\]"):
+        ops.fp8_tensor_linear_from_rows(x, codes_t, scale, w, None)

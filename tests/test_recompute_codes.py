@@ -1,8 +1,9 @@
-"""The backend's `recompute_codes` option (plan/backend.py `_quantize_once`): x's FP8 codes are made
-once in the forward for all the sites reading x, and made again in the backward from x instead of
-being saved. Proved against the saved codes, the slow obviously-correct path: the backward's codes
-are the forward's (same bits, when Inductor rounds a recomputed x as the forward rounded it), the
-forward saves less, the quantizer runs once more per input, and dryrun counts the smaller saved set.
+"""The backend's `recompute_codes` option (plan/backend.py `_quantize_once`):
+x's row codes are made once in the forward for all the sites reading x, and its column codes in the
+backward from x instead of being saved. Proved against the saved codes, the slow obviously-correct
+path: the backward's codes are the forward's (same bits, when Inductor rounds a recomputed x as the
+forward rounded it), the forward saves less, each pass writes only the copy its GEMMs read, the
+quantizer runs once more per input, and dryrun counts the smaller saved set.
 CPU (the emulated recipes); the GPU case runs the native kernels the same way."""
 
 from __future__ import annotations
@@ -58,6 +59,36 @@ def test_the_backward_makes_the_forwards_codes_again(precision, device):
     assert torch.equal(losses, ref_losses)
     for w, r in zip(weights, ref_weights):
         assert torch.equal(w, r)
+
+
+def _copies_per_graph(precision: str, device: str) -> dict[str, list[str]]:
+    """The `copies` argument of every rowcol quantizer call in the forward and backward graphs
+    Inductor compiles for one uncached step with `recompute_codes`, read by a post-grad pass."""
+    seen = {"forward": [], "backward": []}
+
+    def record(graph: torch.fx.Graph) -> None:
+        backward = any(n.op == "placeholder" and n.name.startswith("tangents") for n in graph.nodes)
+        for n in graph.nodes:
+            target = n.target
+            if isinstance(target, torch._ops.OpOverload) and target._opname.endswith("_quantize_rowcol"):
+                seen["backward" if backward else "forward"].append(n.args[3])
+
+    model = _model(device)
+    with torch._inductor.config.patch(post_grad_custom_post_pass=record):
+        adamw_steps(_compiled(model, precision, recompute_codes=True), model, _tokens(device), 1, lambda step: step())
+    return seen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_each_pass_writes_only_the_copy_its_gemms_read(precision, device):
+    """The forward quantizes each input once, its row copy alone (fprop); the backward once per
+    input too, its column copy alone (wgrad): the sites reading one x share one call each way
+    (AOTAutograd's CSE merges their backwards' calls), and the partitioner runs the column calls in
+    the backward instead of saving their outputs from the forward."""
+    seen = _copies_per_graph(precision, device)
+    assert seen["forward"] and set(seen["forward"]) == {"rows"}
+    assert set(seen["backward"]) == {"cols"} and len(seen["backward"]) == len(seen["forward"])
 
 
 def _grads(precision: str | None, recompute: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -13,13 +13,15 @@ from . import _checks, _nondiff
 from ._library import define
 
 BLOCKS = ((1, 128), (128, 1), (128, 128))
+#: The rowcol op's `copies`: which of the two copies it writes (the other comes back empty).
+COPIES = ("both", "rows", "cols")
 
 define(
     "fp8_block_quantize(Tensor x, int block_rows=1, int block_cols=128, bool pow2=True) "
     "-> (Tensor data, Tensor scale_inv)"
 )
 define(
-    "fp8_block_quantize_rowcol(Tensor x, bool pow2=True, bool m_major_scales=False) "
+    'fp8_block_quantize_rowcol(Tensor x, bool pow2=True, bool m_major_scales=False, str copies="both") '
     "-> (Tensor row_data, Tensor row_scale_inv, Tensor col_data, Tensor col_scale_inv)"
 )
 define("fp8_block_quantize_transposed(Tensor x, bool pow2=True) -> (Tensor data, Tensor scale_inv)")
@@ -64,21 +66,26 @@ def _quantize_transposed_fake(x, pow2=True):
     return x.new_empty((k, m), dtype=torch.float8_e4m3fn), x.new_empty((k // 128, m // 128), dtype=torch.float32)
 
 
-def rowcol_like(x: torch.Tensor, m: int, k: int, m_major_scales: bool = False):
-    """Empty tensors like rowcol's outputs for an (m, k) matrix on x's device (the fake kernels')."""
+def rowcol_like(x: torch.Tensor, m: int, k: int, m_major_scales: bool = False, copies: str = "both"):
+    """Empty tensors like rowcol's outputs for an (m, k) matrix on x's device (the fake kernels'); a
+    copy `copies` leaves out has shape (0,)."""
     e4, f32 = torch.float8_e4m3fn, torch.float32
     row_scales, col_scales = ((k // 128, m), (m // 128, k)) if m_major_scales else ((m, k // 128), (k, m // 128))
+    rows, cols = copies != "cols", copies != "rows"
     return (
-        x.new_empty((m, k), dtype=e4),
-        x.new_empty(row_scales, dtype=f32),
-        x.new_empty((k, m), dtype=e4),
-        x.new_empty(col_scales, dtype=f32),
+        x.new_empty((m, k) if rows else (0,), dtype=e4),
+        x.new_empty(row_scales if rows else (0,), dtype=f32),
+        x.new_empty((k, m) if cols else (0,), dtype=e4),
+        x.new_empty(col_scales if cols else (0,), dtype=f32),
     )
 
 
 @torch.library.register_fake("deepwell::fp8_block_quantize_rowcol")
-def _quantize_rowcol_fake(x, pow2=True, m_major_scales=False):
-    return rowcol_like(x, *_check_transposing("fp8_block_quantize_rowcol", x), m_major_scales)
+def _quantize_rowcol_fake(x, pow2=True, m_major_scales=False, copies="both"):
+    op = "fp8_block_quantize_rowcol"
+    m, k = _check_transposing(op, x)
+    _checks.choice(op, "copies", copies, COPIES)
+    return rowcol_like(x, m, k, m_major_scales, copies)
 
 
 @torch.library.register_fake("deepwell::fp8_block_dequantize")
@@ -113,7 +120,7 @@ def fp8_block_quantize(
 
 
 def fp8_block_quantize_rowcol(
-    x: torch.Tensor, pow2: bool = True, m_major_scales: bool = False
+    x: torch.Tensor, pow2: bool = True, m_major_scales: bool = False, copies: str = "both"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both copies a Hopper FP8 GEMM pipeline needs, from one read of the (m, k) tensor x.
 
@@ -124,9 +131,12 @@ def fp8_block_quantize_rowcol(
     Returns:
         (row_data (m, k), row_scale_inv (m, k/128), col_data (k, m), col_scale_inv (k, m/128)); with
         `m_major_scales` each scale tensor is stored transposed, (k/128, m) and (m/128, k): the layout
-        Hopper's block-scaled GEMMs read (`fp8_block_linear_from_codes` takes them so).
+        Hopper's block-scaled GEMMs read (`fp8_block_linear_from_codes` takes them so). `copies`:
+        "both", or "rows" / "cols" to write one copy, the same codes for half the bytes written (the
+        other copy's two tensors come back empty, shape (0,)): a layer whose backward makes the
+        wgrad copy from x again (`fp8_block_linear_from_rows`).
     """
-    return torch.ops.deepwell.fp8_block_quantize_rowcol(x, pow2, m_major_scales)
+    return torch.ops.deepwell.fp8_block_quantize_rowcol(x, pow2, m_major_scales, copies)
 
 
 def fp8_block_quantize_transposed(x: torch.Tensor, pow2: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

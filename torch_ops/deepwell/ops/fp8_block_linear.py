@@ -14,6 +14,13 @@ The trade against `scaled_linear` under torch.compile: there the partitioner rec
 or SwiGLU's output) in the backward instead of saving it, so nothing per x is kept; here the column
 copy is (1 byte per element, about half of x in bf16), for one quantizing pass per x instead of two
 per layer reading it. Kernels: rust/ops/src/ops/linear/fp8_block_linear.rs.
+
+`fp8_block_linear_from_rows(x, x_codes, x_scale_inv, weight, bias)` is the same forward on the row
+copy alone (`fp8_block_quantize_rowcol(x, True, True, "rows")`); its backward makes the column copy
+from x (`copies="cols"`). Saved: x, as for `scaled_linear`. The deepwell backend's `recompute_codes`
+uses it: under torch.compile the partitioner recomputes x (or keeps it anyway), and the column
+passes of the layers reading one x are one call after AOTAutograd's CSE. Each pass writes only the
+copy its GEMMs read. Same bits as `fp8_block_linear_from_codes`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ from .linear import _bias_arg, _check_bias, _check_layer, _parse_recipe, check_s
 define(
     "fp8_block_linear_from_codes(Tensor x, Tensor x_codes, Tensor x_scale_inv, Tensor x_codes_t, "
     "Tensor x_scale_inv_t, Tensor weight, Tensor? bias, str recipe=\"fp8_block\") -> Tensor"
+)
+define(
+    "fp8_block_linear_from_rows(Tensor x, Tensor x_codes, Tensor x_scale_inv, Tensor weight, Tensor? bias, "
+    "str recipe=\"fp8_block\") -> Tensor"
 )
 define(
     "fp8_block_linear_backward(Tensor grad_out, Tensor x_codes_t, Tensor x_scale_inv_t, Tensor weight, "
@@ -61,14 +72,19 @@ def _from_codes_fake(x, x_codes, x_scale_inv, x_codes_t, x_scale_inv_t, weight, 
     return x.new_empty(out_shape)
 
 
+@torch.library.register_fake("deepwell::fp8_block_linear_from_rows")
+def _from_rows_fake(x, x_codes, x_scale_inv, weight, bias, recipe="fp8_block"):
+    return x.new_empty(check_from_codes("fp8_block_linear_from_rows", x, (x_codes, x_scale_inv), weight, bias, recipe))
+
+
 def check_from_codes(op: str, x, codes: tuple, weight, bias, recipe: str) -> list[int]:
-    """Mirrors `from_codes`' checks in rust/ops/src/ops/linear/fp8_block_linear.rs: x against the
-    weight (and bias), and x's rowcol codes; returns y's shape."""
-    x_codes, x_scale_inv, x_codes_t, x_scale_inv_t = codes
+    """Mirrors `forward`'s checks in rust/ops/src/ops/linear/fp8_block_linear.rs: x against the
+    weight (and bias), and x's codes (the row copy, then the column copy where `codes` has it);
+    returns y's shape."""
+    x_codes, x_scale_inv = codes[:2]
     _check_recipe(op, recipe)
-    others = (("x_codes", x_codes), ("x_scale_inv", x_scale_inv), ("x_codes_t", x_codes_t),
-              ("x_scale_inv_t", x_scale_inv_t), *_bias_arg(bias))
-    out_shape = _check_layer(op, x, weight, recipe, others)
+    names = ("x_codes", "x_scale_inv", "x_codes_t", "x_scale_inv_t")
+    out_shape = _check_layer(op, x, weight, recipe, (*zip(names, codes), *_bias_arg(bias)))
     _check_bias(op, bias, x, out_shape[-1])
     k = weight.shape[1]
     m = x.numel() // k
@@ -77,7 +93,8 @@ def check_from_codes(op: str, x, codes: tuple, weight, bias, recipe: str) -> lis
     _checks.shape_eq(op, "x_codes", x_codes, [m, k])
     _checks.dtype_in(op, "x_scale_inv", x_scale_inv, (torch.float32,))
     _checks.shape_eq(op, "x_scale_inv", x_scale_inv, [k // _BLOCK, m])
-    _check_cols(op, x_codes_t, x_scale_inv_t, k, m)
+    if len(codes) == 4:
+        _check_cols(op, *codes[2:], k, m)
     return out_shape
 
 
@@ -100,21 +117,49 @@ def _from_codes_setup(ctx, inputs, output):
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _from_codes_backward(ctx, grad):
-    """(dx, dW) from one backward call on the saved column codes (dy quantized once for both), db a
-    reduction; None for the codes, which carry no gradient (x's comes back through dx)."""
-    codes_t, scale_t, weight = ctx.saved_tensors
-    need = ctx.needs_input_grad
+def _grads(ctx, grad, codes_t, scale_t, weight, need_x: bool, need_w: bool, need_b: bool):
+    """(dx, dW) from one backward call on x's column codes (dy quantized once for both), db a
+    reduction."""
 
     def backward(need_x, need_w):
         return torch.ops.deepwell.fp8_block_linear_backward(grad, codes_t, scale_t, weight, ctx.recipe, need_x, need_w)
 
-    dx, dw, db = layer_grads(backward, grad, need[0], need[5], need[6], ctx.bias_dtype)
+    return layer_grads(backward, grad, need_x, need_w, need_b, ctx.bias_dtype)
+
+
+def _from_codes_backward(ctx, grad):
+    """From the saved column codes; None for the codes, which carry no gradient (x's comes back
+    through dx)."""
+    codes_t, scale_t, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(ctx, grad, codes_t, scale_t, weight, need[0], need[5], need[6])
     return dx, None, None, None, None, dw, db, None
+
+
+def _from_rows_setup(ctx, inputs, output):
+    x, _, _, weight, bias, recipe = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.recipe = recipe
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _from_rows_backward(ctx, grad):
+    """x's column codes made here, from x (the forward wrote the row copy alone), then as
+    `_from_codes_backward`. The layers reading one x make the same call on the same x: under
+    torch.compile AOTAutograd's CSE runs it once for all of them."""
+    x, weight = ctx.saved_tensors
+    x2 = x.detach().reshape(-1, weight.shape[1])
+    _, _, codes_t, scale_t = torch.ops.deepwell.fp8_block_quantize_rowcol(x2, True, True, "cols")
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(ctx, grad, codes_t, scale_t, weight, need[0], need[3], need[4])
+    return dx, None, None, dw, db, None
 
 
 torch.library.register_autograd(
     "deepwell::fp8_block_linear_from_codes", _from_codes_backward, setup_context=_from_codes_setup
+)
+torch.library.register_autograd(
+    "deepwell::fp8_block_linear_from_rows", _from_rows_backward, setup_context=_from_rows_setup
 )
 _nondiff.register(
     "fp8_block_linear_backward",

@@ -13,11 +13,13 @@ from . import _checks, _nondiff
 from ._library import define
 
 ELEMS = ("e4m3", "e5m2")
+#: The rowcol ops' `copies`: which of the two copies they write (the other comes back empty).
+COPIES = ("both", "rows", "cols")
 _ELEM_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 define('fp8_tensor_quantize(Tensor x, str elem="e4m3") -> (Tensor data, Tensor scale_inv)')
 define(
-    'fp8_tensor_quantize_rowcol(Tensor x, str elem="e4m3", Tensor? amax=None) '
+    'fp8_tensor_quantize_rowcol(Tensor x, str elem="e4m3", Tensor? amax=None, str copies="both") '
     "-> (Tensor row_data, Tensor col_data, Tensor scale_inv)"
 )
 define("fp8_tensor_dequantize(Tensor data, Tensor scale_inv, ScalarType? out_dtype=None) -> Tensor")
@@ -44,15 +46,17 @@ def check_amax(op: str, arg: str, amax: torch.Tensor, of: tuple[str, torch.Tenso
 
 
 @torch.library.register_fake("deepwell::fp8_tensor_quantize_rowcol")
-def _quantize_rowcol_fake(x, elem="e4m3", amax=None):
+def _quantize_rowcol_fake(x, elem="e4m3", amax=None, copies="both"):
     op = "fp8_tensor_quantize_rowcol"
     codes = _check_x(op, x, elem, 1)
     if amax is not None:
         check_amax(op, "amax", amax, ("x", x))
     if x.dim() != 2:
         _checks.fail(op, "x", "be 2-d (rows, k)", f"a {x.dim()}-d tensor")
+    _checks.choice(op, "copies", copies, COPIES)
     m, k = x.shape
-    return x.new_empty((m, k), dtype=codes), x.new_empty((k, m), dtype=codes), x.new_empty((), dtype=torch.float32)
+    rows, cols = ((m, k) if copies != "cols" else (0,)), ((k, m) if copies != "rows" else (0,))
+    return x.new_empty(rows, dtype=codes), x.new_empty(cols, dtype=codes), x.new_empty((), dtype=torch.float32)
 
 
 @torch.library.register_fake("deepwell::fp8_tensor_dequantize")
@@ -86,7 +90,7 @@ def fp8_tensor_quantize(x: torch.Tensor, elem: str = "e4m3") -> tuple[torch.Tens
 
 
 def fp8_tensor_quantize_rowcol(
-    x: torch.Tensor, elem: str = "e4m3", amax: torch.Tensor | None = None
+    x: torch.Tensor, elem: str = "e4m3", amax: torch.Tensor | None = None, copies: str = "both"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`fp8_tensor_quantize` of the (m, k) tensor x with its codes also written transposed, from
     one read: with one scale the column-wise copy is exactly the row codes transposed (what sm_90's
@@ -97,10 +101,14 @@ def fp8_tensor_quantize_rowcol(
     into x's producer (the deepwell backend does this), so quantizing costs one read of x, not two.
     It is trusted, not checked: the codes equal the op's own only for x's true amax.
 
+    `copies`: "both", or "rows" / "cols" to write one copy (the other is returned empty, shape (0,)),
+    the same codes for half the bytes written: a layer whose backward makes the wgrad copy from x
+    again (`fp8_tensor_linear_from_rows`).
+
     Returns:
         (row_data (m, k), col_data (k, m), scale_inv (0-d)).
     """
-    return torch.ops.deepwell.fp8_tensor_quantize_rowcol(x, elem, amax)
+    return torch.ops.deepwell.fp8_tensor_quantize_rowcol(x, elem, amax, copies)
 
 
 def amax_of(x: torch.Tensor) -> torch.Tensor:

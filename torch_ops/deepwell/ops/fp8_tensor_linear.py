@@ -15,6 +15,12 @@ x's amax as a reduction Inductor fuses into x's producer. The backward reduces d
 (`grad_amax`), so neither quantizer makes a pass of its own for the amax. `weight_amax` is W's amax
 (`amax_of(weight)`), which the backend reduces once per step in the graph: the forward's cast of W
 and the backward's transposing cast both read it instead of reducing W each.
+
+`fp8_tensor_linear_from_rows(x, x_codes, x_scale_inv, weight, bias, weight_amax, x_amax)` is the same
+forward on the row codes alone (`fp8_tensor_quantize_rowcol(x, "e4m3", amax, "rows")`); its backward
+makes the transposed codes from x and `x_amax` (the forward's amax, so the forward's scale). Saved: x
+and the amax. The deepwell backend's `recompute_codes` uses it (as `fp8_block_linear_from_rows`).
+Same bits as `fp8_tensor_linear_from_codes`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ define(
 define(
     "fp8_tensor_linear_from_codes(Tensor x, Tensor x_codes, Tensor x_codes_t, Tensor x_scale_inv, Tensor weight, "
     "Tensor? bias, str recipe=\"fp8_tensor\", Tensor? weight_amax=None) -> Tensor"
+)
+define(
+    "fp8_tensor_linear_from_rows(Tensor x, Tensor x_codes, Tensor x_scale_inv, Tensor weight, Tensor? bias, "
+    "str recipe=\"fp8_tensor\", Tensor? weight_amax=None, Tensor? x_amax=None) -> Tensor"
 )
 define(
     "fp8_tensor_linear_backward(Tensor grad_out, Tensor x_codes_t, Tensor x_scale_inv, Tensor weight, "
@@ -75,19 +85,36 @@ def _backward_fake(grad_out, x_codes_t, x_scale_inv, weight, recipe, need_input,
 
 @torch.library.register_fake("deepwell::fp8_tensor_linear_from_codes")
 def _from_codes_fake(x, x_codes, x_codes_t, x_scale_inv, weight, bias, recipe="fp8_tensor", weight_amax=None):
-    op = "fp8_tensor_linear_from_codes"
+    return _on_codes_fake("fp8_tensor_linear_from_codes", x, x_codes, x_codes_t, x_scale_inv, weight, bias, recipe,
+                          weight_amax)
+
+
+@torch.library.register_fake("deepwell::fp8_tensor_linear_from_rows")
+def _from_rows_fake(x, x_codes, x_scale_inv, weight, bias, recipe="fp8_tensor", weight_amax=None, x_amax=None):
+    op = "fp8_tensor_linear_from_rows"
+    out = _on_codes_fake(op, x, x_codes, None, x_scale_inv, weight, bias, recipe, weight_amax)
+    if x_amax is not None:
+        check_amax(op, "x_amax", x_amax, ("x", x))
+    return out
+
+
+def _on_codes_fake(op, x, x_codes, x_codes_t, x_scale_inv, weight, bias, recipe, weight_amax):
+    """Mirrors `on_codes`' checks in rust/ops/src/ops/linear/fp8_tensor_linear.rs (`x_codes_t`:
+    None for from_rows) and returns an empty y."""
     _check_recipe(op, recipe)
     if weight_amax is not None:
         check_amax(op, "weight_amax", weight_amax, ("weight", weight))
-    others = (("x_codes", x_codes), ("x_codes_t", x_codes_t), ("x_scale_inv", x_scale_inv), *_bias_arg(bias))
+    others = (("x_codes", x_codes), *([("x_codes_t", x_codes_t)] if x_codes_t is not None else []),
+              ("x_scale_inv", x_scale_inv), *_bias_arg(bias))
     out_shape = _check_layer(op, x, weight, recipe, others)
     _check_bias(op, bias, x, out_shape[-1])
     k = weight.shape[1]
     m = x.numel() // k
     _checks.dtype_in(op, "x_codes", x_codes, (torch.float8_e4m3fn,))
     _checks.shape_eq(op, "x_codes", x_codes, [m, k])
-    _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.float8_e4m3fn, torch.uint8))
-    _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, m])
+    if x_codes_t is not None:
+        _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.float8_e4m3fn, torch.uint8))
+        _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, m])
     _checks.dtype_in(op, "x_scale_inv", x_scale_inv, (torch.float32,))
     _checks.shape_eq(op, "x_scale_inv", x_scale_inv, [])
     return x.new_empty(out_shape)
@@ -99,11 +126,12 @@ def _save(ctx, codes_t, scale, weight, bias, recipe, weight_amax=None) -> None:
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool):
-    """(dx, dW, db) from the saved codes: one backward call for dx and dW, db a reduction. With both
+def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool, saved=None):
+    """(dx, dW, db) from x's transposed codes, its scale, W and W's amax (`saved`, else the saved
+    tensors): one backward call for dx and dW, db a reduction. With both
     wanted, dy is quantized once for both from its amax, reduced here as torch ops so that under
     torch.compile Inductor fuses it into dy's producer (the kernel skips its own pass over dy)."""
-    codes_t, scale, weight, weight_amax = ctx.saved_tensors
+    codes_t, scale, weight, weight_amax = saved or ctx.saved_tensors
 
     def backward(need_x, need_w):
         amax = amax_of(grad) if need_x and need_w else None
@@ -137,9 +165,31 @@ def _from_codes_backward(ctx, grad):
     return dx, None, None, None, dw, db, None, None
 
 
+def _from_rows_setup(ctx, inputs, output):
+    x, _, _, weight, bias, recipe, weight_amax, x_amax = inputs
+    ctx.save_for_backward(x, weight, weight_amax, x_amax)
+    ctx.recipe = recipe
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _from_rows_backward(ctx, grad):
+    """x's transposed codes made here, from x and the forward's amax (the forward wrote the row
+    codes alone), then as `_from_codes_backward`. The layers reading one x make the same call on the
+    same x: under torch.compile AOTAutograd's CSE runs it once for all of them."""
+    x, weight, weight_amax, x_amax = ctx.saved_tensors
+    x2 = x.detach().reshape(-1, weight.shape[1])
+    _, codes_t, scale = torch.ops.deepwell.fp8_tensor_quantize_rowcol(x2, "e4m3", x_amax, "cols")
+    need = ctx.needs_input_grad
+    dx, dw, db = _grads(ctx, grad, need[0], need[3], need[4], (codes_t, scale, weight, weight_amax))
+    return dx, None, None, dw, db, None, None, None
+
+
 torch.library.register_autograd("deepwell::fp8_tensor_linear", _backward, setup_context=_setup)
 torch.library.register_autograd(
     "deepwell::fp8_tensor_linear_from_codes", _from_codes_backward, setup_context=_from_codes_setup
+)
+torch.library.register_autograd(
+    "deepwell::fp8_tensor_linear_from_rows", _from_rows_backward, setup_context=_from_rows_setup
 )
 _nondiff.register(
     "fp8_tensor_linear_backward",

@@ -28,8 +28,9 @@ input recomputed in the backward; default `fp8_block_codes_default()`), `fused_m
 `fp8_block_swiglu_mlp`, plan/fuse_mlp.py; default `FUSED_MLP`, False: three sites), `graph_ops`
 (True: the compiled graphs call `deepwell_graph` ops, without the Python autograd layer,
 plan/graph_ops.py; default `GRAPH_OPS`), `recompute_codes` (True: the sites on x's codes keep
-quantizing x once for all its readers, but the backward makes x's codes again from x instead of the
-forward saving them, `_quantize_once`; default `RECOMPUTE_CODES`, False).
+quantizing x once for all its readers, but the forward writes only the row copy and the backward
+makes the column copy from x instead of the forward saving it, `fp8_*_linear_from_rows`; default
+`RECOMPUTE_CODES`, False).
 A graph break splits the model into graphs planned separately (each has its own first and last site).
 """
 
@@ -44,7 +45,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-from torch.utils.checkpoint import CheckpointPolicy
 
 import deepwell  # noqa: F401  (the ops and their fake kernels exist before tracing)
 
@@ -77,8 +77,8 @@ def fp8_block_codes_default() -> bool:
 
 #: The `recompute_codes` option's default: off, x's codes are saved for the backward. On, the
 #: memory is torchao's (the codes are 1 byte per element of every GEMM input; x itself is recomputed
-#: by the partitioner or kept anyway) and the step pays for x's recompute and a second quantizing
-#: pass (README "x's codes made again in the backward").
+#: by the partitioner or kept anyway) and the step pays for x's recompute and a second pass over x
+#: (README "x's codes made again in the backward").
 RECOMPUTE_CODES = False
 
 #: The `graph_ops` option's default: compiled graphs call the `deepwell_graph` twins of deepwell's ops.
@@ -237,59 +237,67 @@ def _saves_codes(g: Gemm, fp8_block_codes: bool) -> bool:
     return not is_traceable_wrapper_subclass(w)
 
 
-def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str, recompute: bool = False) -> tuple:
+def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str, rows_only: bool = False) -> tuple:
     """Nodes of x's FP8 codes from one quantizing pass over x seen as (tokens, k), which every site
-    of the recipe family that reads x (q/k/v, gate/up) shares, saved once for their backwards.
+    of the recipe family that reads x (q/k/v, gate/up) shares, its column copy saved once for their
+    backwards.
     fp8_tensor (`fp8_tensor_quantize_rowcol`): the codes, the codes transposed and the scale; x's
     amax is a torch reduction in the graph, which Inductor fuses into x's producer (RMSNorm,
     SwiGLU), so the quantizer reads x once instead of twice. fp8_block
     (`fp8_block_quantize_rowcol`, scales M-major): the row copy and its scales, the column copy
     (x^T in 1x128 blocks along the tokens) and its scales.
 
-    `recompute`: the quantizing nodes are tagged as activation checkpointing tags what it recomputes
-    (`CheckpointPolicy.MUST_RECOMPUTE`); AOTAutograd copies the tag onto the ops traced from them,
-    and its min-cut partitioner then runs the pass again in the backward, once for all the sites'
-    backwards, from an x it recomputes (a norm's or SwiGLU's output) or keeps anyway (attention's
-    output), instead of saving the codes. fp8_tensor's amax (a scalar) stays the forward's."""
+    `rows_only` (the `recompute_codes` option): the row copy alone (`copies="rows"`), which the
+    sites' `fp8_*_linear_from_rows` read; fp8_block: (codes, scales), fp8_tensor: (codes, scale,
+    amax), the amax for the backward's copy. Their backwards make the column copy from x. In the
+    joint graph AOTAutograd traces, those calls depend on x alone, and the layers reading one x make
+    the same call: its CSE merges them into one. Its min-cut partitioner then either saves that
+    call's output or runs it in the backward from tensors it keeps, whichever saves fewer bytes. For
+    a norm's or SwiGLU's output (recomputed from the residual stream, or from gate and up) and for
+    attention's output (kept for attention's backward), running it again saves nothing more: it runs
+    in the backward (tests/test_recompute_codes.py checks both graphs)."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
+    copies = "rows" if rows_only else "both"
     if family == "fp8_block":
-        q = graph.call_function(torch.ops.deepwell.fp8_block_quantize_rowcol.default, (x2, True, True))
-        codes = tuple(graph.call_function(operator.getitem, (q, i)) for i in range(4))
-    else:
-        amax = graph.call_function(amax_of, (x2,))
-        q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax))
-        codes = tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
-    if recompute:
-        for node in (q, *codes):
-            node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-    return codes
+        q = graph.call_function(torch.ops.deepwell.fp8_block_quantize_rowcol.default, (x2, True, True, copies))
+        return tuple(graph.call_function(operator.getitem, (q, i)) for i in ((0, 1) if rows_only else range(4)))
+    amax = graph.call_function(amax_of, (x2,))
+    q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax, copies))
+    if rows_only:
+        return graph.call_function(operator.getitem, (q, 0)), graph.call_function(operator.getitem, (q, 2)), amax
+    return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
 
 
-def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
-    """The node computing the site's y in its recipe (`codes`: x's codes from `_quantize_once`). An
-    fp8_tensor site also gets W's amax as a graph node (`weight_amax`): reduced once per step, read
-    by both the forward's cast of W and the backward's transposing cast, where each would reduce W
-    again."""
+def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None, rows_only: bool = False) -> torch.fx.Node:
+    """The node computing the site's y in its recipe (`codes`: x's codes from `_quantize_once`, with
+    `rows_only` the row copy alone). An fp8_tensor site also gets W's amax as a graph node
+    (`weight_amax`): reduced once per step, read by both the forward's cast of W and the backward's
+    transposing cast, where each would reduce W again."""
     family = g.site.recipe.partition("@")[0]
+    ops = torch.ops.deepwell
     if codes is not None and family == "fp8_block":
-        args = (x, *codes, w, bias, g.site.recipe)
-        return graph.call_function(torch.ops.deepwell.fp8_block_linear_from_codes.default, args)
+        op = ops.fp8_block_linear_from_rows if rows_only else ops.fp8_block_linear_from_codes
+        return graph.call_function(op.default, (x, *codes, w, bias, g.site.recipe))
     if codes is not None:
         w_amax = graph.call_function(amax_of, (graph.call_method("detach", (w,)),))
+        if rows_only:
+            x_codes, x_scale, x_amax = codes
+            args = (x, x_codes, x_scale, w, bias, g.site.recipe, w_amax, x_amax)
+            return graph.call_function(ops.fp8_tensor_linear_from_rows.default, args)
         args = (x, *codes, w, bias, g.site.recipe, w_amax)
-        return graph.call_function(torch.ops.deepwell.fp8_tensor_linear_from_codes.default, args)
-    return graph.call_function(torch.ops.deepwell.scaled_linear.default, (x, w, bias, g.site.recipe, None))
+        return graph.call_function(ops.fp8_tensor_linear_from_codes.default, args)
+    return graph.call_function(ops.scaled_linear.default, (x, w, bias, g.site.recipe, None))
 
 
 def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool | None = None,
             recompute_codes: bool = False) -> int:
     """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor, and fp8_block with
     `fp8_block_codes`: the recipe's `*_linear_from_codes` on x's codes, made once per input;
-    `_saves_codes`; None: `fp8_block_codes_default()`; with `recompute_codes` the backward makes
-    the codes again, `_quantize_once`); returns how many. A site's operands may be
-    earlier sites (a stack of linears): they are read through `replaced`, never from the erased
-    nodes the sites were captured with."""
+    `_saves_codes`; None: `fp8_block_codes_default()`; with `recompute_codes` the sites read the
+    row copy alone and their backwards make the column copy, `_quantize_once`); returns how many. A
+    site's operands may be earlier sites (a stack of linears): they are read through `replaced`,
+    never from the erased nodes the sites were captured with."""
     if fp8_block_codes is None:
         fp8_block_codes = fp8_block_codes_default()
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -313,7 +321,7 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool |
                 if key not in codes_of:
                     codes_of[key] = _quantize_once(gm.graph, x, g.site.in_features, key[1], recompute_codes)
                 codes = codes_of[key]
-            new = _linear_call(gm.graph, g, x, w, bias, codes)
+            new = _linear_call(gm.graph, g, x, w, bias, codes, recompute_codes)
         new.meta = dict(g.node.meta)
         g.node.replace_all_uses_with(new)
         replaced[g.node] = new

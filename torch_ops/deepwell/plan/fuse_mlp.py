@@ -9,7 +9,8 @@ close to the three calls', not bit-identical (its dx is one fp32 sum inside one 
 deepwell's exact-fp32 one, not Inductor's).
 
 Fused only where the op computes everything the graph reads: nothing but the MLP reads a, b,
-silu(a) or h, whose values the op keeps to itself.
+silu(a) or h, whose values the op keeps to itself. Never with the backend's `recompute_codes`,
+whose sites run on row copies (`fp8_block_linear_from_rows`): the fused op saves its codes.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ use crate::ops::{fp8_block, fp8_tensor, mxfp8, nvfp4, swizzle};
 use crate::tensor::Tensor;
 
 pub use crate::ops::fp8_block::{ScaleLayout, Transposed};
-pub use crate::ops::fp8_tensor::Copies;
 pub use crate::ops::nvfp4::Nvfp4Options;
+pub use crate::ops::Copies;
 pub use deepwell_core::Fp8Elem;
 
 fn on(op: Op, t: &Tensor) -> Result<Backend> {
@@ -63,7 +63,7 @@ pub fn fp8_tensor_quantize(op: Op, x: Tensor, elem: Fp8Elem, amax: Option<Tensor
     Ok((data, scale))
 }
 
-/// x (m, k) quantized once: [row codes (m, k) (empty for `Copies::Cols`), codes transposed (k, m),
+/// x (m, k) quantized once: [row codes (m, k), codes transposed (k, m) (each empty where `copies` leaves it out),
 /// scale_inv]; `amax`: x's, where its producer computed it (else reduced here).
 pub fn fp8_tensor_quantize_rowcol(
     op: Op,

@@ -23,6 +23,36 @@ use crate::error::{Error, Op, Result};
 use crate::kernel::Kernel;
 use crate::tensor::Tensor;
 
+/// Which copies of x (m, k) a transposing quantizer (`fp8_block_quantize_rowcol`,
+/// `fp8_tensor_quantize_rowcol`) writes; the torch ops' `copies` argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copies {
+    /// The row codes (m, k) and the transposed codes (k, m), from one read.
+    Both,
+    /// The row codes alone (an fprop operand whose wgrad copy is made later, from x again).
+    Rows,
+    /// The transposed codes (k, m) alone (a wgrad operand: x or dy along the tokens).
+    Cols,
+}
+
+impl std::str::FromStr for Copies {
+    type Err = ();
+
+    fn from_str(s: &str) -> std::result::Result<Copies, ()> {
+        match s {
+            "both" => Ok(Copies::Both),
+            "rows" => Ok(Copies::Rows),
+            "cols" => Ok(Copies::Cols),
+            _ => Err(()),
+        }
+    }
+}
+
+/// The `copies` argument of the rowcol ops.
+pub(crate) fn copies_arg(a: &mut crate::stack::Args) -> Result<Copies> {
+    crate::check::parse(a.op(), "copies", &a.str("copies")?, "'both', 'rows', 'cols'")
+}
+
 /// A kernel body: the CPU reference (`cpu.rs`) or the CUDA kernels (`cuda.rs`) of a validated call.
 pub(crate) type Body<Q> = fn(Op, Q) -> Result<Vec<Tensor>>;
 

@@ -13,7 +13,7 @@ use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::run_on;
+use crate::ops::{copies_arg, run_on, Copies};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -27,7 +27,7 @@ pub static QUANTIZE: OpSpec = OpSpec {
 
 pub static QUANTIZE_ROWCOL: OpSpec = OpSpec {
     name: "fp8_block_quantize_rowcol",
-    args: &[("x", Kind::Tensor), ("pow2", Kind::Bool), ("m_major_scales", Kind::Bool)],
+    args: &[("x", Kind::Tensor), ("pow2", Kind::Bool), ("m_major_scales", Kind::Bool), ("copies", Kind::Str)],
     returns: 4,
 };
 
@@ -91,6 +91,39 @@ pub fn quantize_rowcol(op: Op, on: Backend, x: Tensor, pow2: bool, scales: Scale
     run_on(op, on, q, cpu::quantize_rowcol, cuda::quantize_rowcol)
 }
 
+/// `quantize_rowcol`'s outputs with only the copies `copies` names written, each left out an empty
+/// tensor (the torch op's `copies`). `Rows` is `quantize(x, (1, 128))` and `Cols` is
+/// `quantize_transposed(x, Cols)`: the same codes and scales as rowcol's (docs/NUMERICS.md "FP8
+/// block"), for one read of x that writes half the bytes. x is checked as rowcol checks it.
+pub fn quantize_copies(
+    op: Op,
+    on: Backend,
+    x: Tensor,
+    pow2: bool,
+    scales: ScaleLayout,
+    copies: Copies,
+) -> Result<[Tensor; 4]> {
+    let q = QuantizeRowCol::new(op, on, x, pow2)?;
+    let none = |dtype| Tensor::empty(op, &[0], dtype, q.device);
+    match copies {
+        Copies::Both => quantize_rowcol(op, on, q.x, pow2, scales),
+        Copies::Rows => {
+            let (data, scale) = (none(DType::E4M3)?, none(DType::F32)?);
+            let [rows, row_scale] = quantize(op, on, q.x, (1, BLOCK), pow2, scales)?;
+            Ok([rows, row_scale, data, scale])
+        }
+        Copies::Cols => {
+            let (data, scale) = (none(DType::E4M3)?, none(DType::F32)?);
+            let [cols, col_scale] = quantize_transposed(op, on, q.x, Transposed::Cols, pow2)?;
+            let col_scale = match scales {
+                ScaleLayout::MMajor => col_scale,
+                ScaleLayout::RowMajor => crate::aten::transpose_copy(op, &col_scale)?, // (k, m/128)
+            };
+            Ok([data, scale, cols, col_scale])
+        }
+    }
+}
+
 /// How a kernel stores 1x128 scales of logical shape (rows, cols / 128).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScaleLayout {
@@ -135,7 +168,7 @@ fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (x, pow2) = (a.tensor("x")?, a.bool("pow2")?);
     let scales = if a.bool("m_major_scales")? { ScaleLayout::MMajor } else { ScaleLayout::RowMajor };
-    Ok(quantize_rowcol(a.op(), on, x, pow2, scales)?.into())
+    Ok(quantize_copies(a.op(), on, x, pow2, scales, copies_arg(a)?)?.into())
 }
 
 fn quantize_transposed_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {

@@ -55,7 +55,7 @@ pub(super) fn quantize_rowcol(op: Op, rc: RowCol) -> Result<Vec<Tensor>> {
         s_inv
     };
     let rows = match rc.copies {
-        Copies::Both => rows,
+        Copies::Both | Copies::Rows => rows,
         Copies::Cols => Tensor::empty(op, &[0], code_dtype(q.elem), Device::Cpu)?,
     };
     Ok(vec![rows, cols, scalar(op, s_inv)?])

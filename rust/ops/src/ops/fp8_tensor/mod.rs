@@ -25,7 +25,7 @@ pub static QUANTIZE: OpSpec =
 
 pub static QUANTIZE_ROWCOL: OpSpec = OpSpec {
     name: "fp8_tensor_quantize_rowcol",
-    args: &[("x", Kind::Tensor), ("elem", Kind::Str), ("amax", Kind::OptTensor)],
+    args: &[("x", Kind::Tensor), ("elem", Kind::Str), ("amax", Kind::OptTensor), ("copies", Kind::Str)],
     returns: 3,
 };
 
@@ -62,17 +62,11 @@ pub fn quantize(op: Op, on: Backend, x: Tensor, elem: Fp8Elem, amax: Option<Tens
     run_on(op, on, q, cpu::quantize, cuda::quantize)
 }
 
-/// Which copies of x (m, k) a transposing call writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Copies {
-    /// The transposed codes (k, m) alone (a wgrad operand: x or dy along the tokens).
-    Cols,
-    /// The row codes (m, k) and the transposed codes (k, m), from one read.
-    Both,
-}
+pub use super::Copies;
 
-/// x (m, k) quantized once: [row codes (m, k) (an empty tensor for `Copies::Cols`), the codes
-/// transposed (k, m), scale_inv (0-d)]. The torch op `fp8_tensor_quantize_rowcol` is `Copies::Both`.
+/// x (m, k) quantized once: [row codes (m, k), the codes transposed (k, m), scale_inv (0-d)], a
+/// copy that `copies` leaves out an empty tensor. `Copies::Rows` is `quantize(x)`: x's own layout
+/// is the row copy, so no transposing kernel runs.
 /// `amax`: x's max |x| computed beforehand (a 0-d fp32 tensor on x's device; see [`Quantize`]),
 /// or None to reduce it here.
 pub fn quantize_rowcol(
@@ -87,6 +81,11 @@ pub fn quantize_rowcol(
     let q = Quantize::new(op, on, x, elem, amax)?;
     if q.x.dim() != 2 {
         return Err(Error::arg(op, "x", "be 2-d (rows, k)", format!("a {}-d tensor", q.x.dim())));
+    }
+    if copies == Copies::Rows {
+        let (device, elem) = (q.device, q.elem);
+        let [rows, scale] = run_on(op, on, q, cpu::quantize, cuda::quantize)?;
+        return Ok([rows, Tensor::empty(op, &[0], code_dtype(elem), device)?, scale]);
     }
     run_on(op, on, RowCol { q, copies }, cpu::quantize_rowcol, cuda::quantize_rowcol)
 }
@@ -110,8 +109,8 @@ fn quantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
 }
 
 fn quantize_rowcol_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
-    let (x, elem, amax) = (a.tensor("x")?, elem_arg(a)?, a.opt_tensor("amax")?);
-    Ok(quantize_rowcol(a.op(), on, x, elem, Copies::Both, amax)?.into())
+    let (x, elem, amax, copies) = (a.tensor("x")?, elem_arg(a)?, a.opt_tensor("amax")?, super::copies_arg(a)?);
+    Ok(quantize_rowcol(a.op(), on, x, elem, copies, amax)?.into())
 }
 
 fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
@@ -163,6 +162,8 @@ pub(crate) fn check_amax(
     check::shape_eq(op, arg, amax, &[])
 }
 
+/// A validated rowcol call writing `Copies::Both` or `Copies::Cols` (`quantize_rowcol` runs
+/// `Copies::Rows` as `quantize`).
 struct RowCol {
     q: Quantize,
     copies: Copies,

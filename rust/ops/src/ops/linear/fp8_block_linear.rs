@@ -14,6 +14,11 @@
 //! backward (tests/test_fp8_block_linear.py): the same operands reach the same GEMMs
 //! (`quantize::fp8_block_rows_from_codes`, `fp8_block_cols_from_codes`), and the weight's through
 //! the same weight cache.
+//!
+//! `fp8_block_linear_from_rows` is the same forward on the row copy alone
+//! (`fp8_block_quantize_rowcol(x, copies="rows")`): its autograd formula makes the column copy in the
+//! backward, from x, for a forward that writes half the bytes and saves none of x's codes (the
+//! backend's `recompute_codes`).
 
 use deepwell_core::policy::{Pass, Recipe};
 
@@ -46,6 +51,19 @@ pub static FROM_CODES: OpSpec = OpSpec {
     returns: 1,
 };
 
+pub static FROM_ROWS: OpSpec = OpSpec {
+    name: "fp8_block_linear_from_rows",
+    args: &[
+        ("x", Kind::Tensor),
+        ("x_codes", Kind::Tensor),
+        ("x_scale_inv", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("bias", Kind::OptTensor),
+        ("recipe", Kind::Str),
+    ],
+    returns: 1,
+};
+
 pub static BACKWARD: OpSpec = OpSpec {
     name: "fp8_block_linear_backward",
     args: &[
@@ -61,7 +79,7 @@ pub static BACKWARD: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    [one_body!(FROM_CODES, from_codes), one_body!(BACKWARD, backward)].concat()
+    [one_body!(FROM_CODES, from_codes), one_body!(FROM_ROWS, from_rows), one_body!(BACKWARD, backward)].concat()
 }
 
 /// The scales of x^T's codes (k, m) as rowcol stores them M-major: (m/128, k).
@@ -80,11 +98,16 @@ pub(super) fn check_tokens(op: Op, arg: &'static str, m: usize) -> Result<()> {
 /// x's rowcol codes for x seen as (m, k): rows (m, k) E4M3 with scales (k/128, m), and columns
 /// (k, m) (E4M3, or its bytes as uint8) with scales (m/128, k), the scales fp32 stored M-major.
 pub(super) fn check_codes(op: Op, m: i64, k: i64, [codes, scale, codes_t, scale_t]: [&Tensor; 4]) -> Result<()> {
+    check_rows(op, m, k, codes, scale)?;
+    check_cols(op, m, k, codes_t, scale_t)
+}
+
+/// x's row codes (m, k) E4M3 and their scales (k/128, m), as `check_codes` checks them.
+fn check_rows(op: Op, m: i64, k: i64, codes: &Tensor, scale: &Tensor) -> Result<()> {
     check::dtype_in(op, "x_codes", codes, &[DType::E4M3])?;
     check::shape_eq(op, "x_codes", codes, &[m, k])?;
     check::dtype_in(op, "x_scale_inv", scale, &[DType::F32])?;
-    check::shape_eq(op, "x_scale_inv", scale, &[k / BLOCK, m])?;
-    check_cols(op, m, k, codes_t, scale_t)
+    check::shape_eq(op, "x_scale_inv", scale, &[k / BLOCK, m])
 }
 
 /// x^T's codes (k, m) and their scales (m/128, k), as `check_codes` checks them.
@@ -107,21 +130,38 @@ pub(super) fn saved_cols(op: Op, codes: &Tensor, scale: Tensor) -> Result<impl F
 /// (k/128, m), and columns (k, m) with scales (m/128, k), both stored M-major (x itself is read for its
 /// shape and dtype only; the column copy is there for autograd to keep for the backward).
 fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
+    let (codes, scale) = (a.tensor("x_codes")?, a.tensor("x_scale_inv")?);
+    let cols = [a.tensor("x_codes_t")?, a.tensor("x_scale_inv_t")?];
+    forward(a, [codes, scale], Some(cols))
+}
+
+/// `from_codes` on x's row copy alone (the backward makes the column copy from x).
+fn from_rows(a: &mut Args) -> Result<Vec<Tensor>> {
+    let rows = [a.tensor("x_codes")?, a.tensor("x_scale_inv")?];
+    forward(a, rows, None)
+}
+
+/// y from fprop on x's row codes, after checking x against the weight and bias, and the codes given
+/// against x (the column copy, where given, is only checked: it is for the backward).
+fn forward(a: &mut Args, [codes, scale]: [Tensor; 2], cols: Option<[Tensor; 2]>) -> Result<Vec<Tensor>> {
     let op = a.op();
-    let (x, codes, scale) = (a.tensor("x")?, a.tensor("x_codes")?, a.tensor("x_scale_inv")?);
-    let (codes_t, scale_t) = (a.tensor("x_codes_t")?, a.tensor("x_scale_inv_t")?);
-    let (weight, bias) = (a.tensor("weight")?, a.opt_tensor("bias")?);
+    let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
     let recipe_arg = a.str("recipe")?;
     expect_recipe(op, parse_recipe(op, &recipe_arg)?.0, Recipe::Fp8Block, &recipe_arg)?;
-    let mut others =
-        vec![("x_codes", &codes), ("x_scale_inv", &scale), ("x_codes_t", &codes_t), ("x_scale_inv_t", &scale_t)];
+    let mut others = vec![("x_codes", &codes), ("x_scale_inv", &scale)];
+    if let Some([codes_t, scale_t]) = &cols {
+        others.extend([("x_codes_t", codes_t), ("x_scale_inv_t", scale_t)]);
+    }
     others.extend(bias.iter().map(|b| ("bias", b)));
     let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
     let p = &layer.p;
     check_bias(op, bias.as_ref(), p.n as i64)?;
     check_tokens(op, "x", p.m)?;
     let (m, k) = (p.m as i64, p.k as i64);
-    check_codes(op, m, k, [&codes, &scale, &codes_t, &scale_t])?;
+    check_rows(op, m, k, &codes, &scale)?;
+    if let Some([codes_t, scale_t]) = &cols {
+        check_cols(op, m, k, codes_t, scale_t)?;
+    }
     let backend = p.choice(Pass::Fprop).backend;
     let (codes, scale) = (aten::contiguous(op, codes)?, aten::contiguous(op, scale)?);
     let xa = quantize::fp8_block_rows_from_codes(op, Form::of(backend).0, codes, scale)?;

@@ -16,6 +16,11 @@
 //! `fp8_tensor_linear_from_codes` is the forward on codes made beforehand by
 //! `fp8_tensor_quantize_rowcol(x)`: layers that read the same x (q/k/v, gate/up) share one
 //! quantization and one saved copy of the codes (plan/backend.py groups them).
+//! `fp8_tensor_linear_from_rows` is the same forward on the row codes alone
+//! (`fp8_tensor_quantize_rowcol(x, amax, copies="rows")`): its autograd formula makes the transposed
+//! codes in the backward, from x and `x_amax` (the forward's amax, so the scale is the forward's),
+//! for a forward that writes half the bytes and saves none of x's codes (the backend's
+//! `recompute_codes`).
 //!
 //! The backward's optional `grad_amax` is dy's amax, reduced by the autograd formula as a torch op
 //! so that Inductor fuses it into dy's producer; dy's one rowcol pass reads it instead of reducing
@@ -75,8 +80,29 @@ pub static FROM_CODES: OpSpec = OpSpec {
     returns: 1,
 };
 
+pub static FROM_ROWS: OpSpec = OpSpec {
+    name: "fp8_tensor_linear_from_rows",
+    args: &[
+        ("x", Kind::Tensor),
+        ("x_codes", Kind::Tensor),
+        ("x_scale_inv", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("bias", Kind::OptTensor),
+        ("recipe", Kind::Str),
+        ("weight_amax", Kind::OptTensor),
+        ("x_amax", Kind::OptTensor),
+    ],
+    returns: 1,
+};
+
 pub fn kernels() -> Vec<Kernel> {
-    [one_body!(FORWARD, forward), one_body!(FROM_CODES, from_codes), one_body!(BACKWARD, backward)].concat()
+    [
+        one_body!(FORWARD, forward),
+        one_body!(FROM_CODES, from_codes),
+        one_body!(FROM_ROWS, from_rows),
+        one_body!(BACKWARD, backward),
+    ]
+    .concat()
 }
 
 /// The recipe argument names fp8_tensor (`"fp8_tensor"`, or `"fp8_tensor@sm_90"` on CPU tensors).
@@ -105,14 +131,29 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
 /// made them (x itself is read for its shape and dtype only; `x_codes_t`, the transposed codes, is
 /// there for autograd to keep for the backward).
 fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
+    let codes_t = a.tensor("x_codes_t")?;
+    on_codes(a, Some(codes_t), None)
+}
+
+/// `from_codes` on x's row codes alone; `x_amax`, checked here, is for the backward's transposed
+/// codes.
+fn from_rows(a: &mut Args) -> Result<Vec<Tensor>> {
+    let x_amax = a.opt_tensor("x_amax")?;
+    on_codes(a, None, x_amax)
+}
+
+/// y from fprop on x's codes, after checking x against the weight and bias, and the codes (and
+/// `x_codes_t`, `x_amax` where given: the backward's) against x.
+fn on_codes(a: &mut Args, codes_t: Option<Tensor>, x_amax: Option<Tensor>) -> Result<Vec<Tensor>> {
     let op = a.op();
-    let (x, codes, codes_t, scale) =
-        (a.tensor("x")?, a.tensor("x_codes")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv")?);
+    let (x, codes, scale) = (a.tensor("x")?, a.tensor("x_codes")?, a.tensor("x_scale_inv")?);
     let (weight, bias) = (a.tensor("weight")?, a.opt_tensor("bias")?);
     let recipe_arg = a.str("recipe")?;
     let w_amax = a.opt_tensor("weight_amax")?;
     check_recipe(op, parse_recipe(op, &recipe_arg)?.0, &recipe_arg)?;
-    let mut others = vec![("x_codes", &codes), ("x_codes_t", &codes_t), ("x_scale_inv", &scale)];
+    let mut others = vec![("x_codes", &codes)];
+    others.extend(codes_t.iter().map(|c| ("x_codes_t", c)));
+    others.push(("x_scale_inv", &scale));
     others.extend(bias.iter().map(|b| ("bias", b)));
     let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
     let p = &layer.p;
@@ -120,12 +161,18 @@ fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
     let (m, k) = (p.m as i64, p.k as i64);
     check::dtype_in(op, "x_codes", &codes, &[DType::E4M3])?;
     check::shape_eq(op, "x_codes", &codes, &[m, k])?;
-    check::dtype_in(op, "x_codes_t", &codes_t, &[DType::E4M3, DType::U8])?;
-    check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
+    if let Some(codes_t) = &codes_t {
+        check::dtype_in(op, "x_codes_t", codes_t, &[DType::E4M3, DType::U8])?;
+        check::shape_eq(op, "x_codes_t", codes_t, &[k, m])?;
+    }
     check::dtype_in(op, "x_scale_inv", &scale, &[DType::F32])?;
     check::shape_eq(op, "x_scale_inv", &scale, &[])?;
+    let on = check::Backend::of(op, p.device)?;
     if let Some(amax) = &w_amax {
-        check_amax(op, "weight_amax", amax, check::Backend::of(op, p.device)?, ("weight", &layer.weight))?;
+        check_amax(op, "weight_amax", amax, on, ("weight", &layer.weight))?;
+    }
+    if let Some(amax) = &x_amax {
+        check_amax(op, "x_amax", amax, on, ("x", &p.x))?;
     }
     let backend = p.choice(Pass::Fprop).backend;
     let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, aten::contiguous(op, codes)?, scale)?;
