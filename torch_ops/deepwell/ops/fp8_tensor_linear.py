@@ -16,11 +16,11 @@ x's amax as a reduction Inductor fuses into x's producer. The backward reduces d
 (`amax_of(weight)`), which the backend reduces once per step in the graph: the forward's cast of W
 and the backward's transposing cast both read it instead of reducing W each.
 
-`fp8_tensor_linear_from_rows(x, x_codes, x_scale_inv, weight, bias, weight_amax, x_amax)` is the same
-forward on the row codes alone (`fp8_tensor_quantize_rowcol(x, "e4m3", amax, "rows")`); its backward
-makes the transposed codes from x and `x_amax` (the forward's amax, so the forward's scale). Saved: x
-and the amax. The deepwell backend's `recompute_codes` uses it (as `fp8_block_linear_from_rows`).
-Same bits as `fp8_tensor_linear_from_codes`.
+`fp8_tensor_linear_from_rows(x, x_codes, x_scale_inv, weight, bias, recipe, weight_amax, x_amax)` is
+the same forward on the row codes alone (`fp8_tensor_quantize_rowcol(x, "e4m3", amax, "rows")`); its
+backward makes the transposed codes from x and `x_amax` (the forward's amax, so the forward's
+scale). Saved: x and the amax. The deepwell backend's `recompute_codes` uses it (as
+`fp8_block_linear_from_rows`). Same bits as `fp8_tensor_linear_from_codes`.
 """
 
 from __future__ import annotations
@@ -128,9 +128,9 @@ def _save(ctx, codes_t, scale, weight, bias, recipe, weight_amax=None) -> None:
 
 def _grads(ctx, grad, need_x: bool, need_w: bool, need_b: bool, saved=None):
     """(dx, dW, db) from x's transposed codes, its scale, W and W's amax (`saved`, else the saved
-    tensors): one backward call for dx and dW, db a reduction. With both
-    wanted, dy is quantized once for both from its amax, reduced here as torch ops so that under
-    torch.compile Inductor fuses it into dy's producer (the kernel skips its own pass over dy)."""
+    tensors): one backward call for dx and dW, db a reduction. With both wanted, dy is quantized
+    once for both from its amax, reduced here as torch ops so that under torch.compile Inductor
+    fuses it into dy's producer (the kernel skips its own pass over dy)."""
     codes_t, scale, weight, weight_amax = saved or ctx.saved_tensors
 
     def backward(need_x, need_w):
