@@ -10,31 +10,45 @@ A checkpoint is written into a hidden temporary directory (`.tmp-step_...`), eve
 manifest last, then renamed to its final name (atomic on POSIX) and only then named in `latest`
 (written to a temporary file and renamed over it). A writer that dies leaves a `.tmp-*` directory,
 which no reader looks at and the next writer deletes; `latest` always names a complete checkpoint,
-and older checkpoints are pruned (`keep`) only after the new one is in place.
+and older checkpoints are pruned (`keep`) only after the new one is in place. Re-saving a step that
+exists swaps the two directories in one step (Linux renameat2 RENAME_EXCHANGE); where the system
+cannot, the old one is moved aside to `.tmp-old-<name>-<pid>` first, and `recover` (run by the next
+writer, and by a Trainer before it resumes) renames it back if the writer died before the new one
+took its name. One Trainer at a time writes a directory (train/dirlock.py).
 
 The manifest records each file's size (every file of the checkpoint, those in subdirectories too) and SHA-256 and its own SHA-256 (over its canonical JSON), so
 a truncated or edited file, an edited manifest and a missing file are each a `CheckpointError` that
-names the file, never a silent partial load.
+names the file, never a silent partial load. Those hashes detect damage, not authorship (an editor
+can recompute them), so reading treats the directory as untrusted input (train/checkpoint_files.py):
+the manifest's keys are checked, its file names confined to the checkpoint, only regular files read,
+and every read bounded.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import torch
 
+from .checkpoint_files import MAX_MANIFEST_BYTES, CheckpointError, check_name, fd_path, open_regular, read_bounded, require, sha256
+
 FORMAT, VERSION = "deepwell-checkpoint", 1
 MANIFEST = "manifest.json"
 LATEST = "latest"
 _PREFIX = "step_"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read: missing, partial, corrupted or edited."""
+_STEP_NAME = re.compile(r"step_[0-9]+")
+#: `latest` holds one checkpoint's name and a newline; anything longer is not a pointer deepwell wrote.
+MAX_LATEST_BYTES = 256
+#: Keys (and JSON types) of a checkpoint manifest's body beyond format, version and files.
+_BODY = {"step": int, "state": dict}
 
 
 def step_dir_name(step: int) -> str:
@@ -42,6 +56,7 @@ def step_dir_name(step: int) -> str:
 
 
 def _sha256(path: Path) -> str:
+    """The SHA-256 of a file this process just wrote (its own staging directory)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -76,9 +91,30 @@ def begin(directory: str | os.PathLike, step: int) -> Path:
     write their files into the same directory (a file system all ranks share, as DCP assumes)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    recover(root)
     for stale in root.glob(".tmp-*"):  # left by a writer that died
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
     return staging(root / step_dir_name(step))
+
+
+def recover(directory: str | os.PathLike) -> list[Path]:
+    """Renames back each checkpoint a writer moved aside (`.tmp-old-<name>-<pid>`, see `commit`)
+    and died before the new one took its name: with `<name>` missing, that directory is the
+    complete old checkpoint. Returns the checkpoints put back."""
+    root = Path(directory)
+    restored = []
+    for old in sorted(root.glob(".tmp-old-*")) if root.is_dir() else []:
+        name, _, pid = old.name.removeprefix(".tmp-old-").rpartition("-")
+        final = root / name
+        if name and pid.isdigit() and old.is_dir() and not old.is_symlink() and not os.path.lexists(final):
+            os.rename(old, final)
+            restored.append(final)
+    if restored:
+        _fsync_dir(root)
+    return restored
 
 
 def save(directory: str | os.PathLike, step: int, parts: dict[str, dict[str, torch.Tensor]], state: dict, keep: int | None = None,
@@ -143,15 +179,48 @@ def commit(tmp: Path, final: Path, parts: dict[str, dict[str, torch.Tensor]], bo
     _fsync_file(manifest)
     for d in [p for p in tmp.rglob("*") if p.is_dir()] + [tmp]:
         _fsync_dir(d)
-    if final.exists():
-        old = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
-        os.rename(final, old)
+    if not final.exists():
         os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(final.parent)
+        return final
+    if _exchange(tmp, final):
+        replaced = tmp  # now holds the old checkpoint
     else:
+        # No atomic exchange here: between these two renames no directory has the name, and a
+        # writer that dies there leaves the complete old checkpoint in `replaced`, which `recover`
+        # renames back.
+        replaced = final.parent / f".tmp-old-{final.name}-{os.getpid()}"
+        os.rename(final, replaced)
         os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    _fsync_dir(final.parent)  # the new one in place for good before the old one goes
+    shutil.rmtree(replaced, ignore_errors=True)
     return final
+
+
+@functools.cache
+def _renameat2():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps the existing directories `a` and `b` in one step (Linux renameat2 with
+    RENAME_EXCHANGE): a re-saved checkpoint replaces the old one with no moment at which the name
+    is missing. False where the system or the file system cannot."""
+    fn = _renameat2()
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2  # <fcntl.h>, <linux/fs.h>
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -159,14 +228,16 @@ def checkpoints(directory: str | os.PathLike) -> list[Path]:
     root = Path(directory)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit()]
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_NAME.fullmatch(p.name)]
     return sorted(found, key=lambda p: int(p.name[len(_PREFIX):]))
 
 
 def is_checkpoint(path: str | os.PathLike) -> bool:
-    """Whether `path` names one checkpoint (not a directory of them)."""
+    """Whether `path` names one checkpoint (not a directory of them): it holds a manifest, or its
+    name is step_<digits> (one whose writer did not finish). A directory of checkpoints named
+    `step_sweep` is not one."""
     p = Path(path)
-    return (p / MANIFEST).exists() or p.name.startswith(_PREFIX)
+    return os.path.lexists(p / MANIFEST) or bool(_STEP_NAME.fullmatch(p.name))
 
 
 def latest(directory: str | os.PathLike) -> Path | None:
@@ -174,68 +245,98 @@ def latest(directory: str | os.PathLike) -> Path | None:
     missing directory is an error, not a reason to pick another checkpoint silently."""
     root = Path(directory)
     pointer = root / LATEST
-    if not pointer.exists():
+    if not os.path.lexists(pointer):
         found = checkpoints(root)
         return found[-1] if found else None
-    name = pointer.read_text().strip()
-    if not name.startswith(_PREFIX) or "/" in name:
-        raise CheckpointError(f"{pointer}: expected the name of a checkpoint directory (step_NNNNNNNN), got {name!r}")
+    where = f"checkpoint directory {root}"
+    raw = read_bounded(root, LATEST, MAX_LATEST_BYTES, where, "a `latest` pointer (one checkpoint name)")
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        name = None
+    if name is None or not _STEP_NAME.fullmatch(name):
+        raise CheckpointError(
+            f"{pointer}: expected the name of a checkpoint directory (step_NNNNNNNN), got {raw[:80]!r}; "
+            "delete it to resume from the newest step_* directory, or write that directory's name into it"
+        )
     return root / name
 
 
-def verify(path: str | os.PathLike, fmt: str = FORMAT, version: int = VERSION) -> dict:
+def verify(path: str | os.PathLike, fmt: str = FORMAT, version: int = VERSION, *, schema: dict | None = None) -> dict:
     """The manifest of checkpoint `path` after checking it and every file it lists; raises
-    CheckpointError naming the first file that is missing, truncated, corrupted or edited. (Export
-    artifacts use the same layout with fmt "deepwell-export".)"""
+    CheckpointError naming the first file that is missing, truncated, corrupted or edited, or the
+    manifest key that is missing or of the wrong type. (Export artifacts use the same layout with
+    fmt "deepwell-export".) `schema`: the keys the body must hold (checkpoint_files.require;
+    default: a checkpoint's step and state for FORMAT, nothing more for other formats)."""
     ckpt = Path(path)
     manifest_path = ckpt / MANIFEST
+    where = f"checkpoint {ckpt}"
     if not ckpt.is_dir():
-        raise CheckpointError(f"checkpoint {ckpt}: no such directory")
-    if not manifest_path.exists():
-        raise CheckpointError(f"checkpoint {ckpt} is partial: {manifest_path} is missing (its writer did not finish)")
+        raise CheckpointError(f"{where}: no such directory")
+    if not os.path.lexists(manifest_path):
+        raise CheckpointError(f"{where} is partial: {manifest_path} is missing (its writer did not finish)")
+    raw = read_bounded(ckpt, MANIFEST, MAX_MANIFEST_BYTES, where, "a manifest")
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt}: {manifest_path} is not valid JSON ({e})") from None
+        manifest = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{where}: {manifest_path} is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != fmt or manifest.get("version") != version:
         got = {k: manifest.get(k) for k in ("format", "version")} if isinstance(manifest, dict) else type(manifest).__name__
-        raise CheckpointError(f"checkpoint {ckpt}: {manifest_path} is not a {fmt} v{version} manifest, got {got}")
+        raise CheckpointError(f"{where}: {manifest_path} is not a {fmt} v{version} manifest, got {got}")
     body = {k: v for k, v in manifest.items() if k != "sha256"}
     if manifest.get("sha256") != hashlib.sha256(_canonical(body)).hexdigest():
-        raise CheckpointError(f"checkpoint {ckpt}: {manifest_path} was modified after it was written (its SHA-256 does not match its content)")
+        raise CheckpointError(f"{where}: {manifest_path} was modified after it was written (its SHA-256 does not match its content)")
+    if schema is None:
+        schema = _BODY if fmt == FORMAT else {}
+    require(manifest, {"files": dict, **schema}, where)
+    for name in manifest["files"]:
+        require(manifest["files"], {check_name(name, where): {"bytes": int, "sha256": str}}, where, "files.")
+    step = manifest.get("step")
+    if fmt == FORMAT and isinstance(step, int) and _STEP_NAME.fullmatch(ckpt.name) and int(ckpt.name[len(_PREFIX):]) != step:
+        raise CheckpointError(
+            f"{where}: manifest.json describes step {manifest['step']}, not this directory's: it is stale (copied from "
+            "another checkpoint) or the directory was renamed, so it does not describe these files"
+        )
     for name, want in manifest["files"].items():
-        f = ckpt / name
-        if not f.exists():
-            raise CheckpointError(f"checkpoint {ckpt}: {f} is missing")
-        size = f.stat().st_size
-        if size != want["bytes"]:
-            raise CheckpointError(f"checkpoint {ckpt}: {f} has {size} bytes, the manifest says {want['bytes']} (truncated or replaced)")
-        if _sha256(f) != want["sha256"]:
-            raise CheckpointError(f"checkpoint {ckpt}: {f} is corrupted (its SHA-256 differs from the manifest's)")
+        with open_regular(ckpt, name, where) as (f, size):
+            if size != want["bytes"]:
+                raise CheckpointError(
+                    f"{where}: {ckpt / name} has {size} bytes, the manifest says {want['bytes']}: manifest.json does not "
+                    "describe this file (truncated or replaced after it was written, or a stale manifest from another save)"
+                )
+            if sha256(f, size) != want["sha256"]:
+                raise CheckpointError(
+                    f"{where}: {ckpt / name} is corrupted or manifest.json is stale: its SHA-256 differs from the "
+                    "manifest's (the file changed after the manifest was written, or the manifest comes from another save)"
+                )
     return manifest
 
 
-def load(path: str | os.PathLike, fmt: str = FORMAT) -> tuple[dict[str, dict[str, torch.Tensor]], dict, Path]:
+def load(path: str | os.PathLike, fmt: str = FORMAT, *, schema: dict | None = None) -> tuple[dict[str, dict[str, torch.Tensor]], dict, Path]:
     """(parts, state, path) of a verified checkpoint (the manifest itself as state for fmt != FORMAT)."""
     ckpt = Path(path)
-    manifest = verify(ckpt, fmt)
+    manifest = verify(ckpt, fmt, schema=schema)
     return read_parts(ckpt, manifest), (manifest["state"] if fmt == FORMAT else manifest), ckpt
 
 
 def read_parts(ckpt: Path, manifest: dict, stems: list[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
     """The top-level <stem>.safetensors files of a verified checkpoint (`stems`: only those); files
-    in subdirectories (DCP's shards) are read by their own reader."""
+    in subdirectories (DCP's shards) are read by their own reader. Each is opened as `verify`
+    checked it (a regular file, no link, the manifest's size) and read through that open file."""
     from safetensors.torch import load_file
 
-    parts = {}
-    for name in manifest["files"]:
+    parts, where = {}, f"checkpoint {ckpt}"
+    for name, want in manifest["files"].items():
         stem = name.removesuffix(".safetensors")
         if "/" in name or stem == name or (stems is not None and stem not in stems):
             continue
-        try:
-            parts[stem] = load_file(str(ckpt / name))
-        except Exception as e:  # safetensors raises its own error type
-            raise CheckpointError(f"checkpoint {ckpt}: {ckpt / name} cannot be read as safetensors ({e})") from None
+        with open_regular(ckpt, name, where) as (f, size):
+            if size != want["bytes"]:
+                raise CheckpointError(f"{where}: {ckpt / name} changed after it was verified ({size} bytes, the manifest says {want['bytes']})")
+            try:
+                parts[stem] = load_file(fd_path(f, ckpt / name))
+            except Exception as e:  # safetensors raises its own error type
+                raise CheckpointError(f"{where}: {ckpt / name} cannot be read as safetensors ({e})") from None
     return parts
 
 

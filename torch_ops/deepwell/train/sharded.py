@@ -20,6 +20,13 @@ processes resumes in M. With one process and torch.distributed not initialised i
 `no_dist=True` (DCP reads the whole tensors). Each rank takes its own saved RNG streams; a rank the
 saving run did not have (resuming with more processes) takes rank 0's, as every rank does with
 the full format, which saves rank 0's alone.
+
+Trust: DCP's files hold pickles (its `.metadata`, and the optimizer's non-tensor values), and a
+pickle can run any code it names. DCP's files are always the checkpoint's own `dcp/` (the manifest
+cannot point elsewhere), and by default they are read by train/dcp_reader.py, which admits only
+what DCP writes for deepwell's state; a checkpoint whose pickles name anything else is a
+CheckpointError. `trust=True` reads them with torch's own reader and planner: only for
+checkpoints from a source you trust.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch.distributed as dist
 
 from ..plan.parallel import world_size
 from . import checkpoint, state
+from .checkpoint_files import CheckpointError, require
 from .distributed import rank
 
 FORMATS = ("full", "sharded")
@@ -98,22 +106,68 @@ def save(directory: Path, step: int, model: torch.nn.Module, opt: torch.optim.Op
     return final
 
 
-def load(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path, manifest: dict) -> tuple[dict, dict]:
+def check_manifest(manifest: dict, ckpt: Path) -> None:
+    """Raises CheckpointError when a sharded checkpoint's manifest lacks what `load` reads: its
+    DCP directory (exactly DCP_DIR, inside the checkpoint), the processes' count, and each rank's
+    RNG state and file."""
+    where = f"checkpoint {ckpt}"
+    meta = manifest["state"]
+    require(meta, {"world_size": int, "dcp": str, "rng": {"ranks": list}}, where, "state.")
+    if meta["dcp"] != DCP_DIR:
+        raise CheckpointError(
+            f"{where}: the manifest's state.dcp must be {DCP_DIR!r} (the checkpoint's own subdirectory, where deepwell "
+            f"writes DCP's files), got {meta['dcp']!r:.200}: the manifest was edited"
+        )
+    world, ranks = meta["world_size"], meta["rng"]["ranks"]
+    if world < 1 or len(ranks) != world:
+        raise CheckpointError(f"{where}: the manifest says {world} processes saved it but holds RNG state for {len(ranks)}: the manifest was edited")
+    for r, rng_meta in enumerate(ranks):
+        require({"rng": rng_meta}, {"rng": {"python": list, "numpy": list, "cuda_devices": int}}, where, f"state.rng.ranks[{r}].")
+    for name in (f"{DCP_DIR}/.metadata", *(f"{_rng_stem(r)}.safetensors" for r in range(world))):
+        if name not in manifest["files"]:
+            raise CheckpointError(f"{where}: the manifest lists no {name}, which every sharded checkpoint holds: the manifest was edited")
+
+
+def _failure(e: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException (a dict rank -> (exception,
+    traceback)), so a CheckpointError of train/dcp_reader.py keeps its message."""
+    for failure in getattr(e, "failures", {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(inner, BaseException):
+            return inner
+    return e
+
+
+def load(model: torch.nn.Module, opt: torch.optim.Optimizer, ckpt: Path, manifest: dict, trust: bool = False) -> tuple[dict, dict]:
     """Loads a verified sharded checkpoint's model and optimizer state into `model` and `opt`;
-    returns (parts, rng meta) for the rest: this rank's "rng" and rank 0's "guardrails"."""
+    returns (parts, rng meta) for the rest: this rank's "rng" and rank 0's "guardrails".
+    `trust`: read DCP's pickles with torch's own reader (see "Trust" in the module docs)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    from .dcp_reader import SafePlanner, SafeReader
+
+    check_manifest(manifest, ckpt)
     meta = manifest["state"]
     sd = _state_dicts(model, opt)
-    where = ckpt / meta["dcp"]
+    where = ckpt / DCP_DIR
+    if trust:
+        reader, planner = dcp.FileSystemReader(where), None
+    else:
+        shards = {n.removeprefix(f"{DCP_DIR}/") for n in manifest["files"] if n.startswith(f"{DCP_DIR}/") and n.count("/") == 1}
+        reader, planner = SafeReader(ckpt, DCP_DIR, shards), SafePlanner(f"checkpoint {ckpt}")
+        reader.read_metadata()  # here, so that its CheckpointError is not wrapped by DCP's
     try:
         with _no_dist_quiet():
-            dcp.load(sd, checkpoint_id=where, no_dist=not dist.is_initialized())
-    except Exception as e:  # DCP's CheckpointException wraps every rank's failure
-        raise checkpoint.CheckpointError(
+            dcp.load(sd, storage_reader=reader, planner=planner, no_dist=not dist.is_initialized())
+    except (Exception, CheckpointException) as e:  # CheckpointException (every rank's failure) is a BaseException
+        inner = _failure(e)
+        if isinstance(inner, CheckpointError):
+            raise CheckpointError(str(inner)) from None
+        raise CheckpointError(
             f"checkpoint {ckpt}: the sharded state in {where} does not fit this model and optimizer "
-            f"(saved by {meta['world_size']} processes; torch.distributed.checkpoint says: {e})"
+            f"(saved by {meta['world_size']} processes; torch.distributed.checkpoint says: {inner})"
         ) from None
     set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
     own = rank() if rank() < meta["world_size"] else 0

@@ -11,9 +11,12 @@ Trainer at every step from (seed, step), so the step number is its state.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from .checkpoint_files import CheckpointError, require
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,12 +146,73 @@ def guardrail_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], di
     return tensors, meta
 
 
-def load_guardrail_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+_GUARDED = {"recipe": str, "running": str, "events": list, "calls": int, "pending_call": (int, type(None))}
+
+
+def check_guardrail_state(model: torch.nn.Module, meta: dict, ckpt: Path | str) -> None:
+    """Raises before anything is loaded when the checkpoint's guarded layers do not fit the model:
+    another set of layers, or a layer the model builds in another recipe than the checkpoint
+    trained it in. The model's configuration is what the user asked for now; running the
+    checkpoint's recipe instead would change its numerics silently, and running the model's would
+    continue a run under numerics it was not trained with, so neither is guessed. A layer whose
+    guardrail fell back (running bf16) resumes in bf16, its planned recipe being the same."""
+    where = f"checkpoint {ckpt}"
     layers = guarded_layers(model)
     if set(layers) != set(meta):
-        raise RuntimeError(f"checkpoint's guarded layers {sorted(meta)} differ from the model's {sorted(layers)}")
+        raise RuntimeError(f"{where}: its guarded layers {sorted(meta)} differ from the model's {sorted(layers)}")
     for name, g in layers.items():
+        require(meta, {name: _GUARDED}, where, "state.quantization.guarded_layers.")
+        saved, mine = meta[name]["recipe"], g.record.recipe
+        if saved != mine:
+            raise ValueError(
+                f"deepwell.Trainer: {where} trained deepwell.Linear {name!r} in {saved}, but the model builds it in {mine}: "
+                f"build the layer with recipe={saved!r} to resume this run (or start a new run from its weights alone)"
+            )
+        if meta[name]["running"] not in (saved, "bf16"):
+            raise CheckpointError(f"{where}: layer {name!r} planned {saved} cannot be running {meta[name]['running']!r} (only {saved} or its bf16 fallback): the manifest was edited")
+
+
+def load_guardrail_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor], meta: dict, ckpt: Path | str = "") -> None:
+    check_guardrail_state(model, meta, ckpt)
+    for name, g in guarded_layers(model).items():
         m = meta[name]
+        if m["pending_call"] is not None and name not in tensors:
+            raise CheckpointError(f"checkpoint {ckpt}: layer {name!r} has pending statistics but guardrails.safetensors holds none for it")
         g.calls = m["calls"]
         g.record.active_recipe, g.record.events = m["running"], list(m["events"])
         g._pending = None if m["pending_call"] is None else (m["pending_call"], tensors[name], None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The manifest a Trainer reads back
+
+
+#: The JSON state every Trainer checkpoint holds (Trainer._meta), for checkpoint_files.require.
+COMMON = {
+    "step": int, "batches_used": int, "tokens_seen": int, "history": list, "loader": (dict, type(None)),
+    "scheduler": (dict, type(None)), "plan": (dict, type(None)), "quantization": {"guarded_layers": dict}, "rng": dict,
+}
+#: What the one-process ("full") format adds: its tensor files and their JSON halves.
+FULL = {
+    "model_aliases": dict, "optimizer": {"type": str, "param_groups": list, "scalars": dict},
+    "rng": {"python": list, "numpy": list, "cuda_devices": int},
+}
+FULL_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+
+
+def check_manifest(manifest: dict, ckpt: Path) -> str:
+    """The checkpoint's format ("full" or "sharded") once its state holds every key a Trainer reads
+    back (the format's own keys for "full"; train/sharded.py checks its own); else CheckpointError
+    naming the key."""
+    where = f"checkpoint {ckpt}"
+    meta = manifest["state"]
+    require(meta, COMMON, where, "state.")
+    fmt = meta.get("checkpoint_format", "full")
+    if fmt not in ("full", "sharded"):
+        raise CheckpointError(f"{where}: the manifest's state.checkpoint_format must be 'full' or 'sharded', got {fmt!r:.80}")
+    if fmt == "full":
+        require(meta, FULL, where, "state.")
+        for name in FULL_FILES:
+            if name not in manifest["files"]:
+                raise CheckpointError(f"{where}: the manifest lists no {name}, which every checkpoint of the full format holds: the manifest was edited")
+    return fmt

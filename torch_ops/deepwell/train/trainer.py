@@ -70,6 +70,7 @@ from ..nn.moe import DeepwellMoE, update_expert_biases
 from ..nn.weight_cache import microbatches
 from . import checkpoint, distributed, plots, sharded, state
 from .data import TokenBatches
+from .dirlock import DirectoryLock
 from .log import JsonlLog
 from .optim import AdamW, fusable
 from .readback import StepClock
@@ -103,6 +104,7 @@ def _positive_int(name: str, v, allow_none: bool = False):
 
 #: Steps between garbage collections under several processes (torchtitan's default gc_freq).
 GC_EVERY = 50
+_END = object()  # what next() returns once the training data runs out
 
 
 class Trainer:
@@ -214,6 +216,8 @@ class Trainer:
         self.plot = self.plot and main
         self._events_seen = {}
         self.last_checkpoint: Path | None = None
+        #: Held while this Trainer runs or saves (rank 0): one writer per checkpoint_dir (train/dirlock.py).
+        self._lock = DirectoryLock(self.checkpoint_dir) if self.checkpoint_dir is not None and main else None
 
     @classmethod
     def from_engine(
@@ -249,10 +253,14 @@ class Trainer:
     # -----------------------------------------------------------------------------------------
     # The loop
 
-    def fit(self, train_data: Iterable, eval_data: Iterable | None = None, resume: bool | str | os.PathLike = False) -> "Trainer":
+    def fit(self, train_data: Iterable, eval_data: Iterable | None = None, resume: bool | str | os.PathLike = False,
+            trust: bool = False) -> "Trainer":
         """Trains until `max_steps` on `train_data` (an iterable of batches, `grad_accum` per step),
         evaluating on `eval_data` (a finite list of batches). `resume`: True continues from `checkpoint_dir`'s latest
         checkpoint when there is one; a path resumes from that checkpoint (an error if unreadable).
+        `trust`: see `load_checkpoint` (a sharded checkpoint's DCP metadata is a pickle).
+        While it runs, the Trainer holds `checkpoint_dir`'s lock: another Trainer on the same
+        directory is a CheckpointError (train/dirlock.py).
         With `deterministic` (default: True for a model on the CPU) the loop runs under
         torch.use_deterministic_algorithms (as Lightning's flag): Inductor's CPU code otherwise
         accumulates the embedding gradient with parallel atomic adds, whose order, and so the
@@ -263,22 +271,41 @@ class Trainer:
         if self.gc_every:
             gc.disable()
         try:
-            return self._fit(train_data, eval_data, resume)
+            with self._writing():
+                return self._fit(train_data, eval_data, resume, trust)
         finally:
             torch.use_deterministic_algorithms(was_deterministic)
             if was_collecting:
                 gc.enable()
 
-    def _fit(self, train_data, eval_data, resume) -> "Trainer":
+    @contextlib.contextmanager
+    def _writing(self):
+        """Holds checkpoint_dir's lock (rank 0, when there is a checkpoint_dir) unless already held."""
+        if self._lock is None or self._lock.held:
+            yield
+            return
+        self._lock.acquire()
+        try:
+            checkpoint.recover(self.checkpoint_dir)  # a checkpoint a writer that died moved aside
+            yield
+        finally:
+            self._lock.release()
+
+    def _fit(self, train_data, eval_data, resume, trust: bool) -> "Trainer":
         from tqdm.auto import tqdm
 
         self._loader = train_data
         if resume:
-            self._resume(resume, train_data)
+            self._resume(resume, train_data, trust)
         batches = iter(train_data)
         if not hasattr(train_data, "load_state_dict"):
-            for _ in range(self.batches_used):  # a data source without state: skip what was used
-                next(batches)
+            for used in range(self.batches_used):  # a data source without state: skip what was used
+                if next(batches, _END) is _END:
+                    raise ValueError(
+                        f"deepwell.Trainer.fit: the training data has {used} batches, but the checkpoint {self.last_checkpoint} "
+                        f"already used {self.batches_used}: resume with the data it trained on (or a data source with "
+                        "state_dict() and load_state_dict(), such as TokenBatches, which the checkpoint restores)"
+                    )
         if isinstance(eval_data, TokenBatches):
             raise ValueError("deepwell.Trainer.fit: eval_data must be a finite list of batches (heldout_batches(...)), got an endless TokenBatches")
         eval_batches = list(eval_data) if eval_data is not None else None
@@ -501,6 +528,10 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         if self.checkpoint_dir is None:
             raise ValueError("deepwell.Trainer.save_checkpoint: the Trainer has no checkpoint_dir")
+        with self._writing():
+            return self._save_checkpoint()
+
+    def _save_checkpoint(self) -> Path:
         self._read_steps()  # the history complete
 
         if self.checkpoint_format == "sharded":
@@ -516,10 +547,16 @@ class Trainer:
         self.log.write({"step": self.step, "event": "checkpoint", "path": str(self.last_checkpoint)})
         return self.last_checkpoint
 
-    def load_checkpoint(self, path: str | os.PathLike, train_data=None) -> Path:
+    def load_checkpoint(self, path: str | os.PathLike, train_data=None, trust: bool = False) -> Path:
         """Restores every piece of state from checkpoint `path` (one step_* directory, or a
         checkpoint directory: its latest). Raises CheckpointError naming the bad file, and the
-        newest older checkpoint that is intact."""
+        newest older checkpoint that is intact.
+
+        `trust`: a sharded checkpoint's DCP files hold pickles, which can run any code they name.
+        By default they are read by a restricted unpickler that admits only what DCP writes for
+        deepwell's state (train/dcp_reader.py), and a checkpoint deepwell did not write is a
+        CheckpointError; trust=True reads them with torch's own reader instead: only for a
+        checkpoint from a source you trust. (The full format holds no pickle.)"""
         path = Path(path)
         target = path if checkpoint.is_checkpoint(path) else checkpoint.latest(path)
         if target is None:
@@ -527,8 +564,9 @@ class Trainer:
         manifest = distributed.on_rank0(lambda: self._verified(Path(target)))  # rank 0 hashes, every rank raises
         meta = manifest["state"]
         self._check_plan(meta, target)
+        state.check_guardrail_state(self.model, meta["quantization"]["guarded_layers"], target)
         if meta.get("checkpoint_format", "full") == "sharded":
-            parts, rng_meta = sharded.load(self.model, self.optimizer, target, manifest)
+            parts, rng_meta = sharded.load(self.model, self.optimizer, target, manifest, trust)
         else:
             parts, rng_meta = checkpoint.read_parts(target, manifest), meta["rng"]
             distributed.load_model_tensors(self.model, parts["model"], meta["model_aliases"])
@@ -538,7 +576,7 @@ class Trainer:
         if self.scheduler is not None and meta["scheduler"] is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
         state.load_rng_state(parts["rng"], rng_meta)
-        state.load_guardrail_state(self.model, parts.get("guardrails", {}), meta["quantization"]["guarded_layers"])
+        state.load_guardrail_state(self.model, parts.get("guardrails", {}), meta["quantization"]["guarded_layers"], target)
         self._events_seen = {n: len(g.record.events) for n, g in state.guarded_layers(self.model).items()}
         self.step, self.batches_used, self.tokens_seen = meta["step"], meta["batches_used"], meta["tokens_seen"]
         self.history = meta["history"]
@@ -553,7 +591,10 @@ class Trainer:
         """The manifest of checkpoint `target` once every file checks; else a CheckpointError that
         also names the newest older checkpoint that is intact."""
         try:
-            return checkpoint.verify(target)
+            manifest = checkpoint.verify(target)
+            if state.check_manifest(manifest, target) == "sharded":
+                sharded.check_manifest(manifest, target)
+            return manifest
         except checkpoint.CheckpointError as e:
             prev = checkpoint.previous_intact(target)
             hint = f"; the previous checkpoint {prev} is intact: resume from it (fit(..., resume={str(prev)!r}))" if prev else "; there is no older intact checkpoint"
@@ -565,7 +606,10 @@ class Trainer:
         if plan is None or meta["plan"] is None:
             return
         mine = {s.name: s.recipe for s in plan.sites}
-        theirs = {s["name"]: s["recipe"] for s in meta["plan"]["sites"]}
+        sites = meta["plan"].get("sites")
+        if not (isinstance(sites, list) and all(isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("recipe"), str) for s in sites)):
+            raise checkpoint.CheckpointError(f"checkpoint {target}: the manifest's state.plan.sites must be a list of {{name, recipe}} objects: the manifest was edited")
+        theirs = {s["name"]: s["recipe"] for s in sites}
         if mine != theirs:
             diff = sorted(n for n in set(mine) | set(theirs) if mine.get(n) != theirs.get(n))
             raise ValueError(
@@ -573,12 +617,12 @@ class Trainer:
                 f"(checkpoint -> engine): {', '.join(f'{n}: {theirs.get(n)} -> {mine.get(n)}' for n in diff[:8])}"
             )
 
-    def _resume(self, resume, train_data) -> None:
+    def _resume(self, resume, train_data, trust: bool) -> None:
         if resume is True:
             if self.checkpoint_dir is None:
                 raise ValueError("deepwell.Trainer.fit: resume=True needs a checkpoint_dir (or pass the checkpoint's path)")
             if checkpoint.latest(self.checkpoint_dir) is None:
                 return  # nothing saved yet: a fresh start, as torchtitan and Lightning do
-            self.load_checkpoint(self.checkpoint_dir, train_data)
+            self.load_checkpoint(self.checkpoint_dir, train_data, trust)
         else:
-            self.load_checkpoint(resume, train_data)
+            self.load_checkpoint(resume, train_data, trust)
