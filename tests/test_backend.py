@@ -377,3 +377,15 @@ def test_a_hugging_face_moe_block_in_the_graph_is_named_with_the_way_to_swap_it(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _compile(torch.nn.Sequential(torch.nn.Linear(64, 64)), precision="bf16")(torch.randn(4, 64))
+
+
+def test_a_named_recipe_that_no_site_gets_is_a_warning_with_the_reasons():
+    """Every layer under the policy's min_features: precision="mxfp8" quantizes nothing, and says why."""
+    torch.manual_seed(0)
+    small = Llama(VOCAB, 128, 1, 4, 256, max_seq=128)
+    with pytest.warns(UserWarning, match=r"precision='mxfp8' was asked for, but none of this graph's 8 GEMM sites runs it \(.*min_features"):
+        _compile(small, precision="mxfp8")(_tokens())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _compile(_model(), precision="mxfp8")(_tokens())  # large enough: the recipe runs, nothing to say
+        _compile(small)(_tokens())  # "auto" promises no recipe

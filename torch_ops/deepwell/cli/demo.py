@@ -94,7 +94,7 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
         return {"losses": losses, "heldout": evals, "resumed_equal": equal, "export_equal": None, "parity": []}
 
     # Export, load, and compare logits on one held-out batch.
-    artifact = export(engine, out_dir / "export")
+    artifact = export(engine, out_dir / "export", overwrite=True)  # the run directory is the job's own
     loaded = load(artifact, device=device)
     tokens = heldout[0][:, :-1].to(device)
     with torch.no_grad():

@@ -41,6 +41,7 @@ import operator
 import re
 import time
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -382,6 +383,22 @@ def _from_fixed_plan(found: list, fixed: Plan, fallback: str) -> Plan:
     return Plan(fixed.arch, fixed.policy, [g.site for g in found])
 
 
+def _warn_unused_precision(plan: Plan, options: dict) -> None:
+    """A recipe the user named (not "auto", not bf16) that no site of the graph runs: say so, with
+    the plan's reasons grouped, rather than compile a model that silently ignores the request.
+    (One warning per distinct message: Python's default filter shows each once.)"""
+    asked = plan.policy.precision
+    family = asked.partition("@")[0]
+    if options.get("plan") is not None or family in ("auto", "bf16") or not plan.sites:
+        return
+    if any(s.recipe.partition("@")[0] == family for s in plan.sites):
+        return
+    reasons = Counter(s.decision.reason if s.decision else "not planned" for s in plan.sites)
+    why = "; ".join(f"{n} site{'s' if n > 1 else ''}: {r}" for r, n in reasons.most_common())
+    warnings.warn(f"deepwell backend: precision={asked!r} was asked for, but none of this graph's {len(plan.sites)} GEMM sites "
+                  f"runs it ({why})", stacklevel=2)
+
+
 def plan_graph(gm: torch.fx.GraphModule, options: dict | None = None) -> tuple[Plan, list]:
     """The plan of one captured graph (no rewriting)."""
     options = options or {}
@@ -406,6 +423,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
     start = time.perf_counter()
     plan, found = plan_graph(gm, options)
     _warn_hf_moe(gm)
+    _warn_unused_precision(plan, options)
     rewritten = rewrite(gm, found, options.get("fp8_block_codes"), options.get("recompute_codes", RECOMPUTE_CODES))
     fused = fuse_mlp(gm) if options.get("fused_mlp", FUSED_MLP) else 0
     STATS["graphs"] += 1
