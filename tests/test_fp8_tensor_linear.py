@@ -254,9 +254,10 @@ def _from_codes_run(x, w, dy, recipe, weight_amax):
 def test_a_given_weight_amax_gives_the_ops_own_results(device, recipe, case, gen):
     """`weight_amax` = amax_of(W), as the backend's graph gives it: y, dx and dW bit-identical to the
     layer reducing W's amax itself, on the paths that read it (sm_90's native arguments through the
-    CPU model, the GPU). Teeth: a wrong amax changes y, so the argument is really read (an eighth of
-    W's: the scale grows 8x and W's largest values saturate; a power-of-two multiple of the true amax
-    larger than it would give the same y, the scale being a power of two)."""
+    CPU model, the GPU). Teeth: the argument is really read. A wrong amax (an eighth of W's: the
+    scale grows 8x and W's largest values saturate) raises on the CPU, which checks the value, and
+    changes y on the GPU, which trusts it (a power-of-two multiple of the true amax larger than it
+    would give the same y there, the scale being a power of two)."""
     w = _weight_cases(48, 64, gen)[case].to(device)
     x = torch.randn(2, 40, 64, generator=gen).bfloat16().to(device)
     dy = torch.randn(2, 40, 48, generator=gen).bfloat16().to(device)
@@ -264,7 +265,10 @@ def test_a_given_weight_amax_gives_the_ops_own_results(device, recipe, case, gen
     given = _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w))
     for i, (a, b) in enumerate(zip(own, given)):
         assert same_bits(a.cpu(), b.cpu()), i
-    if case == "ordinary":
+    if case == "ordinary" and device == "cpu":
+        with pytest.raises(RuntimeError, match=r"argument 'weight_amax' must be the amax of 'weight'"):
+            _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w) / 8)
+    elif case == "ordinary":
         wrong = _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w) / 8)
         assert not same_bits(own[0].cpu(), wrong[0].cpu())
 

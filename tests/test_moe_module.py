@@ -250,7 +250,7 @@ def test_compiles_fullgraph_with_the_same_outputs_and_gradients(opts):
 
 
 def test_bad_options_fail_at_construction():
-    with pytest.raises(RuntimeError, match="argument 'top_k' must be in"):
+    with pytest.raises(ValueError, match=r"deepwell.DeepwellMoE: top_k must be an int in \[1, 4\]"):
         deepwell.DeepwellMoE(32, 16, 4, top_k=5)
     with pytest.raises(ValueError, match="recipe must be one of"):
         deepwell.DeepwellMoE(32, 16, 4, top_k=2, recipe="int8")

@@ -67,6 +67,14 @@ pub fn buffer<T>(op: Op, n: usize, what: &str) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// `n` copies of `value` in a buffer from [`buffer`]: an error, not an abort, when the host cannot
+/// hold them.
+pub fn filled<T: Clone>(op: Op, n: usize, value: T, what: &str) -> Result<Vec<T>> {
+    let mut v = buffer(op, n, what)?;
+    v.resize(n, value); // within the reserved capacity: no reallocation
+    Ok(v)
+}
+
 /// Copies a strided tensor into a row-major buffer.
 ///
 /// # Safety

@@ -43,7 +43,7 @@ from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..ops.swiglu_experts import swiglu_experts
 from ..plan import recipes
 from ..plan.policy import LayerInfo, PrecisionPolicy
-from . import moe_ep, moe_ep_state
+from . import moe_args, moe_ep, moe_ep_state
 
 AUX_LOSSES = ("switch", "seq", None)
 
@@ -215,10 +215,12 @@ class DeepwellMoE(nn.Module):
         if recipe not in (*recipes.names(), "auto"):
             choices = ", ".join(repr(r) for r in (*recipes.names(), "auto"))
             raise ValueError(f"deepwell.DeepwellMoE: recipe must be one of {choices}, got {recipe!r}")
-        if not bias_update_rate >= 0:
-            raise ValueError(f"deepwell.DeepwellMoE: bias_update_rate must be >= 0, got {bias_update_rate!r}")
-        if capacity_factor is not None and not capacity_factor > 0:
-            raise ValueError(f"deepwell.DeepwellMoE: capacity_factor must be None or > 0, got {capacity_factor!r}")
+        moe_args.check_config(
+            dim=dim, ffn_dim=ffn_dim, num_experts=num_experts, top_k=top_k, route_scale=route_scale,
+            n_group=n_group, topk_group=topk_group, capacity_factor=capacity_factor,
+            bias_update_rate=bias_update_rate, num_shared_experts=num_shared_experts,
+            shared_ffn_dim=shared_ffn_dim, aux_loss_coef=aux_loss_coef, z_loss_coef=z_loss_coef,
+        )
         factory = {"device": device, "dtype": dtype}
         self.dim, self.ffn_dim, self.num_experts, self.top_k = dim, ffn_dim, num_experts, top_k
         self.score_func, self.renormalize, self.route_scale = score_func, renormalize, float(route_scale)
@@ -252,7 +254,8 @@ class DeepwellMoE(nn.Module):
         self._planned: tuple[str, str] | None = None if recipe == "auto" else (recipe, recipe)
         self.plan_reasons: list[str] = []
         self._plans: dict[int | None, tuple[tuple[str, str], list[str]]] = {}
-        # Router checks now, with the same messages as the op (a bad config fails at construction).
+        # The router's string option (score_func) now, with the op's message (its numbers passed
+        # check_config above): a bad config fails at construction.
         moe_route(torch.zeros(1, num_experts), None, top_k, score_func, n_group, topk_group, capacity_factor or 0.0)
 
     # ---------------------------------------------------------------------------------------------
@@ -331,6 +334,7 @@ class DeepwellMoE(nn.Module):
         return max(block_of(r) for r in recipe_pair)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        moe_args.check_input(x, self.dim)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         logits, experts, dropped, counts, lb_counts, weights = self.route(x2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import unicodedata
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 FLOAT_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -74,6 +75,27 @@ def features(op: str, arg: str, t: torch.Tensor, weight_arg: str, weight: torch.
 def shape_eq(op: str, arg: str, t: torch.Tensor, expected) -> None:
     if tuple(t.shape) != tuple(expected):
         fail(op, arg, f"have shape {shape_str(expected)}", shape_str(t.shape))
+
+
+def group_offsets(op: str, offsets: torch.Tensor, total: int, of: str, multiple: int = 1) -> None:
+    """The values of a grouped op's (G + 1,) offsets (`group_bounds`), read on CPU tensors only: on
+    CUDA reading them is a host sync, so there they are the caller's contract (the docstrings say
+    what breaking it does); under torch.compile and on fake tensors there are no values to read."""
+    if offsets.device.type != "cpu" or torch.compiler.is_compiling() or is_fake(offsets):
+        return
+    group_bounds(op, offsets.tolist(), total, of, multiple)
+
+
+def group_bounds(op: str, o: list[int], total: int, of: str, multiple: int = 1) -> None:
+    """Offsets on the host: each group's start row, then the end. They must run from 0 to `total`
+    (`of` names it, e.g. "the rows of x") without decreasing, each a multiple of `multiple` where
+    the caller promised aligned groups: the contract of rust/ops/src/ops/fp8_gemm/reference.rs
+    `check_offsets`, with its message."""
+    monotone = all(a <= b for a, b in zip(o, o[1:]))
+    aligned = all(v % multiple == 0 for v in o)
+    if not o or o[0] != 0 or o[-1] != total or not monotone or not aligned:
+        blocks = f", in multiples of {multiple}" if multiple > 1 else ""
+        fail(op, "offsets", f"run from 0 to {of} ({total}) without decreasing{blocks}", o)
 
 
 def choice(op: str, arg: str, value: str, choices: tuple[str, ...]) -> None:

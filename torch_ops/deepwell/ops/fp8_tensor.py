@@ -39,7 +39,9 @@ def _quantize_fake(x, elem="e4m3"):
 
 
 def check_amax(op: str, arg: str, amax: torch.Tensor, of: tuple[str, torch.Tensor]) -> None:
-    """An amax argument: a 0-d float32 tensor on the device of the tensor it is the amax of."""
+    """An amax argument: a 0-d float32 tensor on the device of the tensor it is the amax of. The
+    CPU kernels also check its value (rust/ops/src/ops/fp8_tensor/mod.rs `check_amax_value`: the
+    tensor's own scale, NaN exactly when it holds a NaN, not negative); fake tensors have none."""
     _checks.dtype_in(op, arg, amax, (torch.float32,))
     _checks.same_device(op, of, (arg, amax))
     _checks.shape_eq(op, arg, amax, [])

@@ -21,6 +21,13 @@ the same forward on the row codes alone (`fp8_tensor_quantize_rowcol(x, "e4m3", 
 backward makes the transposed codes from x and `x_amax` (the forward's amax, so the forward's
 scale). Saved: x and the amax. The deepwell backend's `recompute_codes` uses it (as
 `fp8_block_linear_from_rows`). Same bits as `fp8_tensor_linear_from_codes`.
+
+Every amax argument must be the amax of its tensor (`amax_of`). On CPU tensors the op checks it (a
+RuntimeError when it gives another scale than the tensor's own amax, is NaN for a tensor without
+NaN, or is negative: one pass over the tensor, rust/ops/src/ops/fp8_tensor/mod.rs
+`check_amax_value`). On CUDA it is trusted, as the pass and host sync it saves are the point: a
+wrong amax there gives silently wrong codes (too small saturates the largest values, NaN quantizes
+with scale 1).
 """
 
 from __future__ import annotations

@@ -55,12 +55,18 @@ def _check(x, weight, offsets, recipe) -> None:
         _checks.fail(_OP, "weight", "be 3-d (experts, out_features, in_features)", f"a {weight.dim()}-d tensor")
     _checks.shape_eq(_OP, "offsets", offsets, (weight.shape[0] + 1,))
     _checks.features(_OP, "x", x, "weight", weight, "in_features", weight.shape[2])
+    block = block_of(recipe)
+    if recipe != "bf16":
+        for d, what in ((2, "in_features"), (1, "out_features")):
+            _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")
 
 
 @torch.library.custom_op("deepwell_moe::grouped_scaled_linear", mutates_args=())
 def _grouped_scaled_linear(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor, recipe: str) -> torch.Tensor:
     out = x.new_zeros((x.shape[0], weight.shape[1]))
     bounds = offsets.tolist()
+    # On the host anyway (this loop's sync): checked on CUDA too, where grouped_linear could not.
+    _checks.group_bounds(_OP, bounds, x.shape[0], "the rows of x")
     for e in range(weight.shape[0]):
         lo, hi = bounds[e], bounds[e + 1]
         if hi > lo:
@@ -82,6 +88,7 @@ def _grouped_backward(
     # An expert without rows gets an exact zero weight gradient.
     dw = torch.zeros_like(weight) if need_weight else weight.new_empty((0,))
     bounds = offsets.tolist()
+    _checks.group_bounds(_OP, bounds, x.shape[0], "the rows of x")
     for e in range(weight.shape[0]):
         lo, hi = bounds[e], bounds[e + 1]
         if hi > lo:
@@ -230,25 +237,33 @@ def grouped_linear(
     Args:
         x: (R, in_features), rows grouped by expert (`deepwell.moe_dispatch`).
         weight: (E, out_features, in_features), nn.Linear layout per expert.
-        offsets: (E + 1,) int32 start rows, offsets[E] == R (`deepwell.moe_permute_index`).
+        offsets: (E + 1,) int32 start rows: offsets[0] == 0, non-decreasing, offsets[E] == R
+            (`deepwell.moe_permute_index`'s). Checked on CPU tensors (a RuntimeError). On CUDA they
+            are read only by the per-expert loop (which reads them to the host anyway, and checks
+            them there); elsewhere they are the caller's contract, since reading them would be a
+            host sync. Broken there (seen on an H200, torch 2.11): bf16's torch._grouped_mm leaves
+            the rows past offsets[E] uninitialised, ignores offsets[0], and trips a device-side
+            assert (which ends the CUDA context) on decreasing or too-large offsets; deepwell's FP8
+            grouped GEMM computes no row outside the groups and returns wrong rows, silently, for
+            decreasing or too-large offsets (its reads are clamped into x).
         recipe: "bf16" (unquantized: computes in x's dtype), "fp8_block", "mxfp8" or "nvfp4"; the
             quantized recipes need in_features and out_features multiples of their block.
         groups_aligned: the caller promises every group's rows are a multiple of the recipe's block
             (`moe_permute_index(..., align=block)`); then fp8_block runs deepwell's FP8 grouped GEMMs
             on sm_90, mxfp8 torch's MXFP8 grouped GEMM on sm_100 (where torch has it), and an
             emulated fp8_block / mxfp8 the grouped exact emulation (no host sync any way) instead
-            of the per-expert loop.
+            of the per-expert loop. Checked on CPU tensors with the offsets (multiples of the block).
 
     Returns:
         (R, out_features) in x's dtype.
     """
     _check(x, weight, offsets, recipe)
+    # The offsets' values last (the checks above need no data): bad ones would leave rows unwritten
+    # (torch._grouped_mm, the FP8 kernels) or cut x wrongly.
+    _checks.group_offsets(_OP, offsets, x.shape[0], "the rows of x", block_of(recipe) if groups_aligned else 1)
     if recipe == "bf16":
         # torch._grouped_mm takes the groups' end offsets and wants both operands in one dtype.
         return grouped_mm(x, weight.to(x.dtype).transpose(-2, -1), offsets[1:])
-    block = block_of(recipe)
-    for d, what in ((2, "in_features"), (1, "out_features")):
-        _checks.divisible(_OP, "weight", weight, d, block, f"{recipe} quantizes along {what} in blocks of {block}")
     tiled = weight.shape[1] % 128 == 0 and weight.shape[2] % 128 == 0
     backend = backend_on(recipe, str(x.device), bool(groups_aligned), tiled)
     if backend == "fp8_block_grouped":

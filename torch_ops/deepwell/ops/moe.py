@@ -40,6 +40,10 @@ define("moe_slot_dots(Tensor rows, Tensor row_of_slot, Tensor grad) -> Tensor")
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 
+#: The most experts `moe_permute_index` takes (rust/ops/src/ops/moe/mod.rs `MAX_EXPERTS`: the CUDA
+#: placement reads every assignment once per expert, and padding adds up to E·(align − 1) rows).
+MAX_EXPERTS = 2**16
+
 
 def static_rows(assignments: int, num_experts: int, align: int) -> int:
     """Rows of the expert-grouped buffer (deepwell_core::moe::static_rows)."""
@@ -103,11 +107,13 @@ def _check_permute(op, experts, dropped, num_experts, align) -> int:
     _checks.shape_eq(op, "dropped", dropped, experts.shape)
     if num_experts < 1:
         _checks.fail(op, "num_experts", "be positive", num_experts)
+    if num_experts > MAX_EXPERTS:
+        _checks.fail(op, "num_experts", f"be at most {MAX_EXPERTS}", num_experts)
     if not 1 <= align <= 1024:
         _checks.fail(op, "align", "be in [1, 1024]", align)
     t, k = experts.shape
     rows = static_rows(t * k, num_experts, align)
-    if rows > 2**31 - 1 or num_experts >= 2**31 - 1:
+    if rows > 2**31 - 1:
         got = f"{t} x {k} assignments, {num_experts} experts, align {align} ({rows} rows)"
         _checks.fail(op, "experts", "give fewer than 2^31 rows (int32 indices)", got)
     return rows
@@ -231,6 +237,8 @@ def moe_route(
 
 def moe_permute_index(experts: torch.Tensor, dropped: torch.Tensor, num_experts: int, align: int = 1):
     """Where each assignment goes in the expert-grouped buffer (rust/core/src/moe/permute.rs).
+    `num_experts` in [1, 2^16] (`MAX_EXPERTS`), `align` in [1, 1024], and the buffer's
+    R = static_rows(T·K, E, align) rows below 2^31 (int32 indices).
 
     Returns:
         row_of_slot: (T, K) int32, the buffer row of each assignment (-1 when dropped).

@@ -47,7 +47,8 @@ def swiglu_experts(
         x: (R, D), rows grouped by expert (`deepwell.moe_dispatch`).
         gate_up_proj: (E, 2F, D), each expert's gate rows then its up rows.
         down_proj: (E, D, F).
-        offsets: (E + 1,) int32 group starts, offsets[E] == R.
+        offsets: (E + 1,) int32 group starts, offsets[E] == R: `grouped_linear`'s contract (checked
+            on CPU tensors, the caller's on CUDA).
         recipes: the two projections' recipes (`grouped_linear`'s).
         groups_aligned: every group's rows are a multiple of the recipes' block (`grouped_linear`).
 

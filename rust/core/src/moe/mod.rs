@@ -5,5 +5,5 @@
 pub mod permute;
 pub mod router;
 
-pub use permute::{combine, permutation, static_rows, Permutation};
+pub use permute::{combine, group_offsets, permutation, place, static_rows, Permutation};
 pub use router::{apply_capacity, capacity, route, Groups, RouterConfig, RouterError, Routing, ScoreFn};

@@ -30,32 +30,69 @@ pub struct Permutation {
 
 /// The permutation of a routing's kept assignments, groups padded to multiples of `align` (>= 1).
 pub fn permutation(r: &Routing, align: usize) -> Permutation {
-    let (experts, dropped, num_experts) = (&r.experts, &r.dropped, r.counts.len());
+    let num_experts = r.counts.len();
+    let (mut group_sizes, mut offsets) = (vec![0usize; num_experts], vec![0usize; num_experts + 1]);
+    let total = group_offsets(&r.experts, &r.dropped, align, &mut group_sizes, &mut offsets);
+    let mut rows = vec![None; total];
+    let mut row_of_slot = vec![None; r.experts.len()];
+    place(&r.experts, &r.dropped, &offsets, &mut vec![0; num_experts], |slot, row| {
+        rows[row] = Some(slot);
+        row_of_slot[slot] = Some(row);
+    });
+    Permutation { rows, row_of_slot, group_sizes, offsets }
+}
+
+/// The groups of [`permutation`] in memory the caller owns (the op's CPU kernel allocates it
+/// fallibly, so a huge E or T·K is an error, not an abort): fills `group_sizes` (E, the kept
+/// assignments per expert) and `offsets` (E + 1, each group's start row, then the total) and
+/// returns the total rows, every group padded to a multiple of `align` (>= 1).
+///
+/// # Panics
+/// If an expert index is >= E, or `offsets.len() != group_sizes.len() + 1`.
+pub fn group_offsets(
+    experts: &[usize],
+    dropped: &[bool],
+    align: usize,
+    group_sizes: &mut [usize],
+    offsets: &mut [usize],
+) -> usize {
+    assert_eq!(offsets.len(), group_sizes.len() + 1, "group_offsets: offsets must have E + 1 entries");
     let align = align.max(1);
-    let mut group_sizes = vec![0usize; num_experts];
+    group_sizes.fill(0);
     for (&e, &d) in experts.iter().zip(dropped) {
         if !d {
             group_sizes[e] += 1;
         }
     }
-    let mut offsets = Vec::with_capacity(num_experts + 1);
     let mut total = 0;
-    for &n in &group_sizes {
-        offsets.push(total);
+    for (o, &n) in offsets.iter_mut().zip(group_sizes.iter()) {
+        *o = total;
         total += n.div_ceil(align) * align;
     }
-    offsets.push(total);
-    let mut rows = vec![None; total];
-    let mut row_of_slot = vec![None; experts.len()];
-    let mut next = offsets[..num_experts].to_vec();
+    offsets[group_sizes.len()] = total;
+    total
+}
+
+/// Calls `put(slot, row)` for every kept assignment, in slot order, `row` the next free row of its
+/// expert's group (so each group holds its slots in ascending order): the rows of
+/// [`permutation`], given the `offsets` of [`group_offsets`]. `next` (E entries) is scratch.
+///
+/// # Panics
+/// If an expert index is >= E, or `next.len() + 1 != offsets.len()`.
+pub fn place(
+    experts: &[usize],
+    dropped: &[bool],
+    offsets: &[usize],
+    next: &mut [usize],
+    mut put: impl FnMut(usize, usize),
+) {
+    next.copy_from_slice(&offsets[..offsets.len() - 1]);
     for (slot, (&e, &d)) in experts.iter().zip(dropped).enumerate() {
         if !d {
-            rows[next[e]] = Some(slot);
-            row_of_slot[slot] = Some(next[e]);
+            put(slot, next[e]);
             next[e] += 1;
         }
     }
-    Permutation { rows, row_of_slot, group_sizes, offsets }
 }
 
 /// Rows of the expert-grouped buffer that any routing of `assignments` (T·K) among `experts` fits

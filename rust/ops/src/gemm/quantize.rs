@@ -43,7 +43,7 @@ fn dense(op: Op, t: Tensor) -> Result<Tensor> {
 }
 
 /// fp8_tensor's element format: E5M2 for gradients (range), E4M3 for activations and weights.
-fn fp8_tensor_elem(role: Role) -> Fp8Elem {
+pub(crate) fn fp8_tensor_elem(role: Role) -> Fp8Elem {
     if role == Role::Gradient {
         Fp8Elem::E5M2
     } else {

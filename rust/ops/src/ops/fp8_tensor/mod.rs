@@ -10,11 +10,12 @@
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 
-use deepwell_core::Fp8Elem;
+use deepwell_core::{fp8_tensor, Fp8Elem};
 
 use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
+use crate::host::{self, with_floats};
 use crate::kernel::{cpu_and_cuda, Kernel};
 use crate::ops::run_on;
 use crate::stack::{Args, Kind, OpSpec};
@@ -120,9 +121,10 @@ fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
 
 /// A validated quantize call: a non-empty float tensor, and where its producer computed it, its
 /// amax: a 0-d fp32 tensor on x's device holding NaN-propagating max |x| (what
-/// `torch.linalg.vector_norm(x, inf, dtype=torch.float32)` gives). It is trusted, not checked
-/// against x (that would be the pass it saves): the codes are `quantize(x)`'s exactly when it is
-/// x's amax (tests/test_fp8_tensor.py proves torch's reductions give it, NaN and Inf included).
+/// `torch.linalg.vector_norm(x, inf, dtype=torch.float32)` gives). On CUDA it is trusted, not
+/// checked against x (that would be the pass it saves); on the CPU [`check_amax`] checks it. The
+/// codes are `quantize(x)`'s exactly when it is x's amax (tests/test_fp8_tensor.py proves torch's
+/// reductions give it, NaN and Inf included).
 struct Quantize {
     x: Tensor,
     dtype: DType,
@@ -137,7 +139,7 @@ impl Quantize {
         let device = check::same_device(op, backend, &[("x", &x)])?;
         check::non_empty(op, "x", &x, 1)?;
         if let Some(a) = &amax {
-            check_amax(op, "amax", a, backend, ("x", &x))?;
+            check_amax(op, "amax", a, backend, ("x", &x), elem)?;
         }
         Ok(Quantize { x, dtype, device, elem, amax })
     }
@@ -149,17 +151,55 @@ impl Quantize {
 }
 
 /// An amax argument: a 0-d fp32 tensor on the device of the tensor it is the amax of (shared by
-/// the fp8_tensor linear ops' `grad_amax` and `weight_amax`).
+/// the fp8_tensor ops' `amax`, `grad_amax`, `weight_amax` and `x_amax`), `elem` the format `of` is
+/// quantized to with it. On CPU tensors its value is checked as well ([`check_amax_value`]); on
+/// CUDA it is trusted: checking it is the pass over `of` it saves, and raising would be a host sync.
 pub(crate) fn check_amax(
     op: Op,
     arg: &'static str,
     amax: &Tensor,
     backend: Backend,
     of: (&'static str, &Tensor),
+    elem: Fp8Elem,
 ) -> Result<()> {
     check::dtype_in(op, arg, amax, &[DType::F32])?;
     check::same_device(op, backend, &[of, (arg, amax)])?;
-    check::shape_eq(op, arg, amax, &[])
+    check::shape_eq(op, arg, amax, &[])?;
+    if backend == Backend::Cpu {
+        check_amax_value(op, arg, amax, of, elem)?;
+    }
+    Ok(())
+}
+
+/// A given amax must quantize `of` exactly as its own amax does (docs/NUMERICS.md "FP8 tensor":
+/// the codes depend on the amax only through the power-of-two scale): the scale it gives in `elem`
+/// is that of `of`'s NaN-propagating max |x|, it is NaN exactly when `of` holds a NaN, and it is
+/// not negative. Equality up to the scale, not bit equality: a compiler's fused reduction (the
+/// backend's amax is one) may see values before their rounding to `of`'s dtype, which changes the
+/// amax in its last bits but not the codes. Costs one pass over `of`, on the CPU only.
+fn check_amax_value(
+    op: Op,
+    arg: &'static str,
+    amax: &Tensor,
+    (name, t): (&'static str, &Tensor),
+    elem: Fp8Elem,
+) -> Result<()> {
+    if t.numel() == 0 {
+        return Ok(());
+    }
+    let dtype = check::dtype_in(op, name, t, &check::FLOAT_INPUTS)?;
+    // SAFETY: `amax` is a 0-d fp32 CPU tensor and `t` a non-empty float CPU tensor (checked).
+    let (given, own) = unsafe {
+        let given = host::row_major::<f32>(op, amax)?[0];
+        (given, with_floats!(host::float_slice(op, t, dtype)?, xs => fp8_tensor::fp8_tensor_amax(xs)))
+    };
+    let same_scale = fp8_tensor::fp8_tensor_scale(given, elem) == fp8_tensor::fp8_tensor_scale(own, elem);
+    if given.is_nan() != own.is_nan() || given < 0.0 || !same_scale {
+        let want =
+            format!("be the amax of '{name}' (NaN-propagating max |{name}| = {own}, or a value giving its scale)");
+        return Err(Error::arg(op, arg, want, given));
+    }
+    Ok(())
 }
 
 /// A validated rowcol call writing `Copies::Both` or `Copies::Cols` (`quantize_rowcol` runs

@@ -36,6 +36,7 @@ use crate::aten;
 use crate::check;
 use crate::dtype::DType;
 use crate::error::{Op, Result};
+use crate::gemm::quantize::{fp8_tensor_elem, Role};
 use crate::gemm::quantizers::{self as k, Copies, Fp8Elem};
 use crate::gemm::{self, quantize, Form};
 use crate::kernel::{one_body, Kernel};
@@ -169,10 +170,10 @@ fn on_codes(a: &mut Args, codes_t: Option<Tensor>, x_amax: Option<Tensor>) -> Re
     check::shape_eq(op, "x_scale_inv", &scale, &[])?;
     let on = check::Backend::of(op, p.device)?;
     if let Some(amax) = &w_amax {
-        check_amax(op, "weight_amax", amax, on, ("weight", &layer.weight))?;
+        check_amax(op, "weight_amax", amax, on, ("weight", &layer.weight), fp8_tensor_elem(Role::Weight))?;
     }
     if let Some(amax) = &x_amax {
-        check_amax(op, "x_amax", amax, on, ("x", &p.x))?;
+        check_amax(op, "x_amax", amax, on, ("x", &p.x), fp8_tensor_elem(Role::Activation))?;
     }
     let backend = p.choice(Pass::Fprop).backend;
     let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, aten::contiguous(op, codes)?, scale)?;
@@ -201,10 +202,10 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let p = &layer.p;
     let on = check::Backend::of(op, dy.device())?;
     if let Some(amax) = &dy_amax {
-        check_amax(op, "grad_amax", amax, on, ("grad_out", &dy))?;
+        check_amax(op, "grad_amax", amax, on, ("grad_out", &dy), fp8_tensor_elem(Role::Gradient))?;
     }
     if let Some(amax) = &w_amax {
-        check_amax(op, "weight_amax", amax, on, ("weight", &layer.weight))?;
+        check_amax(op, "weight_amax", amax, on, ("weight", &layer.weight), fp8_tensor_elem(Role::Weight))?;
     }
     let dtypes = (dy.dtype(), layer.weight.dtype());
     let codes = aten::view_dtype(op, aten::contiguous(op, p.x.share(op)?)?, DType::E4M3)?;

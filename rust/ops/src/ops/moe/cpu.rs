@@ -1,6 +1,6 @@
 //! CPU reference kernels of the MoE ops (maths: deepwell_core::moe).
 
-use deepwell_core::moe::{permutation, route as core_route, Routing};
+use deepwell_core::moe::{group_offsets, place, route as core_route, Routing};
 
 use super::{PermuteIndex, Route};
 use crate::error::{Error, Op, Result};
@@ -56,8 +56,12 @@ pub(super) fn route(op: Op, r: Route) -> Result<Vec<Tensor>> {
 }
 
 pub(super) fn permute_index(op: Op, p: PermuteIndex) -> Result<Vec<Tensor>> {
-    // SAFETY: validated non-empty CPU tensors of dtype int32 and bool.
-    let (ids, dropped) = unsafe { (host::row_major::<i32>(op, &p.experts)?, host::row_major::<bool>(op, &p.dropped)?) };
+    // Every host buffer is fallible (`host::buffer`) and proportional to T·K or E, which
+    // `PermuteIndex::new` bounds; the R-row output is torch's allocation: a huge call is an
+    // `Error::Alloc`, never an abort.
+    // SAFETY: validated non-empty CPU tensors of dtype int32 and bool (read as bytes: a bool
+    // tensor's byte that is not 0 or 1 is true, as torch and the CUDA kernel read it).
+    let (ids, flags) = unsafe { (host::row_major::<i32>(op, &p.experts)?, host::row_major::<u8>(op, &p.dropped)?) };
     let mut experts = host::buffer(op, ids.len(), "expert indices")?;
     for (i, &e) in ids.iter().enumerate() {
         if e < 0 || e as usize >= p.num_experts {
@@ -67,31 +71,30 @@ pub(super) fn permute_index(op: Op, p: PermuteIndex) -> Result<Vec<Tensor>> {
         }
         experts.push(e as usize);
     }
-    // The permutation reads only the assignments, the drops and E (counts' length).
-    let routing = Routing {
-        top_k: p.top_k,
-        experts,
-        weights: vec![0.0; ids.len()],
-        dropped: dropped.to_vec(),
-        counts: vec![0; p.num_experts],
-        lb_counts: Vec::new(),
-        aux_loss: 0.0,
-        z_loss: 0.0,
-    };
-    let perm = permutation(&routing, p.align).padded_to(p.rows);
+    let mut dropped = host::buffer(op, flags.len(), "dropped flags")?;
+    dropped.extend(flags.iter().map(|&b| b != 0));
+    let mut group_sizes = host::filled(op, p.num_experts, 0usize, "group sizes")?;
+    let mut offsets = host::filled(op, p.num_experts + 1, 0usize, "group offsets")?;
+    let mut next = host::filled(op, p.num_experts, 0usize, "group cursors")?;
+    let total = group_offsets(&experts, &dropped, p.align, &mut group_sizes, &mut offsets);
+    if total > p.rows {
+        return Err(Error::Internal { op, msg: format!("{total} rows exceed the static {}", p.rows) });
+    }
+    // The spare rows of the static buffer pad the last group (`Permutation::padded_to`).
+    offsets[p.num_experts] = p.rows;
     let outs = p.outputs(op)?;
-    let row = |r: Option<usize>| r.map_or(Ok(-1), |r| to_i32(op, r));
-    // SAFETY: fresh contiguous CPU int32 outputs of T·K, R and E + 1 elements; the permutation has
-    // T·K slots, R rows (padded_to) and E + 1 offsets.
+    // SAFETY: fresh contiguous CPU int32 outputs of T·K, R and E + 1 elements; `place` gives slots
+    // < T·K and rows < total <= R, all < 2^31 (`PermuteIndex::new`), so the casts are exact.
     unsafe {
-        let [row_of_slot, slot_of_row, offsets] = &outs;
-        for (o, &r) in row_of_slot.as_mut_slice::<i32>().iter_mut().zip(&perm.row_of_slot) {
-            *o = row(r)?;
-        }
-        for (o, &s) in slot_of_row.as_mut_slice::<i32>().iter_mut().zip(&perm.rows) {
-            *o = row(s)?;
-        }
-        for (o, &v) in offsets.as_mut_slice::<i32>().iter_mut().zip(&perm.offsets) {
+        let [row_of_slot, slot_of_row, offsets_out] = &outs;
+        let (ros, sor) = (row_of_slot.as_mut_slice::<i32>(), slot_of_row.as_mut_slice::<i32>());
+        ros.fill(-1);
+        sor.fill(-1);
+        place(&experts, &dropped, &offsets, &mut next, |slot, row| {
+            ros[slot] = row as i32;
+            sor[row] = slot as i32;
+        });
+        for (o, &v) in offsets_out.as_mut_slice::<i32>().iter_mut().zip(&offsets) {
             *o = to_i32(op, v)?;
         }
     }

@@ -11,7 +11,8 @@
 //!   -> (experts int32 (T, K), dropped bool (T, K), counts int32 (E), lb_counts int32 (E))`
 //! - `moe_permute_index(experts int32 (T, K), dropped bool (T, K), num_experts, align)
 //!   -> (row_of_slot int32 (T, K), slot_of_row int32 (R), offsets int32 (E + 1))` with the static
-//!   R = `deepwell_core::moe::static_rows(T·K, E, align)`.
+//!   R = `deepwell_core::moe::static_rows(T·K, E, align)`; E <= 2^16 ([`MAX_EXPERTS`]), align in
+//!   [1, 1024], R < 2^31.
 //!
 //! The value moves between token order and that buffer (`moe_gather_rows`, `moe_sum_slots`,
 //! `moe_slot_dots`, fused and deterministic) are in `combine.rs`.
@@ -185,6 +186,14 @@ impl Route {
     }
 }
 
+/// The most experts `moe_permute_index` takes (torch_ops/deepwell/ops/moe.py `MAX_EXPERTS`). The
+/// CUDA counts and placement read every assignment once per expert (cuda/moe.cuh
+/// `moe_expert_scan`: one CTA per expert), and the padding adds up to E·(align − 1) rows, so E
+/// drives both work and memory; 2^16 is far above any MoE layer's experts (DeepSeek-V3: 256) and
+/// keeps E·(align − 1) < 2^26 rows, where a caller's 2^31 experts or 2^21 experts padded to 1024
+/// would ask for gigabytes before any check on the data.
+pub const MAX_EXPERTS: i64 = 1 << 16;
+
 /// A validated `moe_permute_index` call.
 struct PermuteIndex {
     experts: Tensor,
@@ -211,12 +220,15 @@ impl PermuteIndex {
         if e < 1 {
             return Err(Error::arg(op, "num_experts", "be positive", e));
         }
+        if e > MAX_EXPERTS {
+            return Err(Error::arg(op, "num_experts", format!("be at most {MAX_EXPERTS}"), e));
+        }
         if !(1..=1024).contains(&align) {
             return Err(Error::arg(op, "align", "be in [1, 1024]", align));
         }
         let (tokens, top_k) = (experts.sizes()[0] as usize, experts.sizes()[1] as usize);
         let rows = (e as u128 * (align as u128 - 1) + (tokens * top_k) as u128).div_ceil(align as u128) * align as u128;
-        if rows > i32::MAX as u128 || e >= i32::MAX as i64 {
+        if rows > i32::MAX as u128 {
             let got = format!("{tokens} x {top_k} assignments, {e} experts, align {align} ({rows} rows)");
             return Err(Error::arg(op, "experts", "give fewer than 2^31 rows (int32 indices)", got));
         }
