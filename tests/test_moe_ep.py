@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import deepwell
-from _util import spawn, trains_alike
+from _util import FP8_TRAINING_REL, spawn, trains_alike
 
 # bf16 on the CPU computes in fp32: each output row is the reference's bit for bit (measured 0.0);
 # the gradients summed over rows or ranks differ by summation order (measured up to 8e-6).
@@ -41,7 +41,10 @@ def test_expert_parallel_model_trains_like_one_process(tmp_path, recipe):
     one = spawn(tmp_path, "_moe_ep_train_worker.py", 1, "one", DEEPWELL_TEST_RECIPE=recipe)
     two = spawn(tmp_path, "_moe_ep_train_worker.py", 2, "two", DEEPWELL_TEST_RECIPE=recipe,
                 DEEPWELL_TEST_REFERENCE=str(tmp_path / "one.json"))
-    assert trains_alike(one["losses"], two["losses"], rel=1e-5), (one["losses"], two["losses"])
+    # fp8_block: the later losses drift as the weights do (below), by the floor FP8_TRAINING_REL
+    # documents for 2 processes against 1 (1.1e-5 at the third step on one 2-core Xeon).
+    rel = 1e-5 if recipe == "bf16" else FP8_TRAINING_REL
+    assert trains_alike(one["losses"], two["losses"], rel=rel), (one["losses"], two["losses"])
     assert one["losses"][-1] < one["losses"][0]
     # bf16: the reference's weights up to summation order. fp8_block: a weight that differs in its
     # last fp32 bits can round to another FP8 code in the next step's 128x128 tiles, so the runs
