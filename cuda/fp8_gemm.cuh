@@ -45,6 +45,8 @@ constexpr int GEMM_BLOCK_N = 128;
 constexpr int GEMM_BLOCK_K = 128;     // = the recipe's block: one scale per operand row per K-block
 constexpr int GEMM_STAGES_W1 = 6;     // 6 x 32 KiB of A + B
 constexpr int GEMM_STAGES_W2 = 4;     // 4 x 48 KiB
+constexpr int GEMM_WIDE_N = 192;      // the wide tile's columns (128 rows x 192: see GemmSmem)
+constexpr int GEMM_STAGES_WIDE = 5;   // 5 x 40 KiB
 constexpr int GEMM_GROUP_M = 8;       // tiles raster 8 row-tiles at a time (B stays in L2)
 constexpr int GEMM_MATH_REGS = 232;   // registers per math thread after reallocation
 constexpr int GEMM_LOAD_REGS = 40;    // 128 * 40 + 256 * 232 <= 65536
@@ -55,18 +57,18 @@ static_assert(GEMM_EPI_SLAB == GEMM_EPI_ROWS * GEMM_EPI_COLS * 4, "one slab hold
 
 // Shared memory of one CTA, from a 1024-byte aligned base (Rust's `Fp8Gemm::smem_bytes` mirrors
 // it, plus 1024 bytes of alignment slack):
-//   [stages x (A tile BLOCK_M x 128 B | B tile 128 x 128 B)] [stages x waves x sa: 128 + SA_PAD fp32,
+//   [stages x (A tile BLOCK_M x 128 B | B tile BN x 128 B)] [stages x waves x sa: 128 + SA_PAD fp32,
 //   padded to 128 B]
 //   [stages x sb: 128 fp32, SB = 1 only] [2 x stages mbarriers, padded to 128 B]
 //   [8 math warps x the epilogue's staging slab: GEMM_EPI_SLAB bytes each]
 // A copy's innermost start must be 16-byte aligned, so a row group starting at any row (GROUPING 1)
 // loads its scales from the multiple of 4 below it: SA_PAD = 4 more floats per wave.
-template <int WAVES, int SB, int GROUPING>
+template <int WAVES, int SB, int GROUPING, int BN = GEMM_BLOCK_N>
 struct GemmSmem {
     static constexpr int BLOCK_M = 128 * WAVES;
-    static constexpr int STAGES = WAVES == 2 ? GEMM_STAGES_W2 : GEMM_STAGES_W1;
+    static constexpr int STAGES = BN == GEMM_WIDE_N ? GEMM_STAGES_WIDE : WAVES == 2 ? GEMM_STAGES_W2 : GEMM_STAGES_W1;
     static constexpr int A_BYTES = BLOCK_M * GEMM_BLOCK_K;
-    static constexpr int STAGE_BYTES = A_BYTES + GEMM_BLOCK_N * GEMM_BLOCK_K;
+    static constexpr int STAGE_BYTES = A_BYTES + BN * GEMM_BLOCK_K;
     static constexpr int SA_PAD = GROUPING == 1 ? 4 : 0;
     static constexpr int SA_WAVE = 128 + SA_PAD;                      // floats one copy moves per wave
     static constexpr int SA_WAVE_FLOATS = ((SA_WAVE * 4 + 127) / 128) * 32;  // each copy lands 128-aligned
@@ -108,10 +110,10 @@ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + 
 
 // The job of tile `t`, or false when t is past the last tile. Warp-collective for GROUPING 1 (all
 // 32 lanes call it with the same t): the row groups' tile counts are prefix-summed 32 at a time.
-template <int BLOCK_M, int GROUPING>
+template <int BLOCK_M, int GROUPING, int BN>
 __device__ __forceinline__ bool job_of(int64_t t, const int* offsets, int64_t rows, int64_t cols, int64_t k,
                                        int groups, int64_t b_group_rows, int64_t b_group_k, Job& j) {
-    const int64_t n_tiles = ceil_div(cols, GEMM_BLOCK_N);
+    const int64_t n_tiles = ceil_div(cols, BN);
     const int kb_total = static_cast<int>(k / GEMM_BLOCK_K);
     j.bad = false;
     int64_t mt, nt;
@@ -143,7 +145,7 @@ __device__ __forceinline__ bool job_of(int64_t t, const int* offsets, int64_t ro
                 j.group = e0 + hit;
                 j.row0 = g_start + mt * BLOCK_M;
                 j.row_end = g_start + g_len;
-                j.col0 = nt * GEMM_BLOCK_N;
+                j.col0 = nt * BN;
                 j.b_row0 = j.group * b_group_rows + j.col0;
                 j.b_k0 = j.group * b_group_k;
                 j.kb0 = 0;
@@ -162,7 +164,7 @@ __device__ __forceinline__ bool job_of(int64_t t, const int* offsets, int64_t ro
     raster(t % per_matrix, m_tiles, n_tiles, mt, nt);
     j.row0 = mt * BLOCK_M;
     j.row_end = rows;
-    j.col0 = nt * GEMM_BLOCK_N;
+    j.col0 = nt * BN;
     j.b_row0 = j.col0;
     j.b_k0 = 0;
     j.kb0 = 0;
@@ -205,6 +207,22 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64
             acc[4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], sa1 * sbc.lo, acc[4 * jn + 2]);
             acc[4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], sa1 * sbc.hi, acc[4 * jn + 3]);
         }
+    }
+}
+
+// The wide tile's promotion (SB = 0): fragment column groups jn < SPLIT (8 columns each) lie in
+// B's first 128-column scale tile (scales s0_lo, s1_lo of the fragment's two rows), the rest in
+// the second. The same fused multiply-add per element as `promote`: the same bits.
+template <int SPLIT, int N>
+__device__ __forceinline__ void promote_split(float (&acc)[N], const float (&part)[N], float s0_lo, float s1_lo,
+                                              float s0_hi, float s1_hi) {
+#pragma unroll
+    for (int jn = 0; jn < N / 4; ++jn) {
+        const float s0 = jn < SPLIT ? s0_lo : s0_hi, s1 = jn < SPLIT ? s1_lo : s1_hi;
+        acc[4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], s0, acc[4 * jn + 0]);
+        acc[4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], s0, acc[4 * jn + 1]);
+        acc[4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], s1, acc[4 * jn + 2]);
+        acc[4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], s1, acc[4 * jn + 3]);
     }
 }
 
@@ -279,7 +297,15 @@ __device__ __forceinline__ void store_slab(const uint8_t* slab, void* out, int64
 // of a 128-row tile, as 256-row tiles do, while each math warpgroup keeps 64 rows and the registers
 // for the pipelined promotion. A stage is refilled only when the math warps of both CTAs have
 // released it (each arrives on both CTAs' "empty" barriers). Grid: a multiple of 2.
-template <class Out, int WAVES, int SB, int GROUPING, int CLUSTER>
+//
+// BN = GEMM_WIDE_N (WAVES = 1, SB = 0, dense, CLUSTER = 1 only): 128 x 192 tiles. Each warpgroup's
+// 64 x 192 fragment (96 registers) and running sum (96) leave no room for a second fragment, so it
+// waits for each K-block's MMAs before promoting them (the two warpgroups overlap each other), but
+// it reads 21% fewer shared-memory bytes per MMA than the 256-row tile (A 64 x 32 and B 192 x 32 per
+// 96 tensor-core cycles, against B 128 x 32 per 64) and waits once per 64 x 192 instead of twice per
+// 64 x 256. A tile's 192 columns span two of B's 128-column scale tiles: columns below the next
+// multiple of 128 (128 or 64 of them, SPLIT fragment column groups) take the first tile's scale.
+template <class Out, int WAVES, int SB, int GROUPING, int CLUSTER, int BN = GEMM_BLOCK_N>
 __global__ void __launch_bounds__(GEMM_THREADS, 1)
     fp8_block_gemm(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
                    const __grid_constant__ TmaDesc tma_sa, const __grid_constant__ TmaDesc tma_sb,
@@ -288,7 +314,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                    int64_t sb_tile_row, int64_t sb_group) {
 #if defined(DEEPWELL_SM90A)
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && WAVES == 1), "clusters of 2 take 128-row tiles each");
-    using S = GemmSmem<WAVES, SB, GROUPING>;
+    static_assert(BN == GEMM_BLOCK_N || (BN == GEMM_WIDE_N && WAVES == 1 && SB == 0 && GROUPING == 0 && CLUSTER == 1),
+                  "the wide tile is a dense 128-row tile against tile-scaled B");
+    using S = GemmSmem<WAVES, SB, GROUPING, BN>;
     using namespace sm90;
     extern __shared__ uint8_t gemm_smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(gemm_smem_raw) + 1023) & ~uint64_t(1023));
@@ -313,7 +341,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
     // The job of tile t of this CTA's walk (its cluster's t-th 128 * CLUSTER-row tile, its own rows).
     auto job = [&](int64_t t, gemm_detail::Job& j) {
-        if (!gemm_detail::job_of<S::BLOCK_M * CLUSTER, GROUPING>(t, offsets, rows, cols, k, groups, b_group_rows,
+        if (!gemm_detail::job_of<S::BLOCK_M * CLUSTER, GROUPING, BN>(t, offsets, rows, cols, k, groups, b_group_rows,
                                                                  b_group_k, j))
             return false;
         j.row0 += S::BLOCK_M * rank;
@@ -389,13 +417,58 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
             if (SB == 0) sb_row += (j.col0 / GEMM_BLOCK_N) * sb_tile_row + j.group * sb_group;
             float sb_next = SB == 0 && j.kb0 < j.kb1 ? __ldg(sb_row + j.kb0) : 0.0f;
             const int sa_shift = static_cast<int>(j.row0) & (S::SA_PAD ? 3 : 0);
-            float acc[WAVES][64];
+            float acc[WAVES][BN / 2];
 #pragma unroll
             for (int w = 0; w < WAVES; ++w)
 #pragma unroll
-                for (int i = 0; i < 64; ++i) acc[w][i] = 0.0f;
+                for (int i = 0; i < BN / 2; ++i) acc[w][i] = 0.0f;
 
-            if constexpr (WAVES == 1) {
+            if constexpr (BN == GEMM_WIDE_N) {
+                // The wide tile: B's scale tiles of the tile's columns, the second clamped into B
+                // (its columns past `cols` are never stored). Both read one K-block ahead.
+                const int64_t tile_lo = j.col0 / GEMM_BLOCK_K;
+                const float* lo_row = sb_tiles + tile_lo * sb_tile_row;
+                const float* hi_row = (tile_lo + 1) * GEMM_BLOCK_K < cols ? lo_row + sb_tile_row : lo_row;
+                // 128 columns under the first scale tile when the tile starts on one, else 64.
+                const bool split_16 = j.col0 % GEMM_BLOCK_K == 0;
+                {
+                    float lo_next = j.kb0 < j.kb1 ? __ldg(lo_row + j.kb0) : 0.0f;
+                    float hi_next = j.kb0 < j.kb1 ? __ldg(hi_row + j.kb0) : 0.0f;
+                    for (int kb = j.kb0; kb < j.kb1; ++kb) {
+                        const float sb_lo = lo_next, sb_hi = hi_next;
+                        if (kb + 1 < j.kb1) {
+                            lo_next = __ldg(lo_row + kb + 1);
+                            hi_next = __ldg(hi_row + kb + 1);
+                        }
+                        mbar_wait(bars + 8 * stage, phase);
+                        const uint32_t a = smem0 + stage * S::STAGE_BYTES;
+                        const float* sa = reinterpret_cast<const float*>(smem + S::SA_OFF + stage * S::SA_STAGE_BYTES);
+                        const float sa0 = sa[frag_row], sa1 = sa[frag_row + 8];
+                        float part[BN / 2];
+                        fence_registers(part);
+                        wgmma_fence();
+                        const uint64_t da = smem_desc_sw128(a + 64 * wg * GEMM_BLOCK_K);
+                        const uint64_t db = smem_desc_sw128(a + S::A_BYTES);
+#pragma unroll
+                        for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) wgmma_m64n192k32_e4m3(part, da + 2 * kk, db + 2 * kk, kk);
+                        wgmma_commit();
+                        fence_registers(part);
+                        wgmma_wait<0>();
+                        fence_registers(part);
+                        release(stage);  // everything of the stage is in registers
+                        const float s0_lo = sa0 * sb_lo, s1_lo = sa1 * sb_lo, s0_hi = sa0 * sb_hi, s1_hi = sa1 * sb_hi;
+                        // A uniform branch with no MMA in flight: ptxas keeps the MMAs asynchronous.
+                        if (split_16)
+                            gemm_detail::promote_split<GEMM_BLOCK_K / 8>(acc[0], part, s0_lo, s1_lo, s0_hi, s1_hi);
+                        else
+                            gemm_detail::promote_split<GEMM_BLOCK_K / 16>(acc[0], part, s0_lo, s1_lo, s0_hi, s1_hi);
+                        if (++stage == S::STAGES) {
+                            stage = 0;
+                            phase ^= 1;
+                        }
+                    }
+                }
+            } else if constexpr (WAVES == 1) {
                 // 128-row tiles: two fragments, so the promotion of K-block kb - 1 runs while kb's
                 // MMAs are on the tensor cores (wait_group 1 instead of 0). The promotions are the
                 // same fused multiply-adds in the same K order as below: the same bits.
@@ -537,7 +610,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
 #pragma unroll
-                    for (int half = 0; half < GEMM_BLOCK_N / GEMM_EPI_COLS; ++half) {
+                    for (int half = 0; half < BN / GEMM_EPI_COLS; ++half) {
 #pragma unroll
                         for (int jj = 0; jj < GEMM_EPI_COLS / 8; ++jj) {
                             const int jn = half * (GEMM_EPI_COLS / 8) + jj;

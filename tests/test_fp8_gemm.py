@@ -137,6 +137,11 @@ def test_not_differentiable():
 # ---------------------------------------------------------------------------------------------
 # deepwell's kernel on the GPU (sm_90); elsewhere the same checks exercise the CUDA fallback
 
+#: Every tile shape the `fp8_gemm_tile` entry can force (rust/ops/src/gemm/fp8_gemm.rs `SHAPES`); a
+#: shape that cannot serve a launch (the 128 x 192 tile on grouped GEMMs or 1x128 B scales) leaves
+#: Rust's choice in place there.
+TILE_SHAPES = ["128", "256", "2x128", "128x192"]
+
 DENSE_SHAPES = [
     (128, 128, 128),  # one tile, one K-block
     (260, 384, 640),  # partial row tile, 5 K-blocks
@@ -269,6 +274,8 @@ def test_gpu_every_tile_shape_gives_the_same_bits(gen, left):
     land in NaN-poisoned memory."""
     (a, sa), (b, sb) = _operands(260, 384, 640, "cuda", gen)
     (c, sc), (d, sd) = _operands(1000, 2816, 256, "cuda", gen, (1, 128))
+    # 128 x 192 tiles: 640 columns end in a partial tile that starts mid scale tile; 3 K-blocks.
+    (e, se), (f, sf) = _operands(1000, 640, 384, "cuda", gen)
     w, sw = _quant(torch.randn(8, 256, 512, generator=gen).cuda(), (128, 128))
     (x, sx), _ = _operands(1024, 256, 512, "cuda", gen)
     sizes = [0, 700, 5, 0, 300, 1, 0, 18]
@@ -280,13 +287,14 @@ def test_gpu_every_tile_shape_gives_the_same_bits(gen, left):
     def run():
         return (deepwell.fp8_block_gemm(a, sa, b, sb, torch.randn(384, generator=gen).cuda(), torch.bfloat16),
                 deepwell.fp8_block_gemm(c, sc, d, sd, None, torch.float32),
+                deepwell.fp8_block_gemm(e, se, f, sf, None, torch.float32),
                 deepwell.fp8_block_grouped_gemm(x, sx, w, sw, offsets, torch.float32),
                 deepwell.fp8_block_grouped_wgrad(dy, dys, xt, xts, k_offsets, torch.float32))
 
     outs = {}
     try:
         _native.call("sm_carveout", {"sms": left})
-        for tile in ["128", "256", "2x128"]:
+        for tile in TILE_SHAPES:
             assert _native.call("fp8_gemm_tile", {"tile": tile}) == tile
             gen.manual_seed(7)  # the same bias each time
             _poison("cuda")
@@ -295,10 +303,60 @@ def test_gpu_every_tile_shape_gives_the_same_bits(gen, left):
         _native.call("fp8_gemm_tile", {"tile": None})
         _native.call("sm_carveout", {"sms": 0})
     assert _native.call("fp8_gemm_tile", {}) is None
-    for tile in ["256", "2x128"]:
+    for tile in TILE_SHAPES[1:]:
         for y, z in zip(outs["128"], outs[tile]):
             assert not z.isnan().any(), tile
             assert torch.equal(y, z), tile
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", TILE_SHAPES)
+@pytest.mark.parametrize("m,n,k", DENSE_SHAPES + [(1000, 640, 384), (520, 4096, 1024)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_gpu_each_tile_shape_matches_the_float64_product(gen, tile, m, n, k, out_dtype):
+    """Each tile shape forced on a weight-scaled dense GEMM (fprop / dgrad): partial row and column
+    tiles (640 and 384 columns against 192-wide tiles), 1 to 32 K-blocks, a bias, NaN-poisoned
+    outputs."""
+    (a, sa), (b, sb) = _operands(m, n, k, "cuda", gen)
+    bias = torch.randn(n, generator=gen).cuda()
+    try:
+        assert _native.call("fp8_gemm_tile", {"tile": tile}) == tile
+        _poison("cuda")
+        y = deepwell.fp8_block_gemm(a, sa, b, sb, bias, out_dtype)
+    finally:
+        _native.call("fp8_gemm_tile", {"tile": None})
+    ref = _deq64(a, sa, (1, 128)) @ _deq64(b, sb, (128, 128)).T + bias.double()
+    assert not y.isnan().any(), "unwritten outputs"
+    assert _rel(y, ref) < TOL[out_dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", TILE_SHAPES)
+def test_gpu_zeros_saturation_and_non_finite_match_the_cpu_reference(gen, tile):
+    """Zero rows and zero weight tiles, codes at E4M3's largest magnitude (448) on both operands,
+    and NaN / Inf in the input (the quantizer makes NaN codes of them): every tile shape gives the
+    CPU reference's NaN pattern and, elsewhere, its values within the GEMM tolerance."""
+    m, n, k = 384, 640, 512
+    x = torch.randn(m, k, generator=gen)
+    w = torch.randn(n, k, generator=gen)
+    x[5] = 0.0
+    w[128:256, 128:256] = 0.0
+    x[7] = 448.0 * torch.sign(torch.randn(k, generator=gen))
+    w[3] = 448.0
+    x[9, 17], x[200, 300], x[301, 5] = float("nan"), float("inf"), float("-inf")
+    (a, sa), (b, sb) = _quant(x, (1, 128)), _quant(w, (128, 128))
+    want = deepwell.fp8_block_gemm(a, sa, b, sb, None, torch.float32)
+    try:
+        assert _native.call("fp8_gemm_tile", {"tile": tile}) == tile
+        _poison("cuda")
+        got = deepwell.fp8_block_gemm(a.cuda(), sa.cuda(), b.cuda(), sb.cuda(), None, torch.float32).cpu()
+    finally:
+        _native.call("fp8_gemm_tile", {"tile": None})
+    assert want.isnan().any(), "the NaN input reaches the output"
+    assert torch.equal(got.isnan(), want.isnan())
+    finite = ~want.isnan()
+    assert torch.equal(got[5], want[5]) and not got[5].any(), "a zero row is zeros"
+    assert _rel(got[finite], want[finite].double()) < TOL[torch.float32]
 
 
 def test_forcing_an_unknown_tile_shape_is_refused():

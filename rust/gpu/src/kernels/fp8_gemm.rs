@@ -8,9 +8,13 @@ pub const THREADS: u32 = 384;
 /// Output columns and K per tile (`GEMM_BLOCK_N`, `GEMM_BLOCK_K`); rows per tile are 128 * waves.
 pub const BLOCK_N: u64 = 128;
 pub const BLOCK_K: u64 = 128;
-/// Pipeline depth per wave count (`GEMM_STAGES_W1`, `GEMM_STAGES_W2`).
+/// Columns of the wide tile (`GEMM_WIDE_N`: 128 rows x 192 columns).
+pub const WIDE_N: u64 = 192;
+/// Pipeline depth per wave count (`GEMM_STAGES_W1`, `GEMM_STAGES_W2`) and of the wide tile
+/// (`GEMM_STAGES_WIDE`).
 pub const STAGES_W1: u64 = 6;
 pub const STAGES_W2: u64 = 4;
+pub const STAGES_WIDE: u64 = 5;
 /// Bytes of the epilogue's staging slab per math warp (`GEMM_EPI_SLAB`: 8 rows x 64 fp32 columns).
 pub const EPI_SLAB: u64 = 2048;
 /// Math warps (two warpgroups), each with its own slab.
@@ -46,6 +50,9 @@ pub struct Fp8Gemm {
     /// CTAs per cluster (the kernel's `CLUSTER`): 1, or 2 with `waves` 1, the two CTAs taking the
     /// two 128-row halves of a 256-row tile and sharing its B by TMA multicast.
     pub cluster: u8,
+    /// 192 columns per tile instead of 128 (the kernel's `BN`): with `waves` 1, `cluster` 1,
+    /// `Tile128` B scales and a dense GEMM only.
+    pub wide: bool,
 }
 
 /// The tile shapes a launch can take: (waves, cluster).
@@ -57,16 +64,25 @@ pub enum TileShape {
     Rows256,
     /// 256 rows per tile, a cluster of two CTAs of 128 rows each sharing B.
     Pair128,
+    /// 128 rows x 192 columns, one CTA (dense GEMMs against a weight's 128x128 tile scales).
+    Wide192,
 }
 
 impl TileShape {
-    /// (waves, cluster) of the kernel.
-    pub fn kernel(self) -> (u8, u8) {
+    /// (waves, cluster, wide) of the kernel.
+    pub fn kernel(self) -> (u8, u8, bool) {
         match self {
-            TileShape::Rows128 => (1, 1),
-            TileShape::Rows256 => (2, 1),
-            TileShape::Pair128 => (1, 2),
+            TileShape::Rows128 => (1, 1, false),
+            TileShape::Rows256 => (2, 1, false),
+            TileShape::Pair128 => (1, 2, false),
+            TileShape::Wide192 => (1, 1, true),
         }
+    }
+
+    /// Whether a launch of `grouping` with `b_scales` can take this shape (the wide tile is dense
+    /// against tile scales only).
+    pub fn serves(self, grouping: Grouping, b_scales: BScales) -> bool {
+        self != TileShape::Wide192 || (grouping == Grouping::Dense && b_scales == BScales::Tile128)
     }
 }
 
@@ -91,9 +107,24 @@ impl Fp8Gemm {
             Grouping::Rows => 1,
             Grouping::K => 2,
         };
-        let args =
-            vec![Arg::Float(self.out), Arg::Int(self.waves), Arg::Int(sb), Arg::Int(grouping), Arg::Int(self.cluster)];
+        let args = vec![
+            Arg::Float(self.out),
+            Arg::Int(self.waves),
+            Arg::Int(sb),
+            Arg::Int(grouping),
+            Arg::Int(self.cluster),
+            Arg::Int(self.block_n() as u8),
+        ];
         ("fp8_block_gemm", args)
+    }
+
+    /// Output columns of one tile.
+    pub fn block_n(self) -> u64 {
+        if self.wide {
+            WIDE_N
+        } else {
+            BLOCK_N
+        }
     }
 
     /// A's rows one CTA's tile covers (the box of A's copies).
@@ -109,7 +140,7 @@ impl Fp8Gemm {
     /// Rows of B one CTA copies per stage (the box of B's copies): half the tile's 128 when a
     /// cluster of 2 shares it.
     pub fn b_box_rows(self) -> u64 {
-        BLOCK_N / u64::from(self.cluster)
+        self.block_n() / u64::from(self.cluster)
     }
 
     /// The tile shape for a launch of `sizes` on `sms` multiprocessors: 256 rows (B read once per
@@ -142,8 +173,14 @@ impl Fp8Gemm {
     /// Dynamic shared memory of one CTA (fp8_gemm.cuh `GemmSmem`, plus 1024 bytes to align its base).
     pub fn smem_bytes(self) -> u64 {
         let block_m = self.block_m();
-        let stages = if self.waves == 2 { STAGES_W2 } else { STAGES_W1 };
-        let data = stages * (block_m + BLOCK_N) * BLOCK_K;
+        let stages = if self.wide {
+            STAGES_WIDE
+        } else if self.waves == 2 {
+            STAGES_W2
+        } else {
+            STAGES_W1
+        };
+        let data = stages * (block_m + self.block_n()) * BLOCK_K;
         let sa = stages * u64::from(self.waves) * (self.sa_box() * 4).div_ceil(128) * 128;
         let sb = if self.b_scales == BScales::Row1x128 { stages * BLOCK_N * 4 } else { 0 };
         let barriers = (2 * stages * 8).div_ceil(128) * 128;
@@ -163,7 +200,7 @@ impl Fp8Gemm {
     /// Output tiles of a launch; for `Grouping::Rows` an upper bound (each group may end in a
     /// partial tile), the kernel stops at the real count it reads from the offsets.
     pub fn tiles(self, s: GemmSizes) -> u64 {
-        let n_tiles = s.cols.div_ceil(BLOCK_N);
+        let n_tiles = s.cols.div_ceil(self.block_n());
         let m_tiles = s.rows.div_ceil(self.tile_rows());
         match self.grouping {
             Grouping::Dense => m_tiles * n_tiles,
@@ -197,15 +234,17 @@ impl Family for Fp8Gemm {
 pub fn all() -> Vec<Fp8Gemm> {
     let mut v = Vec::new();
     for out in Float::ALL {
-        for shape in [TileShape::Rows128, TileShape::Rows256, TileShape::Pair128] {
-            let (waves, cluster) = shape.kernel();
+        for shape in [TileShape::Rows128, TileShape::Rows256, TileShape::Pair128, TileShape::Wide192] {
+            let (waves, cluster, wide) = shape.kernel();
             for (b_scales, grouping) in [
                 (BScales::Tile128, Grouping::Dense),
                 (BScales::Row1x128, Grouping::Dense),
                 (BScales::Tile128, Grouping::Rows),
                 (BScales::Row1x128, Grouping::K),
             ] {
-                v.push(Fp8Gemm { out, waves, b_scales, grouping, cluster });
+                if shape.serves(grouping, b_scales) {
+                    v.push(Fp8Gemm { out, waves, b_scales, grouping, cluster, wide });
+                }
             }
         }
     }
@@ -226,6 +265,8 @@ mod tests {
             ("GEMM_BLOCK_K", BLOCK_K),
             ("GEMM_STAGES_W1", STAGES_W1),
             ("GEMM_STAGES_W2", STAGES_W2),
+            ("GEMM_WIDE_N", WIDE_N),
+            ("GEMM_STAGES_WIDE", STAGES_WIDE),
             ("GEMM_EPI_SLAB", EPI_SLAB),
         ] {
             assert_eq!(cuh_int(Header::Fp8Gemm, name), mirror, "{name}");
@@ -238,17 +279,55 @@ mod tests {
         for k in all() {
             assert!(k.smem_bytes() <= 232_448, "{k:?}: {}", k.smem_bytes());
         }
-        let w2 =
-            Fp8Gemm { out: Float::BF16, waves: 2, b_scales: BScales::Tile128, grouping: Grouping::Dense, cluster: 1 };
+        let w2 = Fp8Gemm {
+            out: Float::BF16,
+            waves: 2,
+            b_scales: BScales::Tile128,
+            grouping: Grouping::Dense,
+            cluster: 1,
+            wide: false,
+        };
         assert_eq!(w2.smem_bytes(), 1024 + 4 * 48 * 1024 + 4 * 256 * 4 + 128 + 8 * 2048);
         let rows = Fp8Gemm { waves: 1, grouping: Grouping::Rows, ..w2 };
         assert_eq!(rows.smem_bytes(), 1024 + 6 * 32 * 1024 + 6 * 640 + 128 + 8 * 2048);
+        let wide = Fp8Gemm { waves: 1, wide: true, ..w2 };
+        assert_eq!(wide.smem_bytes(), 1024 + 5 * (128 + 192) * 128 + 5 * 512 + 128 + 8 * 2048);
+    }
+
+    #[test]
+    fn the_wide_tile_serves_dense_weight_gemms_only() {
+        let wide = TileShape::Wide192;
+        assert_eq!(wide.kernel(), (1, 1, true));
+        assert!(wide.serves(Grouping::Dense, BScales::Tile128));
+        for (g, b) in
+            [(Grouping::Dense, BScales::Row1x128), (Grouping::Rows, BScales::Tile128), (Grouping::K, BScales::Row1x128)]
+        {
+            assert!(!wide.serves(g, b), "{g:?} {b:?}");
+        }
+        let k = Fp8Gemm {
+            out: Float::BF16,
+            waves: 1,
+            b_scales: BScales::Tile128,
+            grouping: Grouping::Dense,
+            cluster: 1,
+            wide: true,
+        };
+        // 4096 columns: 21 whole tiles of 192 and one of 64; B's box is the tile's 192 rows.
+        assert_eq!(k.tiles(GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 }), 128 * 22);
+        assert_eq!((k.block_n(), k.b_box_rows()), (192, 192));
+        assert_eq!(all().iter().filter(|k| k.wide).count(), Float::ALL.len());
     }
 
     #[test]
     fn persistent_grids() {
-        let k =
-            Fp8Gemm { out: Float::BF16, waves: 2, b_scales: BScales::Tile128, grouping: Grouping::Dense, cluster: 1 };
+        let k = Fp8Gemm {
+            out: Float::BF16,
+            waves: 2,
+            b_scales: BScales::Tile128,
+            grouping: Grouping::Dense,
+            cluster: 1,
+            wide: false,
+        };
         let big = GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 };
         assert_eq!(k.tiles(big), 64 * 32);
         assert_eq!(k.geometry(big, H100).grid, 132);

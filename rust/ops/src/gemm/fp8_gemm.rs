@@ -68,8 +68,12 @@ pub fn fits(rows: i64, cols: i64, k: i64, b_scales: BScales) -> bool {
 }
 
 /// The names of the tile shapes, as `DEEPWELL_FP8_GEMM_TILE` and the `fp8_gemm_tile` entry take them.
-const SHAPES: [(&str, TileShape); 3] =
-    [("128", TileShape::Rows128), ("256", TileShape::Rows256), ("2x128", TileShape::Pair128)];
+const SHAPES: [(&str, TileShape); 4] = [
+    ("128", TileShape::Rows128),
+    ("256", TileShape::Rows256),
+    ("2x128", TileShape::Pair128),
+    ("128x192", TileShape::Wide192),
+];
 
 /// The tile shape every launch is forced to, for testing and benchmarking the choice
 /// `Fp8Gemm::shape_for` makes: index into `SHAPES` + 1, 0 for Rust's choice, u8::MAX before the
@@ -88,20 +92,42 @@ fn forced_shape() -> Option<TileShape> {
 }
 
 /// The C API's `fp8_gemm_tile` entry: `{tile?}` -> the tile shape forced on every launch of
-/// deepwell's FP8 GEMM ("128", "256", "2x128"), or null for Rust's choice; sets it when `tile` is
-/// given (null clears it).
+/// deepwell's FP8 GEMM ("128", "256", "2x128", "128x192"; a launch the shape cannot serve, the wide
+/// tile on a grouped or wgrad GEMM, keeps Rust's choice), or null for Rust's choice; sets it when
+/// `tile` is given (null clears it).
 pub fn fp8_gemm_tile_entry(req: &serde_json::Value) -> crate::capi::Answer {
     if let Some(given) = req.get("tile") {
         let code = match given.as_str() {
             None if given.is_null() => 0,
             name => SHAPES.iter().position(|(n, _)| Some(*n) == name).map(|i| i as u8 + 1).ok_or_else(|| {
-                format!("fp8_gemm_tile: 'tile' must be one of \"128\", \"256\", \"2x128\" or null, got {given}")
+                format!(
+                    "fp8_gemm_tile: 'tile' must be one of \"128\", \"256\", \"2x128\", \"128x192\" or null, got {given}"
+                )
             })?,
         };
         FORCED.store(code, Ordering::Relaxed);
     }
     let name = forced_shape().and_then(|s| SHAPES.iter().find(|(_, t)| *t == s)).map(|(n, _)| *n);
     Ok(serde_json::json!(name))
+}
+
+/// The C API's `fp8_gemm_config` entry: `{rows, cols, k, sms}` -> the tile shape Rust's heuristic
+/// (`Fp8Gemm::shape_for`) gives a dense GEMM against a weight's 128x128 tile scales (fprop, dgrad)
+/// on `sms` multiprocessors, and the one a launch takes now (the forced shape, if any): what the
+/// benchmarks print per shape.
+pub fn fp8_gemm_config_entry(req: &serde_json::Value) -> crate::capi::Answer {
+    let get = |name: &str| {
+        req.get(name)
+            .and_then(serde_json::Value::as_u64)
+            .filter(|v| *v > 0)
+            .ok_or_else(|| format!("fp8_gemm_config: '{name}' must be a positive integer, got {:?}", req.get(name)))
+    };
+    let sizes = GemmSizes { rows: get("rows")?, cols: get("cols")?, k: get("k")?, groups: 1 };
+    let sms = u32::try_from(get("sms")?).map_err(|_| "fp8_gemm_config: 'sms' is too large".to_string())?;
+    let name = |t: TileShape| SHAPES.iter().find(|(_, s)| *s == t).map_or("?", |(n, _)| *n);
+    let chosen = Fp8Gemm::shape_for(Grouping::Dense, BScales::Tile128, sizes, sms);
+    let runs = forced_shape().filter(|s| s.serves(Grouping::Dense, BScales::Tile128)).unwrap_or(chosen);
+    Ok(serde_json::json!({"heuristic": name(chosen), "runs": name(runs)}))
 }
 
 /// The output tensor: (rows, cols), or (groups, rows, cols) for a K-grouped launch.
@@ -115,9 +141,11 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     let (rows, cols, k) = (g.rows as u64, g.cols as u64, g.k as u64);
     let sizes = GemmSizes { rows, cols, k, groups: g.groups as u64 };
     let sms = launch.dev.persistent_sms();
-    let shape = forced_shape().unwrap_or_else(|| Fp8Gemm::shape_for(g.grouping, g.b_scales, sizes, sms));
-    let (waves, cluster) = shape.kernel();
-    let kernel = Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping, cluster };
+    let shape = forced_shape()
+        .filter(|s| s.serves(g.grouping, g.b_scales))
+        .unwrap_or_else(|| Fp8Gemm::shape_for(g.grouping, g.b_scales, sizes, sms));
+    let (waves, cluster, wide) = shape.kernel();
+    let kernel = Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping, cluster, wide };
     let block_m = kernel.block_m() as u32;
     let codes = |t: &Tensor, n: u64, box_rows: u32| Map2d {
         ptr: ptr(t),
