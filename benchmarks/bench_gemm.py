@@ -37,11 +37,21 @@ from _common import environment, header, time_ms, write_json
 
 ops = torch.ops.deepwell
 DENSE = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 2048, 5632)]
+# The other fprop / dgrad shapes of the training steps (issue targets): (M, K, N) of the 8B-shaped MLP
+# at 8192 tokens and its dgrad, the 0.95B model's dgrad of w1/w3 and its attention projections, and
+# a DeepSeek-style 4096 x 7168 x 2048 with its dgrad.
+DENSE_MORE = [(8192, 4096, 14336), (8192, 14336, 4096), (8192, 5632, 2048), (8192, 2048, 2048),
+              (4096, 7168, 2048), (4096, 2048, 7168)]
 # (experts, tokens routed, K, N): Mixtral, and the fine-grained shapes of issue 12.
 GROUPED = [(8, 32768, 4096, 14336), (64, 65536, 2048, 1408), (128, 65536, 7168, 2048)]
 BF16 = torch.bfloat16
 # The tile shapes each deepwell row is timed under (`--tiles`); None: Rust's choice.
 TILES: list[str | None] = [None]
+# Whether the wgrad rows are timed (`--fprop-only` drops them), and how many times each shape's rows
+# are timed in turn (`--rounds`: the summary takes each row's median over the rounds, so a slow
+# spell of the card does not land on one row alone).
+WGRAD = [True]
+ROUNDS = [1]
 
 
 def tiled(row, what, fn, ref=None):
@@ -79,33 +89,45 @@ def dense_rows(m: int, k: int, n: int, check: bool) -> list[dict]:
     dt, dts = ops.fp8_block_quantize(dy.t().contiguous(), 1, 128)
     xt, xts = ops.fp8_block_quantize(x.t().contiguous(), 1, 128)
     sa_mm, dts_mm, xts_mm = m_major(sa), m_major(dts), m_major(xts)
-    ST = F.ScalingType
     flops = 2.0 * m * n * k
     rows = []
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config = _native.call("fp8_gemm_config", {"rows": m, "cols": n, "k": k, "sms": sms})["heuristic"]
+
     def row(what, fn, ref=None):
         ms = time_ms(fn)
-        r = {"shape": f"{m}x{k}x{n}", "what": what, "ms": ms, "tflops": tflops(flops, ms)}
-        if check and ref is not None:
+        if what == "fprop deepwell fp8_block_gemm":
+            what += f" [auto: {config}]"
+        r = {"shape": f"{m}x{k}x{n}", "what": what, "ms": ms, "tflops": tflops(flops, ms), "round": round_[0]}
+        if check and ref is not None and round_[0] == 0:
             r["err"] = rel_err(fn(), ref())
         rows.append(r)
         err = f"  err {r['err']:.2e}" if "err" in r else ""
-        print(f"{r['shape']:>18} {what:<44} {ms:8.3f} ms {r['tflops']:7.0f} TFLOP/s{err}", flush=True)
+        print(f"{r['shape']:>18} {what:<50} {ms:8.3f} ms {r['tflops']:7.0f} TFLOP/s{err}", flush=True)
 
     fprop_ref = lambda: deq(a, sa, (1, 128)) @ deq(b, sb, (128, 128)).T  # noqa: E731
     wgrad_ref = lambda: deq(dt, dts, (1, 128)) @ deq(xt, xts, (1, 128)).T  # noqa: E731
+    round_ = [0]
+    for round_[0] in range(ROUNDS[0]):
+        one_round(row, x, w, a, sa, b, sb, sa_mm, dt, dts, xt, xts, dts_mm, xts_mm, fprop_ref, wgrad_ref)
+    return rows
+
+
+def one_round(row, x, w, a, sa, b, sb, sa_mm, dt, dts, xt, xts, dts_mm, xts_mm, fprop_ref, wgrad_ref):
+    ST = F.ScalingType
     row("bf16 F.linear (cuBLAS)", lambda: F.linear(x, w))
     row("fprop cuBLASLt blockwise 1x128 x 128x128", lambda: F.scaled_mm(
         a, b.t(), sa_mm, ST.BlockWise1x128, sb.t(), ST.BlockWise128x128, output_dtype=BF16), fprop_ref)
     tiled(row, "fprop deepwell fp8_block_gemm", lambda: ops.fp8_block_gemm(a, sa, b, sb, None, BF16), fprop_ref)
-    row("wgrad cuBLASLt blockwise 1x128 x 1x128", lambda: F.scaled_mm(
-        dt, xt.t(), dts_mm, ST.BlockWise1x128, xts_mm, ST.BlockWise1x128, output_dtype=BF16), wgrad_ref)
-    tiled(row, "wgrad deepwell fp8_block_gemm (1x128 B)",
-          lambda: ops.fp8_block_gemm(dt, dts, xt, xts, None, BF16), wgrad_ref)
+    if WGRAD[0]:
+        row("wgrad cuBLASLt blockwise 1x128 x 1x128", lambda: F.scaled_mm(
+            dt, xt.t(), dts_mm, ST.BlockWise1x128, xts_mm, ST.BlockWise1x128, output_dtype=BF16), wgrad_ref)
+        tiled(row, "wgrad deepwell fp8_block_gemm (1x128 B)",
+              lambda: ops.fp8_block_gemm(dt, dts, xt, xts, None, BF16), wgrad_ref)
     one = torch.ones((), device="cuda")
     row("fprop cuBLASLt tensor-wise (torch._scaled_mm)",
         lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=BF16))
-    return rows
 
 
 # One block of the 0.95B LLaMA at 8192 tokens: (M, K, N) of each projection's forward and how many
@@ -242,9 +264,16 @@ def main() -> None:
                         help="comma-separated SM carveouts: time one 0.95B block's step GEMMs under each instead")
     parser.add_argument("--tag", default="", help="suffix of the JSON name")
     parser.add_argument("--tiles", default="auto",
-                        help="comma-separated tile shapes of deepwell's kernel to time: auto (Rust's choice), 128, 256, 2x128")
+                        help="comma-separated tile shapes of deepwell's kernel to time: auto (Rust's choice), 128, 256, "
+                             "2x128, 128x192")
+    parser.add_argument("--fprop-only", action="store_true",
+                        help="dense: the fprop / dgrad mode only (1x128 x 128x128), no wgrad rows")
+    parser.add_argument("--more", action="store_true", help="also the other fprop / dgrad shapes of the steps")
+    parser.add_argument("--rounds", type=int, default=1, help="dense: time each shape's rows this many times in turn")
     args = parser.parse_args()
     TILES[:] = [None if t == "auto" else t for t in args.tiles.split(",")]
+    WGRAD[0] = not args.fprop_only
+    ROUNDS[0] = max(1, args.rounds)
     env = environment()
     header("fp8_block GEMMs alone: deepwell's kernel vs cuBLAS / cuBLASLt / torch grouped", env)
     if args.carveouts is not None:
@@ -252,7 +281,7 @@ def main() -> None:
         path = write_json("bench_gemm-carveout" + (f"-{args.tag}" if args.tag else ""), env, rows)
         print(f"# wrote {path}")
         return
-    dense = [] if args.only == "grouped" else (DENSE[:1] if args.quick else DENSE)
+    dense = [] if args.only == "grouped" else (DENSE[:1] if args.quick else DENSE + (DENSE_MORE if args.more else []))
     grouped = [] if args.only == "dense" else (GROUPED[:2] if args.quick else GROUPED)
     rows = []
     for m, k, n in dense:
@@ -261,8 +290,32 @@ def main() -> None:
     for e, t, k, n in grouped:
         rows += grouped_rows(e, t, k, n, not args.no_check)
         torch.cuda.empty_cache()
+    summary(rows)
     path = write_json("bench_gemm" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else ""), env, rows)
     print(f"# wrote {path}")
+
+
+def summary(rows: list[dict]) -> None:
+    """One line per dense shape: TFLOP/s of cuBLASLt's block mode, torch._scaled_mm per-tensor and
+    each deepwell fprop row, and deepwell's best over each."""
+    shapes = dict.fromkeys(r["shape"] for r in rows if "x" in r["shape"] and not r["shape"].startswith("E"))
+    print("\n# fprop / dgrad (1x128 x 128x128), TFLOP/s (median over the rounds); ratios: deepwell's auto and best "
+          "rows over cuBLASLt block, best over per-tensor")
+    for shape in shapes:
+        samples: dict[str, list[float]] = {}
+        for r in rows:
+            if r["shape"] == shape:
+                samples.setdefault(r["what"], []).append(r["tflops"])
+        mine = {w: sorted(t)[len(t) // 2] for w, t in samples.items()}
+        block = mine.get("fprop cuBLASLt blockwise 1x128 x 128x128", float("nan"))
+        tensor = mine.get("fprop cuBLASLt tensor-wise (torch._scaled_mm)", float("nan"))
+        ours = {w.replace("fprop deepwell fp8_block_gemm", "").strip(): t for w, t in mine.items()
+                if w.startswith("fprop deepwell")}
+        best = max(ours.values(), default=float("nan"))
+        auto = next((t for w, t in ours.items() if w.startswith("[auto")), float("nan"))
+        cells = "  ".join(f"{w or 'auto'} {t:5.0f}" for w, t in ours.items())
+        print(f"{shape:>18}  block {block:5.0f}  tensor {tensor:5.0f}  | {cells} | auto/block {auto / block:4.2f}"
+              f"  best/block {best / block:4.2f}  best/tensor {best / tensor:4.2f}", flush=True)
 
 
 if __name__ == "__main__":
