@@ -213,16 +213,18 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&part)[64
 // The wide tile's promotion (SB = 0): fragment column groups jn < SPLIT (8 columns each) lie in
 // B's first 128-column scale tile (scales s0_lo, s1_lo of the fragment's two rows), the rest in
 // the second. The same fused multiply-add per element as `promote`: the same bits.
-template <int SPLIT, int N>
-__device__ __forceinline__ void promote_split(float (&acc)[N], const float (&part)[N], float s0_lo, float s1_lo,
+// `part` holds the column groups [JN0, JN0 + N / 4) of the sum (a half of the tile's columns).
+template <int SPLIT, int JN0 = 0, int N, int NA>
+__device__ __forceinline__ void promote_split(float (&acc)[NA], const float (&part)[N], float s0_lo, float s1_lo,
                                               float s0_hi, float s1_hi) {
 #pragma unroll
     for (int jn = 0; jn < N / 4; ++jn) {
-        const float s0 = jn < SPLIT ? s0_lo : s0_hi, s1 = jn < SPLIT ? s1_lo : s1_hi;
-        acc[4 * jn + 0] = __fmaf_rn(part[4 * jn + 0], s0, acc[4 * jn + 0]);
-        acc[4 * jn + 1] = __fmaf_rn(part[4 * jn + 1], s0, acc[4 * jn + 1]);
-        acc[4 * jn + 2] = __fmaf_rn(part[4 * jn + 2], s1, acc[4 * jn + 2]);
-        acc[4 * jn + 3] = __fmaf_rn(part[4 * jn + 3], s1, acc[4 * jn + 3]);
+        const int c = JN0 + jn;
+        const float s0 = c < SPLIT ? s0_lo : s0_hi, s1 = c < SPLIT ? s1_lo : s1_hi;
+        acc[4 * c + 0] = __fmaf_rn(part[4 * jn + 0], s0, acc[4 * c + 0]);
+        acc[4 * c + 1] = __fmaf_rn(part[4 * jn + 1], s0, acc[4 * c + 1]);
+        acc[4 * c + 2] = __fmaf_rn(part[4 * jn + 2], s1, acc[4 * c + 2]);
+        acc[4 * c + 3] = __fmaf_rn(part[4 * jn + 3], s1, acc[4 * c + 3]);
     }
 }
 
@@ -305,7 +307,12 @@ __device__ __forceinline__ void store_slab(const uint8_t* slab, void* out, int64
 // 96 tensor-core cycles, against B 128 x 32 per 64) and waits once per 64 x 192 instead of twice per
 // 64 x 256. A tile's 192 columns span two of B's 128-column scale tiles: columns below the next
 // multiple of 128 (128 or 64 of them, SPLIT fragment column groups) take the first tile's scale.
-template <class Out, int WAVES, int SB, int GROUPING, int CLUSTER, int BN = GEMM_BLOCK_N>
+//
+// HALVES = 1 (the wide tile only): each K-block's 192 columns are multiplied as two 96-column halves
+// into two fragments (48 registers each), A read once into registers (ldmatrix) for both; the first
+// half is promoted while the second's MMAs run, so a warpgroup leaves the tensor cores idle only
+// for the second half's promotion. Same fused multiply-adds in the same order: the same bits.
+template <class Out, int WAVES, int SB, int GROUPING, int CLUSTER, int BN = GEMM_BLOCK_N, int HALVES = 0>
 __global__ void __launch_bounds__(GEMM_THREADS, 1)
     fp8_block_gemm(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
                    const __grid_constant__ TmaDesc tma_sa, const __grid_constant__ TmaDesc tma_sb,
@@ -316,6 +323,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && WAVES == 1), "clusters of 2 take 128-row tiles each");
     static_assert(BN == GEMM_BLOCK_N || (BN == GEMM_WIDE_N && WAVES == 1 && SB == 0 && GROUPING == 0 && CLUSTER == 1),
                   "the wide tile is a dense 128-row tile against tile-scaled B");
+    static_assert(HALVES == 0 || BN == GEMM_WIDE_N, "halves split the wide tile");
     using S = GemmSmem<WAVES, SB, GROUPING, BN>;
     using namespace sm90;
     extern __shared__ uint8_t gemm_smem_raw[];
@@ -444,6 +452,45 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                         const uint32_t a = smem0 + stage * S::STAGE_BYTES;
                         const float* sa = reinterpret_cast<const float*>(smem + S::SA_OFF + stage * S::SA_STAGE_BYTES);
                         const float sa0 = sa[frag_row], sa1 = sa[frag_row + 8];
+                        const float s0_lo = sa0 * sb_lo, s1_lo = sa1 * sb_lo, s0_hi = sa0 * sb_hi, s1_hi = sa1 * sb_hi;
+                        if constexpr (HALVES == 1) {
+                            uint32_t ar[GEMM_BLOCK_K / 32][4];
+#pragma unroll
+                            for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) ldmatrix_a(ar[kk], a, 64 * wg + 16 * wl, 32 * kk, lane);
+                            float fa[BN / 4], fb[BN / 4];
+                            fence_registers(fa);
+                            fence_registers(fb);
+                            wgmma_fence();
+                            const uint64_t db = smem_desc_sw128(a + S::A_BYTES);
+                            constexpr int HALF_B = (BN / 2) * GEMM_BLOCK_K / 16;  // descriptor units of 96 rows
+#pragma unroll
+                            for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) wgmma_m64n96k32_e4m3_rs(fa, ar[kk], db + 2 * kk, kk);
+                            wgmma_commit();
+#pragma unroll
+                            for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk)
+                                wgmma_m64n96k32_e4m3_rs(fb, ar[kk], db + HALF_B + 2 * kk, kk);
+                            wgmma_commit();
+                            fence_registers(fa);
+                            fence_registers(fb);
+                            wgmma_wait<1>();  // the first half is done, the second may still run
+                            fence_registers(fa);
+                            if (split_16)
+                                gemm_detail::promote_split<GEMM_BLOCK_K / 8>(acc[0], fa, s0_lo, s1_lo, s0_hi, s1_hi);
+                            else
+                                gemm_detail::promote_split<GEMM_BLOCK_K / 16>(acc[0], fa, s0_lo, s1_lo, s0_hi, s1_hi);
+                            wgmma_wait<0>();
+                            fence_registers(fb);
+                            release(stage);
+                            if (split_16)
+                                gemm_detail::promote_split<GEMM_BLOCK_K / 8, BN / 16>(acc[0], fb, s0_lo, s1_lo, s0_hi, s1_hi);
+                            else
+                                gemm_detail::promote_split<GEMM_BLOCK_K / 16, BN / 16>(acc[0], fb, s0_lo, s1_lo, s0_hi, s1_hi);
+                            if (++stage == S::STAGES) {
+                                stage = 0;
+                                phase ^= 1;
+                            }
+                            continue;
+                        }
                         float part[BN / 2];
                         fence_registers(part);
                         wgmma_fence();
@@ -456,7 +503,6 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                         wgmma_wait<0>();
                         fence_registers(part);
                         release(stage);  // everything of the stage is in registers
-                        const float s0_lo = sa0 * sb_lo, s1_lo = sa1 * sb_lo, s0_hi = sa0 * sb_hi, s1_hi = sa1 * sb_hi;
                         // A uniform branch with no MMA in flight: ptxas keeps the MMAs asynchronous.
                         if (split_16)
                             gemm_detail::promote_split<GEMM_BLOCK_K / 8>(acc[0], part, s0_lo, s1_lo, s0_hi, s1_hi);

@@ -189,6 +189,39 @@ __device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t a
         : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// d (64 x 96, fp32: 48 floats per thread, columns 8j + 2(l%4) + {0, 1} for j < 12) = (accumulate ? d :
+// 0) + A (64 x 32 E4M3) * B^T (96 x 32 E4M3), A from registers: `a` is the warp's 16 rows as
+// `ldmatrix_a` loads them (mma.m16n8k32's A fragment), B through a descriptor.
+__device__ __forceinline__ void wgmma_m64n96k32_e4m3_rs(float (&d)[48], const uint32_t (&a)[4], uint64_t b,
+                                                        int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+        "{%48, %49, %50, %51}, %52, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// One warp's A fragment of a K-major 128-byte-swizzled tile for a k32 step: rows row0 + [0, 16) of
+// the tile (1024-byte aligned at `tile`), bytes kbyte + [0, 32) of each row. Four 8 x 16-byte
+// matrices (rows 0-7 / 8-15, bytes 0-15 / 16-31 of the step) in mma.m16n8k32's A order: thread t
+// gets row t/4 (+ 8), bytes 4(t%4) + [0, 4) (+ 16). TMA's 128-byte swizzle puts 16-byte chunk c of
+// row r at chunk c ^ (r % 8).
+__device__ __forceinline__ void ldmatrix_a(uint32_t (&a)[4], uint32_t tile, int row0, int kbyte, int lane) {
+    const int row = row0 + ((lane >> 3) & 1) * 8 + (lane & 7);
+    const int chunk = (kbyte >> 4) + (lane >> 4);
+    const uint32_t addr = tile + row * 128 + ((chunk ^ (row & 7)) << 4);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(addr));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Register reallocation between warpgroups (takes effect with a per-thread register cap at entry:
 // __launch_bounds__(threads, 1)).

@@ -140,7 +140,7 @@ def test_not_differentiable():
 #: Every tile shape the `fp8_gemm_tile` entry can force (rust/ops/src/gemm/fp8_gemm.rs `SHAPES`); a
 #: shape that cannot serve a launch (the 128 x 192 tile on grouped GEMMs or 1x128 B scales) leaves
 #: Rust's choice in place there.
-TILE_SHAPES = ["128", "256", "2x128", "128x192"]
+TILE_SHAPES = ["128", "256", "2x128", "128x192", "128x192h"]
 
 DENSE_SHAPES = [
     (128, 128, 128),  # one tile, one K-block

@@ -53,6 +53,9 @@ pub struct Fp8Gemm {
     /// 192 columns per tile instead of 128 (the kernel's `BN`): with `waves` 1, `cluster` 1,
     /// `Tile128` B scales and a dense GEMM only.
     pub wide: bool,
+    /// The wide tile's K-blocks multiplied as two 96-column halves, A from registers, the first
+    /// half promoted while the second's MMAs run (the kernel's `HALVES`).
+    pub halves: bool,
 }
 
 /// The tile shapes a launch can take: (waves, cluster).
@@ -66,23 +69,27 @@ pub enum TileShape {
     Pair128,
     /// 128 rows x 192 columns, one CTA (dense GEMMs against a weight's 128x128 tile scales).
     Wide192,
+    /// `Wide192` multiplied in two 96-column halves, the first promoted under the second's MMAs.
+    Wide192Halves,
 }
 
 impl TileShape {
-    /// (waves, cluster, wide) of the kernel.
-    pub fn kernel(self) -> (u8, u8, bool) {
+    /// (waves, cluster, wide, halves) of the kernel.
+    pub fn kernel(self) -> (u8, u8, bool, bool) {
         match self {
-            TileShape::Rows128 => (1, 1, false),
-            TileShape::Rows256 => (2, 1, false),
-            TileShape::Pair128 => (1, 2, false),
-            TileShape::Wide192 => (1, 1, true),
+            TileShape::Rows128 => (1, 1, false, false),
+            TileShape::Rows256 => (2, 1, false, false),
+            TileShape::Pair128 => (1, 2, false, false),
+            TileShape::Wide192 => (1, 1, true, false),
+            TileShape::Wide192Halves => (1, 1, true, true),
         }
     }
 
     /// Whether a launch of `grouping` with `b_scales` can take this shape (the wide tile is dense
     /// against tile scales only).
     pub fn serves(self, grouping: Grouping, b_scales: BScales) -> bool {
-        self != TileShape::Wide192 || (grouping == Grouping::Dense && b_scales == BScales::Tile128)
+        let wide = matches!(self, TileShape::Wide192 | TileShape::Wide192Halves);
+        !wide || (grouping == Grouping::Dense && b_scales == BScales::Tile128)
     }
 }
 
@@ -114,6 +121,7 @@ impl Fp8Gemm {
             Arg::Int(grouping),
             Arg::Int(self.cluster),
             Arg::Int(self.block_n() as u8),
+            Arg::Int(u8::from(self.halves)),
         ];
         ("fp8_block_gemm", args)
     }
@@ -234,8 +242,10 @@ impl Family for Fp8Gemm {
 pub fn all() -> Vec<Fp8Gemm> {
     let mut v = Vec::new();
     for out in Float::ALL {
-        for shape in [TileShape::Rows128, TileShape::Rows256, TileShape::Pair128, TileShape::Wide192] {
-            let (waves, cluster, wide) = shape.kernel();
+        for shape in
+            [TileShape::Rows128, TileShape::Rows256, TileShape::Pair128, TileShape::Wide192, TileShape::Wide192Halves]
+        {
+            let (waves, cluster, wide, halves) = shape.kernel();
             for (b_scales, grouping) in [
                 (BScales::Tile128, Grouping::Dense),
                 (BScales::Row1x128, Grouping::Dense),
@@ -243,7 +253,7 @@ pub fn all() -> Vec<Fp8Gemm> {
                 (BScales::Row1x128, Grouping::K),
             ] {
                 if shape.serves(grouping, b_scales) {
-                    v.push(Fp8Gemm { out, waves, b_scales, grouping, cluster, wide });
+                    v.push(Fp8Gemm { out, waves, b_scales, grouping, cluster, wide, halves });
                 }
             }
         }
@@ -286,6 +296,7 @@ mod tests {
             grouping: Grouping::Dense,
             cluster: 1,
             wide: false,
+            halves: false,
         };
         assert_eq!(w2.smem_bytes(), 1024 + 4 * 48 * 1024 + 4 * 256 * 4 + 128 + 8 * 2048);
         let rows = Fp8Gemm { waves: 1, grouping: Grouping::Rows, ..w2 };
@@ -297,7 +308,8 @@ mod tests {
     #[test]
     fn the_wide_tile_serves_dense_weight_gemms_only() {
         let wide = TileShape::Wide192;
-        assert_eq!(wide.kernel(), (1, 1, true));
+        assert_eq!(wide.kernel(), (1, 1, true, false));
+        assert_eq!(TileShape::Wide192Halves.kernel(), (1, 1, true, true));
         assert!(wide.serves(Grouping::Dense, BScales::Tile128));
         for (g, b) in
             [(Grouping::Dense, BScales::Row1x128), (Grouping::Rows, BScales::Tile128), (Grouping::K, BScales::Row1x128)]
@@ -311,11 +323,12 @@ mod tests {
             grouping: Grouping::Dense,
             cluster: 1,
             wide: true,
+            halves: false,
         };
         // 4096 columns: 21 whole tiles of 192 and one of 64; B's box is the tile's 192 rows.
         assert_eq!(k.tiles(GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 }), 128 * 22);
         assert_eq!((k.block_n(), k.b_box_rows()), (192, 192));
-        assert_eq!(all().iter().filter(|k| k.wide).count(), Float::ALL.len());
+        assert_eq!(all().iter().filter(|k| k.wide).count(), 2 * Float::ALL.len());
     }
 
     #[test]
@@ -327,6 +340,7 @@ mod tests {
             grouping: Grouping::Dense,
             cluster: 1,
             wide: false,
+            halves: false,
         };
         let big = GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 };
         assert_eq!(k.tiles(big), 64 * 32);
