@@ -359,6 +359,21 @@ def test_gpu_zeros_saturation_and_non_finite_match_the_cpu_reference(gen, tile):
     assert _rel(got[finite], want[finite].double()) < TOL[torch.float32]
 
 
+def test_config_entry_reports_rusts_tile_and_the_forced_one():
+    """What bench_gemm prints per shape: Rust's heuristic tile for a dense fprop / dgrad, and the
+    tile a launch takes now (a forced one overrides it)."""
+    big = {"rows": 16384, "cols": 4096, "k": 4096, "sms": 132}
+    assert _native.call("fp8_gemm_config", big) == {"heuristic": "256", "runs": "256"}
+    assert _native.call("fp8_gemm_config", {**big, "rows": 1024})["heuristic"] == "128"
+    try:
+        _native.call("fp8_gemm_tile", {"tile": "128x192"})
+        assert _native.call("fp8_gemm_config", big) == {"heuristic": "256", "runs": "128x192"}
+    finally:
+        _native.call("fp8_gemm_tile", {"tile": None})
+    with pytest.raises(ValueError, match=r"fp8_gemm_config: 'k' must be a positive integer"):
+        _native.call("fp8_gemm_config", {**big, "k": 0})
+
+
 def test_forcing_an_unknown_tile_shape_is_refused():
     with pytest.raises(ValueError, match=r"fp8_gemm_tile: 'tile' must be one of .* got \"64\""):
         _native.call("fp8_gemm_tile", {"tile": "64"})

@@ -447,6 +447,25 @@ fn deepwell_gemm_takes_the_tile_shapes_cublaslt_refuses() {
     }
     let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Fprop, GemmShape { m: 8192, n: 4096, k: 4096 });
     assert!(matches!(c.backend, GemmBackend::ScaledMmBlockwise { .. }), "cuBLASLt where it takes the shape");
+    // The fprop / dgrad shapes of the training steps, (M, K, N): cuBLASLt's block mode measured
+    // 1.03-1.12x deepwell's kernel at each on the H200 (docs/DESIGN.md "Wider tiles").
+    for (m, k, n) in [
+        (16384, 4096, 4096),
+        (16384, 4096, 14336),
+        (16384, 14336, 4096),
+        (8192, 4096, 14336),
+        (8192, 14336, 4096),
+        (8192, 2048, 5632),
+        (8192, 5632, 2048),
+        (8192, 2048, 2048),
+        (4096, 7168, 2048),
+        (4096, 2048, 7168),
+    ] {
+        for pass in [Pass::Fprop, Pass::Dgrad] {
+            let c = gemm_backend(Recipe::Fp8Block, HOPPER, pass, GemmShape { m, n, k });
+            assert!(matches!(c.backend, GemmBackend::ScaledMmBlockwise { .. }), "{m}x{k}x{n} {pass}");
+        }
+    }
     // Its M-major scales have the same M % 4 rule as cuBLASLt's.
     let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Fprop, GemmShape { m: 8190, n: 4096, k: 384 });
     assert!(c.emulated);

@@ -149,7 +149,9 @@ fn cublaslt_refuses_tiles(pass: Pass, s: GemmShape) -> bool {
 /// 3. sm_90 fprop / dgrad with K % 512 != 0, which cuBLASLt refuses (the 128x128 weight scales'
 ///    leading dimension K/128 must be 16-byte aligned), run on deepwell's kernel (`Fp8BlockGemm`).
 ///    Where cuBLASLt takes the shape it stays: measured faster than deepwell's kernel on dense
-///    GEMMs (benchmarks/bench_gemm.py: 1.10-1.48x on the H100); deepwell's kernel serves the
+///    GEMMs (benchmarks/bench_gemm.py: 1.10-1.48x on the H100; on the H200, medians of three
+///    rounds timed in turn, 1.03-1.12x over deepwell's best tile shape at the ten fprop / dgrad
+///    shapes of the training steps, docs/DESIGN.md "Wider tiles"); deepwell's kernel serves the
 ///    shapes cuBLASLt refuses and MoE's grouped GEMMs, which cuBLASLt has no block-scaled form of.
 ///
 /// Why these cells: cuBLASLt allows VEC128 x BLK128x128 and VEC128 x VEC128 but never
