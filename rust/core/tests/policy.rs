@@ -448,7 +448,7 @@ fn deepwell_gemm_takes_the_tile_shapes_cublaslt_refuses() {
     let c = gemm_backend(Recipe::Fp8Block, HOPPER, Pass::Fprop, GemmShape { m: 8192, n: 4096, k: 4096 });
     assert!(matches!(c.backend, GemmBackend::ScaledMmBlockwise { .. }), "cuBLASLt where it takes the shape");
     // The fprop / dgrad shapes of the training steps, (M, K, N): cuBLASLt's block mode measured
-    // 1.03-1.12x deepwell's kernel at each on the H200 (docs/DESIGN.md "Wider tiles").
+    // 1.03-1.12x deepwell's kernel at each on the H200 (docs/BASELINES.md "deepwell on the H200").
     for (m, k, n) in [
         (16384, 4096, 4096),
         (16384, 4096, 14336),

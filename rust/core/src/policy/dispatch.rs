@@ -151,7 +151,7 @@ fn cublaslt_refuses_tiles(pass: Pass, s: GemmShape) -> bool {
 ///    Where cuBLASLt takes the shape it stays: measured faster than deepwell's kernel on dense
 ///    GEMMs (benchmarks/bench_gemm.py: 1.10-1.48x on the H100; on the H200, medians of three
 ///    rounds timed in turn, 1.03-1.12x over deepwell's best tile shape at the ten fprop / dgrad
-///    shapes of the training steps, docs/DESIGN.md "Wider tiles"); deepwell's kernel serves the
+///    shapes of the training steps, docs/BASELINES.md "deepwell on the H200"); deepwell's kernel serves the
 ///    shapes cuBLASLt refuses and MoE's grouped GEMMs, which cuBLASLt has no block-scaled form of.
 ///
 /// Why these cells: cuBLASLt allows VEC128 x BLK128x128 and VEC128 x VEC128 but never
