@@ -37,12 +37,12 @@ from _common import environment, header, time_ms, write_json
 
 ops = torch.ops.deepwell
 DENSE = [(16384, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 2048, 5632)]
-# The other fprop / dgrad shapes of the training steps (issue targets): (M, K, N) of the 8B-shaped MLP
+# The other fprop / dgrad shapes of the training steps: (M, K, N) of the 8B-shaped MLP
 # at 8192 tokens and its dgrad, the 0.95B model's dgrad of w1/w3 and its attention projections, and
 # a DeepSeek-style 4096 x 7168 x 2048 with its dgrad.
 DENSE_MORE = [(8192, 4096, 14336), (8192, 14336, 4096), (8192, 5632, 2048), (8192, 2048, 2048),
               (4096, 7168, 2048), (4096, 2048, 7168)]
-# (experts, tokens routed, K, N): Mixtral, and the fine-grained shapes of issue 12.
+# (experts, tokens routed, K, N): Mixtral, and two fine-grained MoE shapes (E64, E128).
 GROUPED = [(8, 32768, 4096, 14336), (64, 65536, 2048, 1408), (128, 65536, 7168, 2048)]
 BF16 = torch.bfloat16
 # The tile shapes each deepwell row is timed under (`--tiles`); None: Rust's choice.

@@ -10,7 +10,7 @@ Shapes (tokens T = 8192 by default, bf16):
 - fine-grained: E=64, D=2048, F=1408, top-8 and E=128, D=2048, F=768, top-8.
 
 Every layer variant computes the same thing (softmax router, renormalised top-k, SwiGLU experts);
-the routing is balanced-random (router weights N(0, 1/D)). Targets (issue 12): deepwell bf16 >= 3x
+the routing is balanced-random (router weights N(0, 1/D)). Targets: deepwell bf16 >= 3x
 the HF loop at fine-grained shapes; fp8_block >= 1.3x deepwell bf16 at Mixtral shapes; an fp8
 grouped GEMM at E64/K2048/N1408 >= 900 TFLOP/s; the model's train step >= 1.3x torch.compile bf16.
 Anchors (the team's H100 measurements of others' kernels): torch bf16 grouped 541-704 TFLOP/s, fp8 rowwise grouped 307 at E64.
@@ -109,10 +109,10 @@ def layer_rows(name, e, d, f, k, tokens, recipes_) -> list[dict]:
 
     # Round-robin timing: each round times every variant once, the median of the rounds is kept. Timed
     # one after the other instead, a variant's place in the order moved it by up to 8% (the same
-    # fp8_block plan measured 27.3 and 25.1 ms in one run, 2026-11-26). Each round starts one variant
+    # fp8_block plan measured 27.3 and 25.1 ms in one run). Each round starts one variant
     # later, so each variant takes every place once (5 rounds of the 5 default variants): in a fixed
     # order, auto (the fp8_block plan at Mixtral, always timed right after fp8_block) read 0.6-1.3 ms
-    # slower than fp8_block in four runs on two GPU kinds (2026-11-26 to 2026-11-28).
+    # slower than fp8_block in four runs on two GPU kinds.
     runs = {}
     for label, fn in variants:
         try:

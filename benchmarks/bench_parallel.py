@@ -21,7 +21,7 @@ over the same 4 rows, "2x4sp" the same with sequence parallelism. Each config ru
 the same initial weights (seed 0) on the same batch every step.
 
 - scaling = tokens/s of "2xB" / tokens/s of "1x(B/2)": each GPU keeps its batch (weak scaling, the
-  issue's >= 1.8x target); scaling_by_median the same from the median step times; "vs 1 GPU same batch" divides by "1xB" instead.
+  >= 1.8x target); scaling_by_median the same from the median step times; "vs 1 GPU same batch" divides by "1xB" instead.
 - parity = the largest |loss difference| over the steps between "2xB" and "1xB" (same global batch):
   FSDP2 reduces gradients in bf16 across ranks and the GEMMs see half the rows, so the last bits
   differ; it is printed next to the loss's own drop over the run, for scale.

@@ -2,7 +2,7 @@
 against what runs without them.
 
 - bf16 activation: torch eager (`F.silu(g) * u`, five passes), the same formula compiled by Inductor
-  (DeepwellMoE's activation until 2026-11-27: one kernel each way), deepwell's `swiglu` /
+  (one kernel each way), deepwell's `swiglu` /
   `swiglu_backward` (cuda/swiglu.cuh).
 - fp8_block operands of the next GEMMs: `swiglu` then `fp8_block_quantize_rowcol` (two passes, h or
   d_gate_up written and read back) against the fused `fp8_block_swiglu_quantize_rowcol` /

@@ -136,7 +136,7 @@ __device__ __forceinline__ void transposed_tiles(const Src& src, int64_t m, int6
     // sources: fetched and made at the top of the tile, GROUP steps at a time, so that two CTAs fit
     // an SM and one computes while the other waits for memory (holding a whole tile's fetched
     // inputs took 160-248 registers, one CTA per SM, and ran at 20-38% of copy bandwidth:
-    // bench_swiglu-*-2026-11-27).
+    // benchmarks/bench_swiglu.py).
     typename Src::Fetch fetched[Src::PREFETCH ? S : 1];
     uint32_t raw[S][4];
     auto load_tile = [&](int64_t t) {

@@ -81,7 +81,7 @@ def saved_activation_bytes(run, inputs, model: torch.nn.Module) -> int:
 # only to the run's own noise floor: a last-bit difference in an fp32 sum (FSDP's reduce-scatter, a
 # tensor-parallel Partial) flips some e4m3 codes where the gradient is quantized, which moves weight
 # gradients by up to ~5e-3 of their largest element, and AdamW's normalised step carries that into
-# every weight. Measured on tests/_fsdp_worker.py's one-process fp8_block run (2026-11-26): scaling
+# every weight. Measured on tests/_fsdp_worker.py's one-process fp8_block run: scaling
 # its loss by 1 + 1e-7 before backward moves the later losses by up to 4.6e-5 (relative); 2
 # processes differ from 1 by up to 5.0e-5. The bound keeps 6x over that floor and stays 5x under one
 # step's loss change (1.6e-3 relative); tests/test_tensor_parallel.py also checks the first step's

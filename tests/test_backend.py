@@ -255,7 +255,7 @@ def test_matmul_mm_addmm_on_parameters_are_sites():
 
 
 def test_a_stack_of_linears_is_rewritten_site_after_site():
-    """Each site's input is the previous site (issue 16: the rewrite read erased nodes)."""
+    """Each site's input is the previous site (a rewrite that read erased nodes would fail here)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
     x = torch.randn(64, 512)

@@ -1,4 +1,4 @@
-"""Every repository path named in a comment, docstring or document exists (issue 10).
+"""Every repository path named in a comment, docstring or document exists.
 
 Scans the source and documentation files git tracks (and new ones it does not ignore) for tokens
 that look like paths in this repository and checks that each resolves, so a citation cannot point

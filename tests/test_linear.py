@@ -115,7 +115,7 @@ def test_error_vs_unquantized_maths_is_within_the_recipe_budget(recipe, gen):
     errs = {"y": _rel(y.double(), y64), "dx": _rel(dx.double(), dyd @ wd), "dw": _rel(dw.double(), dyd.T @ xd)}
     assert all(e < budget for e in errs.values()), errs
     if recipe in ("mxfp8", "fp8_block"):
-        # The issue's target: within 5e-2 of bf16's own error.
+        # The target: within 5e-2 of bf16's own error.
         _, _, _, _ = bf = _run(x, w, b, dy, "bf16")
         assert errs["y"] - _rel(bf[0].double(), y64) < 5e-2
 

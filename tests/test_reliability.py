@@ -1,4 +1,4 @@
-"""What a reliability sweep found (issue 16), each as a test: allocations that must fail with an error
+"""What a reliability sweep found, each as a test: allocations that must fail with an error
 instead of aborting, storage that was freed under a tensor, truncated shared libraries, settings
 that must be refused where they are written, second derivatives, and the JSON planner's strictness.
 The meta/cpu mix, the JIT cache and the swizzle overflow live in test_boundary.py and rust/gpu."""

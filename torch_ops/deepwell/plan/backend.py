@@ -85,7 +85,7 @@ RECOMPUTE_CODES = False
 #: The `graph_ops` option's default: compiled graphs call the `deepwell_graph` twins of deepwell's ops.
 GRAPH_OPS = True
 
-#: The `fused_mlp` option's default: off. Measured on the H100 (torch 2.11, 2026-11-27) the fused
+#: The `fused_mlp` option's default: off. Measured on the H100 (torch 2.11) the fused
 #: MLP ran no faster than the three sites (0.95B step 86.3 against 86.5 ms, 8B layers 153.5 against
 #: 152.8): its fused SwiGLU quantizers cost what Inductor's SwiGLU and the rowcol pass cost, and it
 #: joins gate's and up's FP8 weights by copies (README "The dense MLP's SwiGLU fused into FP8").

@@ -4,12 +4,11 @@ Why. Under FSDP2 every parameter, gradient and AdamW state is a DTensor. torch.o
 launches its fused (or foreach) update through DTensor's dispatcher, which works out a sharding for
 every one of the hundreds of tensors in each call, every step. For the 0.95B LLaMA (146
 parameters) that host work is most of the optimizer phase:
-- On 2 H100s the optimizer phase took ~5.5 ms of host time against ~1.7 ms on one GPU (stop 36).
-- In profiled steps the GPU waited for it: the longest idle gaps fell between fused AdamW launches
-  (stop 37).
+- On 2 H100s the optimizer phase took ~5.5 ms of host time against ~1.7 ms on one GPU.
+- In profiled steps the GPU waited for it: the longest idle gaps fell between fused AdamW launches.
 - On the CPU (2 gloo processes, the same 146 parameters at tiny sizes), one fused step took
   10.3 ms on the DTensors against 2.0 ms for the same call on their local shards.
-With this class (2 H100s, 2026-11-27, README "Several GPUs"): 2.2-3.0 ms of host time against
+With this class (2 H100s, README "Several GPUs"): 2.2-3.0 ms of host time against
 5.2-7.4. The pipelined benchmark's step did not change (its GPU trails the host by more than
 that); what gains is a step whose host is on the critical path, as the Trainer's on 2 GPUs.
 

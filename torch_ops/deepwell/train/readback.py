@@ -6,7 +6,7 @@ host memory and a CUDA event; `Readback.ready()` asks the event (no wait) and `r
 waits for it. Reading a value the moment the step is launched (`loss.item()`) instead makes the host
 wait until the GPU has run everything queued, and the next step's first kernels then find the GPU
 idle: every log point cost the 0.95B step on 2 H100s 10-25 ms in each of the next few steps, while
-the host refilled the queue (benchmarks/bench_parallel.py --trainer, lease e of stop 39). The same
+the host refilled the queue (benchmarks/bench_parallel.py --trainer). The same
 pattern as the guardrails' statistics (nn/guardrails.py).
 
 A step's time is the time between the CUDA events that end it and the step before (or the mark

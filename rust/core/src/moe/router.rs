@@ -1,4 +1,4 @@
-//! The MoE router's maths, CPU reference (issue 12's foundation; not yet reachable from Python).
+//! The MoE router's maths, CPU reference.
 //!
 //! For T tokens and E experts, from router logits `l` (T, E):
 //! 1. scores `s` = softmax(l) over E, or sigmoid(l), in fp32;
@@ -7,7 +7,7 @@
 //! 3. group-limited routing (DeepSeek-V3): the E experts form G groups of E/G; a group's score is
 //!    the sum of its top-2 selection scores; only the best `groups_kept` groups stay, the others are
 //!    masked to -inf (upstream DeepSeek; Hugging Face's 0.0 mask lets a negative bias pick a masked
-//!    expert, HF issue 45440);
+//!    expert, huggingface/transformers#45440);
 //! 4. top-K of `c` per token, ties broken by (score descending, expert index ascending) — the
 //!    order torch.topk and Transformer Engine's fused router use — so routing is deterministic;
 //! 5. weights `w` = the chosen experts' `s`; renormalised to sum 1 (w / (Σw + 1e-20)) when asked, then

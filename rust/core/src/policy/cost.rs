@@ -51,11 +51,11 @@ const HOPPER: Rates = Rates {
     bf16: 690.0,
     fp8_block_weight: 1150.0,
     fp8_block_both: 900.0,
-    fp8_block_deepwell: 900.0, // bench_gemm on the H100, 2026-11-26: 704-1067 dense
+    fp8_block_deepwell: 900.0, // bench_gemm on the H100: 704-1067 dense
     fp8_tensor: 1250.0,
     mxfp8: 1150.0, // never used: MX GEMMs do not run on sm_90
     nvfp4: 1150.0,
-    // bench_gemm's grouped shapes (E8 / E64 / E128), 2026-11-26: torch._grouped_mm 562-690 on the
+    // bench_gemm's grouped shapes (E8 / E64 / E128): torch._grouped_mm 562-690 on the
     // H100; deepwell's row-grouped FP8 844-1010 (H100); its wgrad 770 / 491 / 440 (H200) with 32 /
     // 8 / 4.5 K-blocks per expert, which 950 * kb / (kb + 7.5) fits (wgrad_rate).
     bf16_grouped: 600.0,
@@ -262,7 +262,7 @@ mod tests {
 
     #[test]
     fn fp8_experts_pay_where_measured_faster_and_not_where_slower() {
-        // bench_moe's layers (8192 tokens, fwd + bwd) on sm_90, 2026-11-26, fp8_block vs bf16:
+        // bench_moe's layers (8192 tokens, fwd + bwd) on sm_90, fp8_block vs bf16:
         // Mixtral 1.12x, E64 0.85x, E128 0.69x. The model ranks every projection the same way.
         let hopper = Arch::sm(9, 0);
         let ratio = |e, k, d, f| {

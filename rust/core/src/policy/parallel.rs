@@ -33,7 +33,7 @@ pub const HEADROOM: f64 = 0.9;
 /// 104.4 / 105.7 against 101.6 / 100.0 ms), and 4 SMs in the backward only (the forward keeping 8)
 /// gained ~0.5 ms a step by median in three of four runs, inside the spread.
 ///
-/// Since 2026-11-27 data parallelism alone on a single node's GPUs with peer access moves FSDP's
+/// Data parallelism alone on a single node's GPUs with peer access moves FSDP's
 /// collectives on their copy engines instead (`Collectives::CopyEngine`), which need no SM at all, so the GEMMs keep every SM
 /// and this carveout applies only where NCCL carries them.
 pub const COMM_SMS: u32 = 8;

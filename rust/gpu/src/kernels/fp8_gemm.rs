@@ -157,16 +157,16 @@ impl Fp8Gemm {
     /// each group wastes little; else 128. A K-grouped wgrad's rows are a weight's output
     /// features, whole in every group, so only the tile count decides. A dense GEMM with 1x128
     /// B scales (a wgrad) takes its 256-row tiles as 2-CTA clusters: measured on the H100
-    /// (bench_gemm --tiles, 2026-11-27, two runs), 0.97-1.11x the one-CTA 256-row tile at the four
+    /// (bench_gemm --tiles, two runs), 0.97-1.11x the one-CTA 256-row tile at the four
     /// dense wgrad shapes, while clusters were no gain elsewhere (dense fprop 0.94-1.07x, grouped
     /// fprop 0.70-0.93x, grouped wgrad 0.84-1.08x). The 128 x 192 tiles (`Wide192`, `Wide192Halves`)
-    /// are never chosen: on the H200 (bench_gemm --rounds 3, 2026-12-02) they ran 0.91-1.02x the
+    /// are never chosen: on the H200 (bench_gemm --rounds 3) they ran 0.91-1.02x the
     /// 256-row tile at the ten dense fprop / dgrad shapes of the training steps; they stay for
     /// `fp8_gemm_tile` to force.
     pub fn shape_for(grouping: Grouping, b_scales: BScales, s: GemmSizes, sms: u32) -> TileShape {
         let matrices = if grouping == Grouping::K { s.groups.max(1) } else { 1 };
         let tiles_256 = matrices * s.rows.div_ceil(256) * s.cols.div_ceil(BLOCK_N);
-        // Measured on the H100 (bench_gemm, 2026-11-26): 256-row tiles win for groups of 577
+        // Measured on the H100 (bench_gemm): 256-row tiles win for groups of 577
         // rows on average (E128: 883 vs 816 TFLOP/s) and more; below 256 most of a tile is padding.
         let long_groups = match grouping {
             Grouping::Dense | Grouping::K => true,
