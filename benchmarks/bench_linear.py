@@ -9,8 +9,8 @@ For each (M, K, N): bf16 inputs x (M, K), W (N, K), dy (M, N); times of
 and TFLOP/s = 3 * 2MNK / step (2MNK for fwd), the speedup over bf16, and the forward output's
 relative error (Frobenius) vs float64 maths on the same inputs. For fp8_block and fp8_tensor,
 `gemms` is the three cuBLASLt GEMMs alone on pre-quantized operands (blockwise; per-tensor, E5M2
-gradients): step - gemms is what quantization and glue cost (the gap to explain; see the README's
-performance notes). Also, in the same process: fp8_block's and fp8_tensor's forward + backward
+gradients): step - gemms is what quantization and glue cost (the gap to explain; docs/BASELINES.md
+has the measured split). Also, in the same process: fp8_block's and fp8_tensor's forward + backward
 under torch.compile (they must not be slower than eager), the
 inference forward from stored weight codes (`quantized_linear`) and the backward from them
 (`quantized_linear_backward`, what FSDP2's FP8 all-gather runs), and

@@ -30,6 +30,7 @@ mkdir -p "$OUT"
 export DEEPWELL_LIBRARY=${DEEPWELL_LIBRARY:-$PWD/.device/libdeepwell.so}
 export PYTHONPATH=$PWD/torch_ops${PYTHONPATH:+:$PYTHONPATH}
 export DEEPWELL_CACHE_DIR=${DEEPWELL_CACHE_DIR:-/tmp/deepwell-jit}
+RESULTS=benchmarks/results  # where the benchmarks write their JSON
 export PYTHONUNBUFFERED=1
 steps=${*:-info compile tests quantize}
 status=0
@@ -49,17 +50,17 @@ for step in $steps; do
         quantize | quantize-quick)
             quick=; [ "$step" = quantize-quick ] && quick=--quick
             python3 benchmarks/bench_quantize.py $quick 2>&1 | tee "$OUT/bench_quantize.log" || status=1
-            cp benchmarks/results/bench_quantize-*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/bench_quantize-*.json "$OUT/" 2>/dev/null
             ;;
         linear | linear-quick)
             quick=; [ "$step" = linear-quick ] && quick=--quick
             python3 benchmarks/bench_linear.py $quick 2>&1 | tee "$OUT/bench_linear.log" || status=1
-            cp benchmarks/results/bench_linear-*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/bench_linear-*.json "$OUT/" 2>/dev/null
             ;;
         gemm | gemm-quick)
             quick=; [ "$step" = gemm-quick ] && quick=--quick
             python3 benchmarks/bench_gemm.py $quick 2>&1 | tee "$OUT/bench_gemm.log" || status=1
-            cp benchmarks/results/bench_gemm*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/bench_gemm*.json "$OUT/" 2>/dev/null
             ;;
         gemm-tests)
             python3 -m pytest tests/test_fp8_gemm.py -m gpu -p no:cacheprovider -x -rf 2>&1 | tee "$OUT/gemm_tests.log" | tail -40 || status=1
@@ -67,11 +68,11 @@ for step in $steps; do
         train | train-quick)
             quick=; [ "$step" = train-quick ] && quick=--quick
             python3 benchmarks/bench_train_step.py $quick 2>&1 | tee "$OUT/bench_train_step.log" || status=1
-            cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/bench_train_step*.json "$OUT/" 2>/dev/null
             ;;
         train-8b)
             python3 benchmarks/bench_train_step.py --model 8b --torchao tensorwise 2>&1 | tee "$OUT/bench_train_step-8b.log" || status=1
-            cp benchmarks/results/bench_train_step*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/bench_train_step*.json "$OUT/" 2>/dev/null
             ;;
         mainjob)
             run_dir=${MAINJOB_DIR:-/tmp/deepwell-mainjob}  # its checkpoints and plots stay on the machine
@@ -79,7 +80,7 @@ for step in $steps; do
             ;;
         profile)
             python3 benchmarks/profile_linear.py 2>&1 | tee "$OUT/profile_linear.log" || status=1
-            cp benchmarks/results/profile_linear*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/profile_linear*.json "$OUT/" 2>/dev/null
             ;;
         torchao)
             # Wheels sit next to the carried library (.device/wheels); the first that imports stays.
@@ -90,7 +91,7 @@ for step in $steps; do
             ;;
         overhead)
             python3 benchmarks/bench_overhead.py 2>&1 | tee "$OUT/bench_overhead.log" || status=1
-            cp benchmarks/results/bench_overhead*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/bench_overhead*.json "$OUT/" 2>/dev/null
             ;;
         moe | moe-quick)
             quick=; [ "$step" = moe-quick ] && quick=--quick
@@ -109,7 +110,7 @@ for step in $steps; do
             export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
             python3 benchmarks/bench_parallel.py --configs "${PARALLEL_CONFIGS:-1x4,1x8,2x8,2x4tp}" 2>&1 \
                 | tee "$OUT/bench_parallel.log" | grep -v Warning || status=1
-            cp benchmarks/results/bench_parallel-*.json "$OUT/" 2>/dev/null
+            cp "$RESULTS"/bench_parallel-*.json "$OUT/" 2>/dev/null
             ;;
         moe-tests)
             python3 -m pytest tests/test_moe.py tests/test_moe_module.py tests/test_grouped_linear.py -m gpu \

@@ -1,7 +1,7 @@
 """fp8_block's transposing quantizers (`fp8_block_quantize_rowcol`, `fp8_block_quantize_transposed`)
 by kernel time, beside a device copy of the same input: what each pass costs against the copy
-bandwidth it should reach (docs/DESIGN.md "deepwell's FP8 GEMM" operands; README "fp8_block's
-rowcol pass at three CTAs per SM").
+bandwidth it should reach (docs/DESIGN.md "deepwell's FP8 GEMM" operands; docs/BASELINES.md
+"deepwell on the H200").
 
     python benchmarks/profile_rowcol.py [--calls 48]
 

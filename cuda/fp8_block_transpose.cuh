@@ -320,7 +320,7 @@ __device__ __forceinline__ void transposing_pass(const Src& src, int64_t m, int6
 // (Nsight Compute on the H200), its DRAM 33% busy and each warp issuing every ~8 cycles. Bounded to
 // 80 it runs 9-10% faster from 8192 x 5632 up (3.3-3.5 TB/s of its least traffic against
 // 3.0-3.1), 2-4% at 8192 x 2048; at four CTAs (64 registers) it spills and ran slower than at two
-// (README "fp8_block's rowcol pass at three CTAs per SM").
+// (docs/BASELINES.md "deepwell on the H200").
 template <class In, int MM>
 __global__ void __launch_bounds__(THREADS, 3)
     fp8_block_quantize_rowcol(const void* x, int64_t m, int64_t k, int pow2, uint8_t* row_data,

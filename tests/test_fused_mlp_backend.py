@@ -195,8 +195,8 @@ def test_the_memory_trace_counts_what_the_fused_op_saves(gen):
 
 
 def test_off_by_default(gen):
-    """The option's default is off (`FUSED_MLP`: measured no faster than the three sites, README):
-    compiled without it, no MLP is fused; with it, each is."""
+    """The option's default is off (`FUSED_MLP`: measured no faster than the three sites,
+    docs/BASELINES.md "deepwell on the H100"): compiled without it, no MLP is fused; with it, each is."""
     model = _seeded(_TwoMLPs, gen).bfloat16()
     x = torch.randn(TOKENS, D, generator=gen).bfloat16()
     assert dw_backend.FUSED_MLP is False

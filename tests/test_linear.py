@@ -101,7 +101,7 @@ def test_cuda_bf16_training_shapes_match_the_model(recipe, gen):
 
 
 # Norm-wise relative error vs unquantized float64 maths on Gaussian data, upper bounds (measured
-# means on CPU: bf16 ~2e-3, mxfp8 and fp8_block ~3-4e-2, nvfp4 ~0.10-0.15; see the README).
+# means on CPU: bf16 ~2e-3, mxfp8 and fp8_block ~3-4e-2, nvfp4 ~0.10-0.15; docs/OPS.md "Linear layers").
 ERROR_BUDGET = {"bf16": 1e-2, "mxfp8": 6e-2, "fp8_block": 6e-2, "fp8_tensor": 0.1, "nvfp4": 0.25}
 
 

@@ -3,7 +3,7 @@ bias)`, `y = x @ weight.T + bias` with all three GEMMs (forward, input gradient,
 the recipe's precision. Schemas, fake kernels, the autograd formula and typed wrappers.
 
 Kernels: rust/ops/src/ops/linear/ (which GEMM runs where: deepwell_core::policy::gemm_backend, the
-dispatch table in the README). Recipes:
+dispatch table in docs/OPS.md "Linear layers"). Recipes:
 
 | recipe | operands | GEMM on sm_90 (H100/H200) | on Blackwell | on CPU / other GPUs |
 |---|---|---|---|---|

@@ -79,7 +79,7 @@ def fp8_block_codes_default() -> bool:
 #: The `recompute_codes` option's default: off, x's codes are saved for the backward. On, the
 #: memory is torchao's (the codes are 1 byte per element of every GEMM input; x itself is recomputed
 #: by the partitioner or kept anyway) and the step pays for x's recompute and a second pass over x
-#: (README "x's codes made again in the backward").
+#: (docs/BASELINES.md "deepwell on the H200").
 RECOMPUTE_CODES = False
 
 #: The `graph_ops` option's default: compiled graphs call the `deepwell_graph` twins of deepwell's ops.
@@ -88,7 +88,7 @@ GRAPH_OPS = True
 #: The `fused_mlp` option's default: off. Measured on the H100 (torch 2.11) the fused
 #: MLP ran no faster than the three sites (0.95B step 86.3 against 86.5 ms, 8B layers 153.5 against
 #: 152.8): its fused SwiGLU quantizers cost what Inductor's SwiGLU and the rowcol pass cost, and it
-#: joins gate's and up's FP8 weights by copies (README "The dense MLP's SwiGLU fused into FP8").
+#: joins gate's and up's FP8 weights by copies (docs/BASELINES.md "deepwell on the H100").
 FUSED_MLP = False
 
 
@@ -434,7 +434,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = Non
         print(plan.table())
         print(f"deepwell backend: {rewritten} GEMM sites rewritten; {fused} SwiGLU MLP(s) fused into fp8_block_swiglu_mlp")
     # CUDA graphs take away the host's cost per op (deepwell's ops cost 21-87 us each on the host;
-    # README "fp8_tensor's amax from the graph, host time and CUDA graphs"). Their warm-up runs
+    # docs/DESIGN.md "Data flow of"). Their warm-up runs
     # allocate from the graphs' private pool, where a weight cache entry would be a live tensor the
     # graphs do not track: reuse goes off for the process.
     inductor = {"triton.cudagraphs": True} if options.get("cudagraphs") else {}

@@ -2,7 +2,7 @@
 
 Why: a 2-GPU fp8_block step of the 0.95B model needs ~81 ms of host time for ~98 ms of GPU work,
 and in some runs one rank's host ran 25-50% slower for the whole run, stalling both GPUs at every
-collective (README "Several GPUs"). One suspect is the scheduler placing the two processes'
+collective (docs/DESIGN.md "Scale-out"). One suspect is the scheduler placing the two processes'
 threads (main, autograd, NCCL) on the same physical cores; pinning each rank to its own cores
 rules that out. Not measured on GPUs yet: `bench_parallel.py --pin-cores` is the measurement.
 

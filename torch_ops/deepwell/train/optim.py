@@ -8,7 +8,7 @@ parameters) that host work is most of the optimizer phase:
 - In profiled steps the GPU waited for it: the longest idle gaps fell between fused AdamW launches.
 - On the CPU (2 gloo processes, the same 146 parameters at tiny sizes), one fused step took
   10.3 ms on the DTensors against 2.0 ms for the same call on their local shards.
-With this class (2 H100s, README "Several GPUs"): 2.2-3.0 ms of host time against
+With this class (2 H100s, docs/DESIGN.md "Scale-out"): 2.2-3.0 ms of host time against
 5.2-7.4. The pipelined benchmark's step did not change (its GPU trails the host by more than
 that); what gains is a step whose host is on the critical path, as the Trainer's on 2 GPUs.
 

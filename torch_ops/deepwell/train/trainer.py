@@ -42,7 +42,7 @@ their bias and counts: update_expert_biases' `skipped`). Otherwise (another opti
 `wait_every_step=True`, the host reads both after every backward. Why: a read drains the GPU's
 queue, and the next steps' first launches then find it idle. The 0.95B step on one H100
 (benchmarks/bench_parallel.py --trainer): 95.6 ms waiting every step, 87.5 reading every 10 steps;
-on 2 H100s each read every 10 steps still cost the next few steps 10-25 ms (README "Several GPUs"
+on 2 H100s each read every 10 steps still cost the next few steps 10-25 ms (docs/DESIGN.md "Scale-out"
 has the numbers without any read).
 Under FSDP2 the gradient norm is clipped on the local shards (train/clip.py).
 

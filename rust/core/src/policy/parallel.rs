@@ -19,7 +19,7 @@ pub const HEADROOM: f64 = 0.9;
 /// so a collective always finds its SMs. cuBLASLt's FP8 GEMMs on Hopper are persistent kernels
 /// sized to every SM: a collective launched next to one gets its SMs only as the GEMM's CTAs
 /// retire, the peer's collective waits on it, and the GEMMs queued behind run in two waves.
-/// Measured (benchmarks/results/bench_parallel-*), the 0.95B LLaMA, fp8_block, FSDP over 2 ranks,
+/// Measured (bench_parallel.py; docs/BASELINES.md), the 0.95B LLaMA, fp8_block, FSDP over 2 ranks,
 /// 4x2048 tokens each: on 2 H200s, NCCL kernels 76 ms per 115 ms step with no carveout; on 2 H100s,
 /// 112.1 ms per step with 16 SMs left and NCCL's own CTA count, 108.1 ms with 8 SMs and 8 CTAs
 /// (8 CTAs still move a 2-rank all-gather at ~100 GB/s).
@@ -92,7 +92,7 @@ pub const MAX_BLOCKS_PER_UNIT: u32 = 8;
 /// 94.5-96.4 ms a step by mean in five runs (medians 92.8-95.2) against 97.8-107.6 in four
 /// (medians 92.0-102.5) with units of their own, one GPU 85.4-86.1: 1.79-1.82x against 1.60-1.75x.
 /// The best steps are alike; the joined runs had fewer stretches where a host could not launch as
-/// fast as its GPU ran (the 2-GPU step is close to bound by its host; README "Several GPUs").
+/// fast as its GPU ran (the 2-GPU step is close to bound by its host; docs/DESIGN.md "Scale-out").
 pub const ENDS_JOIN_BLOCKS: &str = "the embedding joins the first unit and the final norm with the LM head the last \
      (each FSDP unit costs host time every step; joined, no collective is less hidden)";
 

@@ -6,7 +6,7 @@
 //! an algorithm on every call. On the H100 a block-scaled GEMM cost 20-46 us of host time through
 //! it (two leases) and 25 us or less called directly (benchmarks/bench_overhead.py --spans, the
 //! `-cublaslt` results); a 0.95B training step makes 288 such GEMMs. Under FSDP2 on 2 GPUs the
-//! fp8_block step's host time sits close to its GPU time (README "Several GPUs").
+//! fp8_block step's host time sits close to its GPU time (docs/DESIGN.md "Scale-out").
 //!
 //! What is the same as torch's call (aten/src/ATen/cuda/CUDABlas.cpp `scaled_gemm`, torch 2.11):
 //! the same library (torch's own libcublasLt, found already loaded: abi/cublaslt.rs), the same

@@ -2,7 +2,7 @@
 //! `w_down(silu(w_gate(x)) * w_up(x))`, in the fp8_block recipe, with SwiGLU fused into the FP8
 //! quantizers on both sides of it. Schemas, fake kernels and the autograd formula:
 //! torch_ops/deepwell/ops/fp8_block_mlp.py; with its option `fused_mlp` (off by default: measured no
-//! faster, README "The dense MLP's SwiGLU fused into FP8") the backend rewrites the three linear
+//! faster, docs/BASELINES.md "deepwell on the H100") the backend rewrites the three linear
 //! layers into it (plan/fuse_mlp.py).
 //!
 //! Three `fp8_block_linear_from_codes` layers around a SwiGLU write and re-read the activation in

@@ -1,7 +1,7 @@
 //! `deepwell.scaled_linear` and `deepwell.scaled_linear_backward`: a linear layer `y = x W^T + b`
 //! whose three GEMMs run in a recipe's precision. Schemas, fake kernels and the autograd formula:
 //! torch_ops/deepwell/ops/linear.py. The kernel (which GEMM runs each pass on which device) is
-//! chosen by deepwell_core::policy::gemm_backend, the table documented there and in the README.
+//! chosen by deepwell_core::policy::gemm_backend, the table documented there and in docs/OPS.md "Linear layers".
 //!
 //! The operands and GEMMs come from the shared quantized-GEMM layer (rust/ops/src/gemm/); this
 //! module validates the layer's arguments, runs its three passes, and owns `weight_cache.rs` (when
