@@ -25,7 +25,10 @@ setup(
     install_requires=["torch>=2.10", "numpy", "tqdm", "matplotlib", "safetensors>=0.4"],
     # transformers: the Hugging Face MoE conversions' parity tests (tests/test_moe_hf.py,
     # tests/test_moe_ep.py), against transformers 5's MoE blocks; without it they would be skipped.
-    extras_require={"test": ["pytest>=8", "hypothesis>=6", "expecttest", "transformers>=5.23,<6"]},
+    # pytest-xdist: .ci/run runs the test tiers one file per core (-n 2).
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6", "expecttest", "transformers>=5.23,<6"]
+    },
     # The only registration of the torch.compile backend (registering it in code as well makes
     # Dynamo fail with "duplicate name"): torch.compile(m, backend="deepwell") needs no import.
     entry_points={"torch_dynamo_backends": ["deepwell = deepwell.plan.backend:backend"]},

@@ -1,4 +1,6 @@
-"""Shared fixtures. GPU tests (`@pytest.mark.gpu`) are skipped on machines without CUDA."""
+"""Shared fixtures. GPU tests (`@pytest.mark.gpu`) are skipped on machines without CUDA. Tiers
+(pyproject.toml): plain `pytest` deselects `slow` and `distributed`; `pytest -m "slow or distributed"`
+runs the rest."""
 
 from __future__ import annotations
 
@@ -16,7 +18,20 @@ import deepwell.plan.backend
 deepwell.plan.backend.ensure_registered()
 
 
+def _sampled_out_of_a_sweep(item) -> bool:
+    """test_opcheck runs every sample call of every op (tests/op_cases.py): the fast tier keeps
+    each op's first call (case 0), so every op still passes opcheck there; the others are `slow`."""
+    callspec = getattr(item, "callspec", None)
+    return item.path.name == "test_opcheck.py" and callspec is not None and callspec.params.get("i", 0) > 0
+
+
+# tryfirst: the `slow` mark must be on the items before pytest's -m (pyproject.toml's addopts)
+# deselects by it.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _sampled_out_of_a_sweep(item):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -316,6 +316,7 @@ def test_optimize_warns_when_dynamo_skips_the_whole_frame(graph_break):
     assert len(ours) == (1 if graph_break else 0)
 
 
+@pytest.mark.slow  # a long training run; test_training_parity.py is the fast tier's
 def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch):
     """With `fp8_block_codes=False` the backend lets the partitioner recompute the bf16 inputs of deepwell GEMMs (norm and
     SwiGLU outputs) in the backward instead of saving them (backend._partitioner_options): a bf16

@@ -201,12 +201,14 @@ def two_gpus(test):
     return pytest.mark.gpu(pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")(test))
 
 
+@pytest.mark.distributed
 @two_gpus
 def test_copy_engine_collectives_equal_nccl_bit_for_bit(tmp_path):
     verdicts = spawn(tmp_path, "_copy_engine_worker.py", 2, "collectives", DEEPWELL_TEST_CASE="collectives")["verdicts"]
     assert verdicts and all(verdicts.values()), verdicts
 
 
+@pytest.mark.distributed
 @two_gpus
 def test_fsdp_training_on_copy_engines_gives_nccl_losses(tmp_path):
     runs = {c: spawn(tmp_path, "_copy_engine_worker.py", 2, c, DEEPWELL_TEST_CASE="train", DEEPWELL_TEST_COLLECTIVES=c)

@@ -153,6 +153,7 @@ def _bit_identical(a: list, b: list) -> bool:
     )
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("mode,dim,dtype", [("loop", 128, "bfloat16"), ("eager", 256, "float32")])
 def test_training_is_bit_identical_to_the_high_precision_all_gather(tmp_path, mode, dim, dtype):
     """3 AdamW steps of a 2-block LLaMA on 2 ranks, fp8_block on every block GEMM: with the FP8
@@ -178,6 +179,7 @@ def test_training_is_bit_identical_to_the_high_precision_all_gather(tmp_path, mo
         assert fp8["predicted_gathered_bytes"] < high["predicted_gathered_bytes"]
 
 
+@pytest.mark.distributed
 def test_checkpoints_save_and_resume_with_the_fp8_all_gather(tmp_path):
     """deepwell.Trainer on 2 ranks with the FP8 all-gather: sharded checkpoints (DCP, plain
     tensors) resume a fresh sharded model bit for bit, a damaged shard is a CheckpointError, the

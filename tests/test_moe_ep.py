@@ -21,6 +21,7 @@ from _util import FP8_TRAINING_REL, spawn, trains_alike
 TOL = {"y": 1e-6, "x_grad": 1e-5, "expert_grads": 1e-5, "replicated_grads": 5e-5}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("recipe", ["bf16", "fp8_block"])
 def test_expert_parallel_block_computes_the_unsharded_block(tmp_path, recipe):
     ranks = spawn(tmp_path, "_moe_ep_worker.py", 2, recipe, DEEPWELL_TEST_RECIPE=recipe)["ranks"]
@@ -34,6 +35,7 @@ def test_expert_parallel_block_computes_the_unsharded_block(tmp_path, recipe):
         assert ranks[1]["one_rank"]["rows"] == 0
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("recipe", ["bf16", "fp8_block"])
 def test_expert_parallel_model_trains_like_one_process(tmp_path, recipe):
     """A 2-block MoE language model, eager, SGD: 2 processes with expert parallelism and
@@ -72,6 +74,7 @@ def test_compile_sharding_refuses_an_expert_parallel_block():
 
 
 # dcp.load(no_dist=True) still warns that it assumes a single process, which is the point here.
+@pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_checkpoint_holds_every_rank_s_experts(tmp_path):
     """dcp.save of an expert-parallel model's state dict (tests/_moe_ep_ckpt_worker.py) writes the
@@ -104,6 +107,7 @@ def test_a_checkpoint_holds_every_rank_s_experts(tmp_path):
     assert [k for k, v in reference.items() if not torch.equal(got[k], v)] == []
 
 
+@pytest.mark.distributed
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_the_optimizer_state_holds_every_rank_s_experts(tmp_path):
     """deepwell.expert_optimizer_state_dict presents AdamW's moments of the local experts as
@@ -137,6 +141,7 @@ def test_the_optimizer_state_holds_every_rank_s_experts(tmp_path):
         assert torch.equal(opt.state[params[name]][k], want), key
 
 
+@pytest.mark.distributed
 def test_expert_parallel_to_hf_gathers_the_experts(tmp_path):
     """DeepwellMoE.to_hf on an expert-parallel block (2 processes) all-gathers the experts and gives
     what the unsharded block's to_hf gives, bit for bit."""

@@ -5,7 +5,11 @@ all ranks' token counts."""
 
 from __future__ import annotations
 
+import pytest
+
 from _util import spawn, trains_alike
+
+pytestmark = pytest.mark.distributed
 
 
 def test_moe_model_under_fsdp_trains_like_one_process_with_one_expert_bias(tmp_path):

@@ -30,11 +30,13 @@ def _check(result: dict) -> None:
         assert case["local"] == (name != "replicated_grad"), f"clip {name}: local shards {case['local']}"
 
 
+@pytest.mark.distributed
 def test_adamw_on_local_shards_equals_torch_on_two_processes(tmp_path):
     """2 gloo processes on the CPU."""
     _check(spawn(tmp_path, "_optim_worker.py", 2, "optim"))
 
 
+@pytest.mark.distributed
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_adamw_on_local_shards_equals_torch_on_two_gpus(tmp_path):

@@ -187,6 +187,7 @@ def _run(tmp_path, world: int, mode: str = "loop", tag: str = "", **env_extra) -
     return json.loads(out.read_text())
 
 
+@pytest.mark.distributed
 def test_fsdp2_on_two_processes_matches_one(tmp_path):
     """Same model, same global batches, AdamW: 2 gloo ranks, each with half of every batch and
     FSDP2-sharded weights, give one process's losses (fp8_block on every block GEMM in both)."""
@@ -198,6 +199,7 @@ def test_fsdp2_on_two_processes_matches_one(tmp_path):
     assert two["predicted_peak_bytes"] < one["predicted_peak_bytes"]
 
 
+@pytest.mark.distributed
 def test_fsdp2_units_follow_the_plan_and_train_like_one_process(tmp_path):
     """FSDP's units are the embedding, groups of the plan's unit_blocks blocks, and the final norm
     with the LM head (plan/parallel.py fsdp_units), each forward prefetching the next unit: 2 gloo
@@ -217,6 +219,7 @@ def test_fsdp2_units_follow_the_plan_and_train_like_one_process(tmp_path):
         assert trains_alike(one["losses"], run["losses"]), (one["losses"], run["losses"])
 
 
+@pytest.mark.distributed
 def test_trainer_on_two_processes_matches_one_and_resumes_across_world_sizes(tmp_path):
     """deepwell.Trainer under 2 processes: each rank takes its rows of every global batch, and the
     logged loss and gradient norm (means over the ranks) equal one process's. Its checkpoints are
@@ -260,6 +263,7 @@ def _main_job_under_torchrun(tmp_path, *options: str) -> str:
     return done.stdout
 
 
+@pytest.mark.distributed
 def test_main_job_under_torchrun(tmp_path):
     """`torchrun --nproc-per-node 2 -m deepwell`: FSDP planned over the two processes, training on
     the stdlib corpus, and the resume from the middle checkpoint bit for bit (rank 0 prints)."""
@@ -270,6 +274,7 @@ def test_main_job_under_torchrun(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step_00000004").is_dir()
 
 
+@pytest.mark.distributed
 def test_main_job_under_torchrun_with_tensor_parallelism(tmp_path):
     """`torchrun --nproc-per-node 2 -m deepwell --tensor-parallel 2`: the blocks split over both
     processes (DTensor), training, and the resume from the middle checkpoint bit for bit."""
@@ -279,6 +284,7 @@ def test_main_job_under_torchrun_with_tensor_parallelism(tmp_path):
     assert out.count("main job:") == 1
 
 
+@pytest.mark.distributed
 def test_main_job_under_torchrun_with_sequence_parallelism(tmp_path):
     """`... --tensor-parallel 2 --sequence-parallel`: the residual stream split along the sequence,
     the vocabulary-parallel embedding and LM head, training, and the bit-for-bit resume."""
@@ -287,6 +293,7 @@ def test_main_job_under_torchrun_with_sequence_parallelism(tmp_path):
     assert "steps 3..4 bit-identical to the first run" in out
 
 
+@pytest.mark.distributed
 def test_main_job_under_torchrun_with_fp8_all_gather(tmp_path):
     """`torchrun --nproc-per-node 2 -m deepwell --precision fp8_block --fp8-all-gather`: FSDP2 gathers
     the fp8_block weights as FP8 codes (the plan says which and why not the others; bit-identity to

@@ -45,6 +45,7 @@ def test_rules_are_registered():
         assert getattr(torch.ops.deepwell, op).default in registered, op
 
 
+@pytest.mark.distributed
 def test_sharding_rules_match_the_whole_ops(tmp_path):
     """On 2 ranks, bf16 and fp8_block (CPU emulation), every layout gives the whole op's y, dx, dW.
     What a shard computes is the whole op's own arithmetic on its slice (shards hold whole blocks,
@@ -74,6 +75,7 @@ def test_sharding_rules_match_the_whole_ops(tmp_path):
     assert got["mxfp8_linear/rowwise"]["y"]["within_bound"]
 
 
+@pytest.mark.distributed
 def test_llama_with_tensor_parallel_trains_like_one_process(tmp_path):
     """deepwell.autoplan(tensor_parallel=2) + deepwell.compile on 2 processes: Megatron's layout
     (q/k/v, w1/w3 column-parallel; o, w2 row-parallel), 2 local heads of 4, fp8_block on every block
@@ -101,6 +103,7 @@ def _first_step_grads_agree(tmp_path, tag: str = "") -> None:
         assert err < 1e-2, (name, err)  # measured up to 9.3e-4 (layer 0's wv)
 
 
+@pytest.mark.distributed
 def test_llama_with_sequence_parallel_trains_like_one_process(tmp_path):
     """autoplan(tensor_parallel=2, sequence_parallel=True): the residual stream and the norms split
     along the sequence, a vocabulary-parallel embedding and LM head (their rows split), fp8_block on
@@ -115,6 +118,7 @@ def test_llama_with_sequence_parallel_trains_like_one_process(tmp_path):
     _first_step_grads_agree(tmp_path, tag="-sp")
 
 
+@pytest.mark.distributed
 def test_trainer_with_sequence_parallel_resumes_one_process(tmp_path):
     """The sequence-parallel model's sharded checkpoint (the embedding and LM head split too)
     resumes itself bit for bit and one process with one process's losses."""
@@ -126,6 +130,7 @@ def test_trainer_with_sequence_parallel_resumes_one_process(tmp_path):
     assert trains_alike(one["losses"], one["crossed"][0]), (one["losses"], one["crossed"])
 
 
+@pytest.mark.distributed
 def test_trainer_with_tensor_parallel_matches_one_process_and_resumes(tmp_path):
     """deepwell.Trainer on the split model: both ranks take the whole batch (data degree 1), the
     gradient norm combines the split and the whole weights' norms, and a sharded checkpoint (each
@@ -141,6 +146,7 @@ def test_trainer_with_tensor_parallel_matches_one_process_and_resumes(tmp_path):
     assert trains_alike(one["losses"], one["crossed"][0]), (one["losses"], one["crossed"])
 
 
+@pytest.mark.distributed
 def test_two_dimensional_mesh_data_and_tensor(tmp_path):
     """4 processes, data 2 x tensor 2: FSDP2 over the "data" dimension of the tensor-parallel model
     (each block's weights sharded on both), one process's losses."""
