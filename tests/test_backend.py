@@ -67,8 +67,8 @@ def test_the_rewritten_graph_calls_deepwell_ops():
         ops = torch.ops.deepwell
         for codes in (False, True):
             g = copy.deepcopy(gm)
-            plan, found = plan_graph(g, {"precision": "fp8_block"})
-            rewrite(g, found, fp8_block_codes=codes)
+            plan, found = plan_graph(g, {"precision": "fp8_block", "fp8_block_codes": codes})
+            rewrite(g, found)
             targets = [n.target for n in g.graph.nodes]
             seen.append((targets.count(ops.scaled_linear.default), targets.count(ops.fp8_block_linear_from_codes.default)))
         return gm.forward

@@ -215,18 +215,17 @@ def test_the_backend_option_off_keeps_scaled_linear(gen):
 
 def test_the_default_is_on_in_one_process_and_with_several(monkeypatch):
     """The copies are the default under torch.distributed with several processes too (FSDP2 steps
-    measured no slower with them, plan/backend.py `fp8_block_codes_default`); the memory trace's
+    measured no slower with them, `CompileOptions.fp8_block_codes`); the memory trace's
     default follows, and the option still turns them off."""
-    from deepwell.plan import backend
     from deepwell.plan.memory import codes_of
 
     policy = deepwell.PrecisionPolicy(precision="fp8_block", first_last_bf16=False, min_features=128)
     plan = deepwell.autoplan(deepwell.capture(_TwoHeads(), (torch.randn(256, 256),)), policy=policy)
-    assert backend.fp8_block_codes_default() is True and len(codes_of(plan)) == 3
+    assert deepwell.CompileOptions().fp8_block_codes is True and len(codes_of(plan)) == 3
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    assert backend.fp8_block_codes_default() is True and len(codes_of(plan)) == 3
-    assert codes_of(plan, fp8_block_codes=False) == {}
+    assert deepwell.CompileOptions().fp8_block_codes is True and len(codes_of(plan)) == 3
+    assert codes_of(plan, deepwell.CompileOptions(fp8_block_codes=False)) == {}
 
 
 def test_the_backend_skips_token_counts_the_column_blocks_do_not_divide(gen):

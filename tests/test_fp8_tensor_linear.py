@@ -90,8 +90,8 @@ def test_the_memory_trace_runs_code_saving_sites_as_the_backend_does(recipe):
     plan = deepwell.autoplan(ir, policy=deepwell.PrecisionPolicy(precision=recipe, min_features=128,
                                                                  first_last_bf16=False))
     if recipe == "fp8_block":
-        assert codes_of(plan, fp8_block_codes=False) == {}
-    codes = codes_of(plan, fp8_block_codes=True)
+        assert codes_of(plan, deepwell.CompileOptions(fp8_block_codes=False)) == {}
+    codes = codes_of(plan, deepwell.CompileOptions(fp8_block_codes=True))
     assert len(codes) == 7 * layers
     quantize, linear = f"{recipe}_quantize_rowcol", f"{recipe}_linear_from_codes"
     with saved_codes(model, codes):

@@ -76,8 +76,8 @@ def _graph_counts(model, x, **options) -> dict:
     counts = {}
 
     def spy(gm, example_inputs, **kw):
-        plan, found = dw_backend.plan_graph(gm, {"policy": options.get("policy", POLICY)})
-        dw_backend.rewrite(gm, found, True)
+        plan, found = dw_backend.plan_graph(gm, {"policy": options.get("policy", POLICY), "fp8_block_codes": True})
+        dw_backend.rewrite(gm, found)
         counts["fused"] = fuse_mlp(gm) if options.get("fused_mlp", True) else 0
         targets = [n.target for n in gm.graph.nodes]
         counts.update(
@@ -195,11 +195,11 @@ def test_the_memory_trace_counts_what_the_fused_op_saves(gen):
 
 
 def test_off_by_default(gen):
-    """The option's default is off (`FUSED_MLP`: measured no faster than the three sites,
+    """The option's default is off (`CompileOptions.fused_mlp`: measured no faster than the three sites,
     docs/BASELINES.md "deepwell on the H100"): compiled without it, no MLP is fused; with it, each is."""
     model = _seeded(_TwoMLPs, gen).bfloat16()
     x = torch.randn(TOKENS, D, generator=gen).bfloat16()
-    assert dw_backend.FUSED_MLP is False
+    assert deepwell.CompileOptions().fused_mlp is False
     for options, want in (({"policy": POLICY}, 0), ({"policy": POLICY, "fused_mlp": True}, 2)):
         before = dw_backend.STATS["fused_mlps"]
         torch._dynamo.reset()

@@ -154,7 +154,7 @@ def test_optimize_and_compile_pass_the_option_and_the_backend_checks_its_name(mo
     monkeypatch.setattr(torch, "compile", lambda model, **kw: seen.append(kw["options"]) or model)
     deepwell.optimize(torch.nn.Identity(), precision="fp8_block", recompute_codes=True)
     deepwell.compile(ir, precision="fp8_block", recompute_codes=True)
-    assert [o["recompute_codes"] for o in seen] == [True, True]
+    assert [o.recompute_codes for o in seen] == [True, True]
     monkeypatch.undo()
     torch._dynamo.reset()
     with pytest.raises(Exception, match="recompute_codes"):  # the unknown option's message lists the known ones

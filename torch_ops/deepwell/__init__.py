@@ -38,7 +38,9 @@ from .api import optimize, optimize_for_blackwell
 from .plan.dryrun import Estimate, dryrun
 from .plan.engine import IR, Engine, autoplan, capture, compile
 from .plan.hardware import Hardware, probe, print_hardware_info
-from .plan.sites import Plan
+from .plan.options import CompileOptions
+from .plan.recipes import Recipe
+from .plan.sites import Codes, Plan
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
 from .nn.moe import DeepwellMoE, update_expert_biases
@@ -65,6 +67,8 @@ def last_plan():
 __version__ = _native.version()
 
 __all__ = [
+    "Codes",
+    "CompileOptions",
     "DeepwellMoE",
     "Engine",
     "Estimate",
@@ -77,6 +81,7 @@ __all__ = [
     "LayerInfo",
     "Linear",
     "PrecisionPolicy",
+    "Recipe",
     "autoplan",
     "capture",
     "clear_weight_cache",

@@ -6,44 +6,43 @@ import warnings
 
 import torch
 
-from .plan.engine import chosen_options
+from .plan.options import CompileOptions
 from .plan.policy import PrecisionPolicy
 
 
 def optimize(
     model,
-    precision: str = "auto",
+    precision: str | None = None,
     policy: PrecisionPolicy | None = None,
-    verbose: bool = False,
+    verbose: bool | None = None,
     swap_moe: bool = True,
-    cudagraphs: bool = False,
+    cudagraphs: bool | None = None,
     fp8_block_codes: bool | None = None,
     fused_mlp: bool | None = None,
     graph_ops: bool | None = None,
     recompute_codes: bool | None = None,
+    options: CompileOptions | None = None,
     **compile_kw,
 ):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
     parameter runs in the recipe the Rust planner picks for it (`precision="auto"`: the device's
-    fastest native recipe), the rest is fused by Inductor. `verbose=True` prints the plan.
+    fastest native recipe), the rest is fused by Inductor. The keywords are `CompileOptions` fields
+    (plan/options.py says what each does; `verbose=True` prints the plan, `cudagraphs=True` replays
+    the compiled graphs as CUDA graphs, `mode="reduce-overhead"`), applied over `options` where
+    given (not None).
 
     With `swap_moe` (default) the Hugging Face MoE blocks of `model` (Mixtral, Qwen2/3-MoE,
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
-    experts run as grouped GEMMs in `precision` (planned by Rust for the "experts" role).
-    `cudagraphs=True` replays the compiled graphs as CUDA graphs (`mode="reduce-overhead"`).
-    `fp8_block_codes`, `fused_mlp`, `graph_ops`, `recompute_codes`: the backend's options of those names (`deepwell.compile` says
-    what they do)."""
+    experts run as grouped GEMMs in the options' precision (planned by Rust for the "experts" role)."""
+    options = (options or CompileOptions()).replace(
+        precision=precision, policy=policy, verbose=verbose, cudagraphs=cudagraphs, fp8_block_codes=fp8_block_codes,
+        fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes)
     if swap_moe and isinstance(model, torch.nn.Module):
         from .nn.moe_hf import swap_hf_moe
 
-        swapped = swap_hf_moe(model, recipe="auto", policy=policy or PrecisionPolicy(precision=precision), verbose=verbose)
-        if verbose and swapped:
+        swapped = swap_hf_moe(model, recipe="auto", policy=options.precision_policy(), verbose=options.verbose)
+        if options.verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
-    options = {"precision": precision, "verbose": verbose, "cudagraphs": cudagraphs}
-    options.update(chosen_options(fp8_block_codes=fp8_block_codes, fused_mlp=fused_mlp, graph_ops=graph_ops,
-                                  recompute_codes=recompute_codes))
-    if policy is not None:
-        options["policy"] = policy
     compiled = torch.compile(model, backend="deepwell", options=options, **compile_kw)
     if isinstance(compiled, torch.nn.Module) and any(p.dim() == 2 for p in model.parameters()):
         _warn_if_nothing_is_planned(compiled)

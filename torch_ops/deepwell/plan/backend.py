@@ -5,32 +5,19 @@ without `import deepwell`. For each graph Dynamo captures it
 1. summarises every GEMM of an activation with a parameter weight (`F.linear`, `x @ w.t()`,
    `torch.mm`/`torch.addmm` with `w.t()`, `x @ w` with w (in, out)): the owning module's qualified
    name and type, role, in/out features and tokens per call;
-2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options);
-3. rewrites the sites whose recipe is not bf16 into `torch.ops.deepwell.scaled_linear` (autograd
-   registered: the backward GEMMs follow the same recipe), leaving bf16 sites as they are, then
-   (option `fused_mlp`) fuses each fp8_block SwiGLU MLP's three sites into one
+2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options)
+   and writes each site's strategy into the plan (`Site.codes`, from `CompileOptions.codes_for`);
+3. rewrites the sites whose recipe is not bf16 into the op their strategy names
+   (`torch.ops.deepwell.scaled_linear`, or the recipe's `*_linear_from_codes` / `*_linear_from_rows`
+   on x's codes; autograd registered: the backward GEMMs follow the same recipe), leaving bf16
+   sites as they are, then (option `fused_mlp`) fuses each fp8_block SwiGLU MLP's three sites into one
    `fp8_block_swiglu_mlp` (plan/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
    letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
    the backward instead of saving them (`_partitioner_options`).
 
-Options (`torch.compile(..., options={...})` or `deepwell.optimize(model, ...)`): `precision`
-("auto", "mxfp8", "nvfp4", "fp8_block", "bf16"), `policy` (a deepwell.PrecisionPolicy; its
-precision wins over `precision`), `verbose` (print the plan; also DEEPWELL_PRINT_PLAN=1), `plan`
-(a fixed deepwell.Plan from `deepwell.autoplan`: sites are looked up by name instead of planned)
-with `fallback` ("safe": a site the plan lacks runs bf16; "error": it raises), `cudagraphs` (True:
-replay each graph as a CUDA graph, Inductor's CUDA graph trees: what `mode="reduce-overhead"` gives
-torch.compile, which does not take both a mode and options), `fp8_block_codes` (True: each input
-of fp8_block sites is quantized once, both copies, for all the sites reading it, and its column copy
-saved for their backwards, `fp8_block_linear_from_codes`; False: `scaled_linear` per site, its
-input recomputed in the backward; default `fp8_block_codes_default()`), `fused_mlp` (True:
-`w_down(silu(w_gate(x)) * w_up(x))` with its three sites fp8_block on x's codes runs as one
-`fp8_block_swiglu_mlp`, plan/fuse_mlp.py; default `FUSED_MLP`, False: three sites), `graph_ops`
-(True: the compiled graphs call `deepwell_graph` ops, without the Python autograd layer,
-plan/graph_ops.py; default `GRAPH_OPS`), `recompute_codes` (True: the sites on x's codes keep
-quantizing x once for all its readers, but the forward writes only the row copy and the backward
-makes the column copy from x instead of the forward saving it, `fp8_*_linear_from_rows`; default
-`RECOMPUTE_CODES`, False).
+Options: a `deepwell.CompileOptions` (plan/options.py: each option, its default and why), or a
+dict of its fields, as `torch.compile(..., options=...)` or through `deepwell.optimize(model, ...)`.
 A graph break splits the model into graphs planned separately (each has its own first and last site).
 """
 
@@ -54,43 +41,14 @@ from ..nn.weight_cache import allow_reuse
 from ..ops.fp8_tensor import amax_of
 from .fuse_mlp import fuse_mlp
 from .graph_ops import GraphOps
-from .policy import LayerDecision, PrecisionPolicy
-from .sites import Plan, Site, plan_sites, role_of
+from .options import CompileOptions, Fallback
+from .policy import LayerDecision
+from .recipes import family
+from .sites import Codes, Plan, Site, plan_sites, role_of
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _MATMULS = (operator.matmul, torch.matmul, torch.mm)
 _TRANSPOSES = (torch.t, torch.ops.aten.numpy_T, torch.ops.aten.numpy_T.default, torch.ops.aten.t.default)
-
-#: The `fp8_block_codes` option's default: whether fp8_block sites save x's FP8 column copy for the
-#: backward (`fp8_block_linear_from_codes`) instead of letting the partitioner recompute x.
-FP8_BLOCK_CODES = True
-
-
-def fp8_block_codes_default() -> bool:
-    """The `fp8_block_codes` option where the options leave it out: `FP8_BLOCK_CODES`, in one process
-    and under torch.distributed alike. One lease of 2 H100s had measured FSDP2 steps slower with the
-    copies (114-123 ms against 98-106 ms); a later lease (torch 2.11, bench_parallel 2x8, FSDP2,
-    runs interleaved) measured them faster, 96.8 and 98.0 ms (medians 95.4 / 96.0) against 99.9 ms
-    (median 99.5) with the recompute: the slowdown was that lease's, not the copies'
-    (benchmarks/results/bench_parallel-1b-diag-*.log)."""
-    return FP8_BLOCK_CODES
-
-
-#: The `recompute_codes` option's default: off, x's codes are saved for the backward. On, the
-#: memory is torchao's (the codes are 1 byte per element of every GEMM input; x itself is recomputed
-#: by the partitioner or kept anyway) and the step pays for x's recompute and a second pass over x
-#: (docs/BASELINES.md "deepwell on the H200").
-RECOMPUTE_CODES = False
-
-#: The `graph_ops` option's default: compiled graphs call the `deepwell_graph` twins of deepwell's ops.
-GRAPH_OPS = True
-
-#: The `fused_mlp` option's default: off. Measured on the H100 (torch 2.11) the fused
-#: MLP ran no faster than the three sites (0.95B step 86.3 against 86.5 ms, 8B layers 153.5 against
-#: 152.8): its fused SwiGLU quantizers cost what Inductor's SwiGLU and the rowcol pass cost, and it
-#: joins gate's and up's FP8 weights by copies (docs/BASELINES.md "deepwell on the H100").
-FUSED_MLP = False
-
 
 #: Every plan made in this process, newest last (`deepwell.last_plan()`), with planning time.
 PLANS: list[Plan] = []
@@ -219,26 +177,18 @@ def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
         )
 
 
-def _saves_codes(g: Gemm, fp8_block_codes: bool) -> bool:
-    """Whether the site runs on x's FP8 codes, made once per input and saved for the backward instead
-    of x: fp8_tensor sites always (`fp8_tensor_linear_from_codes`), fp8_block sites with
-    `fp8_block_codes` and a token count the column copy's 1x128 blocks divide
-    (`fp8_block_linear_from_codes`); never on weights that are tensor subclasses, which only
-    `scaled_linear` reads: DTensors (tensor parallelism: its sharding rules, ops/sharding.py) and
-    FSDP2's FP8-gathered weights (plan/fp8_weights.py)."""
-    family = g.site.recipe.partition("@")[0]
-    if family == "fp8_block":
-        if not (fp8_block_codes and g.site.tokens > 0 and g.site.tokens % 128 == 0):
-            return False
-    elif family != "fp8_tensor":
-        return False
-    if not isinstance(g.x, torch.fx.Node):
-        return False
+def _codes(g: Gemm, options: CompileOptions) -> Codes:
+    """The site's strategy (`CompileOptions.codes_for`), except that a site whose weight is a tensor
+    subclass runs `scaled_linear`, the only op that reads one: DTensors (tensor parallelism: its
+    sharding rules, ops/sharding.py) and FSDP2's FP8-gathered weights (plan/fp8_weights.py)."""
+    codes = options.codes_for(g.site.recipe, g.site.tokens)
+    if codes is Codes.X or not isinstance(g.x, torch.fx.Node):
+        return Codes.X
     w = g.weight.meta.get("example_value") if isinstance(g.weight, torch.fx.Node) else None
-    return not is_traceable_wrapper_subclass(w)
+    return Codes.X if is_traceable_wrapper_subclass(w) else codes
 
 
-def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str, rows_only: bool = False) -> tuple:
+def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, recipe: str, rows_only: bool = False) -> tuple:
     """Nodes of x's FP8 codes from one quantizing pass over x seen as (tokens, k), which every site
     of the recipe family that reads x (q/k/v, gate/up) shares, its column copy saved once for their
     backwards.
@@ -248,8 +198,8 @@ def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str,
     (`fp8_block_quantize_rowcol`, scales M-major): the row copy and its scales, the column copy
     (x^T in 1x128 blocks along the tokens) and its scales.
 
-    `rows_only` (the `recompute_codes` option): the row copy alone (`copies="rows"`), which the
-    sites' `fp8_*_linear_from_rows` read; fp8_block: (codes, scales), fp8_tensor: (codes, scale,
+    `rows_only` (`Codes.RECOMPUTED`, the `recompute_codes` option): the row copy alone
+    (`copies="rows"`), which the sites' `fp8_*_linear_from_rows` read; fp8_block: (codes, scales), fp8_tensor: (codes, scale,
     amax), the amax for the backward's copy. Their backwards make the column copy from x. In the
     joint graph AOTAutograd traces, those calls depend on x alone, and the layers reading one x make
     the same call: its CSE merges them into one. Its min-cut partitioner then either saves that
@@ -260,7 +210,7 @@ def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str,
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
     copies = "rows" if rows_only else "both"
-    if family == "fp8_block":
+    if recipe == "fp8_block":
         q = graph.call_function(torch.ops.deepwell.fp8_block_quantize_rowcol.default, (x2, True, True, copies))
         return tuple(graph.call_function(operator.getitem, (q, i)) for i in ((0, 1) if rows_only else range(4)))
     amax = graph.call_function(amax_of, (x2,))
@@ -270,14 +220,14 @@ def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str,
     return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
 
 
-def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None, rows_only: bool = False) -> torch.fx.Node:
-    """The node computing the site's y in its recipe (`codes`: x's codes from `_quantize_once`, with
-    `rows_only` the row copy alone). An fp8_tensor site also gets W's amax as a graph node
+def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
+    """The node computing the site's y in its recipe (`codes`: x's codes from `_quantize_once`, the
+    row copy alone where the site's strategy is `Codes.RECOMPUTED`). An fp8_tensor site also gets W's amax as a graph node
     (`weight_amax`): reduced once per step, read by both the forward's cast of W and the backward's
     transposing cast, where each would reduce W again."""
-    family = g.site.recipe.partition("@")[0]
+    rows_only = g.site.codes is Codes.RECOMPUTED
     ops = torch.ops.deepwell
-    if codes is not None and family == "fp8_block":
+    if codes is not None and family(g.site.recipe) == "fp8_block":
         op = ops.fp8_block_linear_from_rows if rows_only else ops.fp8_block_linear_from_codes
         return graph.call_function(op.default, (x, *codes, w, bias, g.site.recipe))
     if codes is not None:
@@ -291,16 +241,12 @@ def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None, rows_on
     return graph.call_function(ops.scaled_linear.default, (x, w, bias, g.site.recipe, None))
 
 
-def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool | None = None,
-            recompute_codes: bool = False) -> int:
-    """Replaces every non-bf16 site with deepwell.scaled_linear (fp8_tensor, and fp8_block with
-    `fp8_block_codes`: the recipe's `*_linear_from_codes` on x's codes, made once per input;
-    `_saves_codes`; None: `fp8_block_codes_default()`; with `recompute_codes` the sites read the
-    row copy alone and their backwards make the column copy, `_quantize_once`); returns how many. A
-    site's operands may be earlier sites (a stack of linears): they are read through `replaced`,
-    never from the erased nodes the sites were captured with."""
-    if fp8_block_codes is None:
-        fp8_block_codes = fp8_block_codes_default()
+def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
+    """Replaces every non-bf16 site by its op, as its strategy (`Site.codes`, which `plan_graph`
+    writes) says: `scaled_linear`, or the recipe's `*_linear_from_codes` / `*_linear_from_rows` on
+    x's codes made once per input (`_quantize_once`); returns how many. A site's operands may be
+    earlier sites (a stack of linears): they are read through `replaced`, never from the erased
+    nodes the sites were captured with."""
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     found = sorted(found, key=lambda g: order[g.node])  # a shared input is quantized before its first reader
@@ -317,12 +263,13 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool |
         with gm.graph.inserting_before(g.node):
             w = gm.graph.call_method("t", (weight,)) if g.weight_is_k_by_n else weight
             codes = None
-            if _saves_codes(g, fp8_block_codes):
-                key = (g.x, g.site.recipe.partition("@")[0])
+            if g.site.codes is not Codes.X:
+                key = (g.x, family(g.site.recipe))
                 if key not in codes_of:
-                    codes_of[key] = _quantize_once(gm.graph, x, g.site.in_features, key[1], recompute_codes)
+                    codes_of[key] = _quantize_once(gm.graph, x, g.site.in_features, key[1],
+                                                   g.site.codes is Codes.RECOMPUTED)
                 codes = codes_of[key]
-            new = _linear_call(gm.graph, g, x, w, bias, codes, recompute_codes)
+            new = _linear_call(gm.graph, g, x, w, bias, codes)
         new.meta = dict(g.node.meta)
         g.node.replace_all_uses_with(new)
         replaced[g.node] = new
@@ -335,15 +282,6 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm], fp8_block_codes: bool |
     gm.graph.lint()
     gm.recompile()
     return n
-
-
-def _policy(options: dict) -> PrecisionPolicy:
-    policy = options.get("policy")
-    if policy is None:
-        return PrecisionPolicy(precision=options.get("precision", "auto"))
-    if not isinstance(policy, PrecisionPolicy):
-        raise TypeError(f"deepwell backend: options['policy'] must be a deepwell.PrecisionPolicy, got {type(policy)}")
-    return policy
 
 
 def _shared_decision(site: Site, fixed: Plan) -> LayerDecision | None:
@@ -369,29 +307,28 @@ def _shared_decision(site: Site, fixed: Plan) -> LayerDecision | None:
     return LayerDecision("bf16", False, reason, "SharedGraph")
 
 
-def _from_fixed_plan(found: list, fixed: Plan, fallback: str) -> Plan:
+def _from_fixed_plan(found: list, fixed: Plan, fallback: Fallback) -> Plan:
     """Each site's decision looked up by name in a plan made beforehand (deepwell.compile); a name
     relative to a block (a per-block graph under FSDP2) through `_shared_decision`."""
     by_name = {s.name: s.decision for s in fixed.sites}
     for site in (g.site for g in found):
         decision = by_name.get(site.name) or _shared_decision(site, fixed)
         if decision is None:
-            if fallback != "safe":
-                raise RuntimeError(f"deepwell backend: site {site.name!r} is not in the plan (fallback={fallback!r})")
+            if fallback is not Fallback.SAFE:
+                raise RuntimeError(f"deepwell backend: site {site.name!r} is not in the plan (fallback={fallback.value!r})")
             decision = LayerDecision("bf16", False, "not in the plan: bf16 (fallback='safe')", "Fallback")
         site.decision = decision
     return Plan(fixed.arch, fixed.policy, [g.site for g in found])
 
 
-def _warn_unused_precision(plan: Plan, options: dict) -> None:
+def _warn_unused_precision(plan: Plan, options: CompileOptions) -> None:
     """A recipe the user named (not "auto", not bf16) that no site of the graph runs: say so, with
     the plan's reasons grouped, rather than compile a model that silently ignores the request.
     (One warning per distinct message: Python's default filter shows each once.)"""
     asked = plan.policy.precision
-    family = asked.partition("@")[0]
-    if options.get("plan") is not None or family in ("auto", "bf16") or not plan.sites:
+    if options.plan is not None or asked in ("auto", "bf16") or not plan.sites:
         return
-    if any(s.recipe.partition("@")[0] == family for s in plan.sites):
+    if any(family(s.recipe) == family(asked) for s in plan.sites):
         return
     reasons = Counter(s.decision.reason if s.decision else "not planned" for s in plan.sites)
     why = "; ".join(f"{n} site{'s' if n > 1 else ''}: {r}" for r, n in reasons.most_common())
@@ -399,48 +336,46 @@ def _warn_unused_precision(plan: Plan, options: dict) -> None:
                   f"runs it ({why})", stacklevel=2)
 
 
-def plan_graph(gm: torch.fx.GraphModule, options: dict | None = None) -> tuple[Plan, list]:
-    """The plan of one captured graph (no rewriting)."""
-    options = options or {}
+def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None = None) -> tuple[Plan, list]:
+    """The plan of one captured graph, each site's strategy included (no rewriting)."""
+    options = CompileOptions.of(options)
     found = capture_sites(gm)
-    if options.get("plan") is not None:
-        return _from_fixed_plan(found, options["plan"], options.get("fallback", "safe")), found
-    plan = plan_sites([g.site for g in found], _policy(options), options.get("arch"))
+    if options.plan is not None:
+        plan = _from_fixed_plan(found, options.plan, options.fallback)
+    else:
+        plan = plan_sites([g.site for g in found], options.precision_policy(), options.arch)
+    for g in found:
+        g.site.codes = _codes(g, options)
     return plan, found
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
+def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | dict | None = None, **kwargs):
     """The Dynamo backend (see the module docs)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    options = dict(options or {})
-    known = {"precision", "policy", "verbose", "arch", "plan", "fallback", "cudagraphs", "fp8_block_codes", "fused_mlp",
-             "graph_ops", "recompute_codes"}
-    unknown = set(options) - known
-    if unknown:
-        raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
+    options = CompileOptions.of(options)
     start = time.perf_counter()
     plan, found = plan_graph(gm, options)
     _warn_hf_moe(gm)
     _warn_unused_precision(plan, options)
-    rewritten = rewrite(gm, found, options.get("fp8_block_codes"), options.get("recompute_codes", RECOMPUTE_CODES))
-    fused = fuse_mlp(gm) if options.get("fused_mlp", FUSED_MLP) else 0
+    rewritten = rewrite(gm, found)
+    fused = fuse_mlp(gm) if options.fused_mlp else 0
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
     STATS["fused_mlps"] += fused
     PLANS.append(plan)
-    if options.get("verbose") or _env.print_plan():
+    if options.verbose or _env.print_plan():
         print(plan.table())
         print(f"deepwell backend: {rewritten} GEMM sites rewritten; {fused} SwiGLU MLP(s) fused into fp8_block_swiglu_mlp")
     # CUDA graphs take away the host's cost per op (deepwell's ops cost 21-87 us each on the host;
     # docs/DESIGN.md "Data flow of"). Their warm-up runs
     # allocate from the graphs' private pool, where a weight cache entry would be a live tensor the
     # graphs do not track: reuse goes off for the process.
-    inductor = {"triton.cudagraphs": True} if options.get("cudagraphs") else {}
+    inductor = {"triton.cudagraphs": True} if options.cudagraphs else {}
     if inductor:
         allow_reuse(False)
-    if options.get("graph_ops", GRAPH_OPS):
+    if options.graph_ops:
         inductor["post_grad_custom_post_pass"] = GraphOps(inductor_config.post_grad_custom_post_pass)
     with torch._functorch.config.patch(_partitioner_options(rewritten)):
         return compile_fx(gm, example_inputs, config_patches=inductor)

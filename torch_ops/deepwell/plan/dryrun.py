@@ -109,13 +109,10 @@ def _loss_bytes(output: list[int]) -> int:
 
 
 def _saved_codes(engine: Engine) -> dict[str, str]:
-    """The sites whose FP8 codes of x the forward saves (`memory.codes_of`); none where the engine
-    recomputes them in the backward (its `recompute_codes`), whose saved set is then the
-    recomputing partition's, which the plain GEMMs standing in for deepwell's trace."""
-    from .backend import RECOMPUTE_CODES
-
-    recompute = RECOMPUTE_CODES if engine.recompute_codes is None else engine.recompute_codes
-    return {} if recompute else codes_of(engine.plan, engine.fp8_block_codes)
+    """The sites whose FP8 codes of x the forward saves (`memory.codes_of` under the engine's
+    options); none of them with `recompute_codes`, whose saved set is the recomputing partition's,
+    which the plain GEMMs standing in for deepwell's trace."""
+    return codes_of(engine.plan, engine.options)
 
 
 def dryrun(engine: Engine) -> Estimate:
@@ -148,7 +145,7 @@ def dryrun(engine: Engine) -> Estimate:
         quantized = any(s.recipe != "bf16" for s in plan.sites)
         activations, largest, *output = saved_activation_bytes(model, engine.ir.example_inputs, quantized,
                                                                codes=_saved_codes(engine),
-                                                               fused_mlp=engine.fused_mlp)
+                                                               fused_mlp=engine.options.fused_mlp)
     quantized = 0
     for s in plan.sites:
         n, k = s.out_features, s.in_features

@@ -19,6 +19,7 @@ import torch
 from .fp8_all_gather import choose as fp8_all_gather_choose
 from .hardware import Hardware
 from .memory import codes_of
+from .options import CompileOptions
 from .parallel import check_tensor_degree, plan_parallelism, with_tensor_share
 from .parallel import world_size as current_world_size
 from .policy import PrecisionPolicy
@@ -153,19 +154,14 @@ class Engine:
     ir: IR
     plan: Plan
     compiled: object
-    fallback: str = "safe"
-    #: the backend's `fp8_block_codes` option the engine was compiled with (None: its default).
-    fp8_block_codes: bool | None = None
-    #: the backend's `fused_mlp` option the engine was compiled with (None: its default).
-    fused_mlp: bool | None = None
-    #: the backend's `recompute_codes` option the engine was compiled with (None: its default).
-    recompute_codes: bool | None = None
+    #: what it was compiled with (`options.plan` is `plan`).
+    options: CompileOptions = field(default_factory=CompileOptions)
 
     def __repr__(self) -> str:
         recipes = sorted({s.recipe for s in self.plan.sites})
         return (
             f"Engine({type(self.model).__name__}, {len(self.plan.sites)} GEMM sites on {self.plan.arch}, "
-            f"recipes {recipes}, fallback={self.fallback!r})"
+            f"recipes {recipes}, fallback={self.options.fallback.value!r})"
         )
 
     @property
@@ -176,41 +172,21 @@ class Engine:
         return self.compiled(*args, **kwargs)
 
 
-def chosen_options(**options) -> dict:
-    """The backend options a caller set (not None); the others keep the backend's defaults."""
-    return {name: value for name, value in options.items() if value is not None}
-
-
 def compile(
-    ir: IR, plan: Plan | None = None, precision: str = "auto", fallback: str = "safe", cudagraphs: bool = False,
-    fp8_block_codes: bool | None = None, fused_mlp: bool | None = None, graph_ops: bool | None = None,
-    recompute_codes: bool | None = None,
+    ir: IR, plan: Plan | None = None, precision: str | None = None, fallback: str | None = None,
+    cudagraphs: bool | None = None, fp8_block_codes: bool | None = None, fused_mlp: bool | None = None,
+    graph_ops: bool | None = None, recompute_codes: bool | None = None, options: CompileOptions | None = None,
 ) -> Engine:
     """The IR's model under `torch.compile(backend="deepwell")` with `plan` (default: autoplan with
-    `precision`). fallback="safe": a site the plan lacks runs bf16; "error": compiling it raises.
-    cudagraphs=True replays each compiled graph as a CUDA graph (Inductor's CUDA graph trees, what
-    `mode="reduce-overhead"` gives torch.compile): no per-op host cost once recorded.
-    fp8_block_codes=True quantizes each input of fp8_block sites once for all the sites that read it
-    and keeps its FP8 column copy for their backwards instead of recomputing it (the backend's
-    option of that name; None: its default, `deepwell.plan.backend.fp8_block_codes_default`).
-    fused_mlp=True runs each SwiGLU MLP whose three sites are fp8_block on x's codes as one
-    `fp8_block_swiglu_mlp` (gate and up one GEMM, SwiGLU fused into the down projection's FP8
-    operands, forward and backward; the backend's option of that name, plan/fuse_mlp.py; None: its
-    default, `deepwell.plan.backend.FUSED_MLP`, off).
-    graph_ops=False keeps the compiled graphs calling `torch.ops.deepwell` ops through their Python
-    autograd layer instead of the `deepwell_graph` twins (the backend's option of that name,
-    plan/graph_ops.py; None: its default, `deepwell.plan.backend.GRAPH_OPS`, on).
-    recompute_codes=True has the backward make x's FP8 codes again from x instead of the forward
-    saving them: torchao's memory for a second quantizing pass per input (the backend's option of
-    that name; None: its default, `deepwell.plan.backend.RECOMPUTE_CODES`, off).
+    the options' precision and policy). The keywords are `CompileOptions` fields (plan/options.py
+    says what each does), applied over `options` where given (not None).
     A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
     on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
-    if fallback not in ("safe", "error"):
-        raise ValueError(f"deepwell.compile: fallback must be 'safe' or 'error', got {fallback!r}")
-    plan = plan or autoplan(ir, precision=precision)
+    options = (options or CompileOptions()).replace(
+        precision=precision, fallback=fallback, cudagraphs=cudagraphs, fp8_block_codes=fp8_block_codes,
+        fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes)
+    plan = plan or options.plan or autoplan(ir, precision=options.precision, policy=options.policy)
+    options = options.replace(plan=plan)
     shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
-    options = {"plan": plan, "fallback": fallback, "cudagraphs": cudagraphs}
-    options.update(chosen_options(fp8_block_codes=fp8_block_codes, fused_mlp=fused_mlp, graph_ops=graph_ops,
-                                  recompute_codes=recompute_codes))
     compiled = torch.compile(ir.model, backend="deepwell", options=options)
-    return Engine(ir, plan, compiled, fallback, fp8_block_codes, fused_mlp, recompute_codes)
+    return Engine(ir, plan, compiled, options)

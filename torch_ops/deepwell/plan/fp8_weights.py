@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
+from .recipes import family
+
 ops = torch.ops.deepwell
 aten = torch.ops.aten
 
@@ -52,10 +54,6 @@ _KEEP_SHARD = {
     aten._pin_memory.default,
     aten.clone.default,
 }
-
-
-def _recipe_name(recipe: str) -> str:
-    return recipe.partition("@")[0]
 
 
 class Fp8BlockShard(torch.Tensor):
@@ -201,7 +199,7 @@ def _bind(func, args, kwargs) -> list:
 
 
 def _check_recipe(func, recipe: str) -> None:
-    if _recipe_name(recipe) != "fp8_block":
+    if family(recipe) != "fp8_block":
         raise RuntimeError(
             f"deepwell: {func} with recipe {recipe!r} reached a weight FSDP2 gathered as fp8_block codes; "
             "only recipe 'fp8_block' can run from them"

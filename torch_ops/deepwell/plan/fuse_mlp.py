@@ -19,6 +19,8 @@ import operator
 
 import torch
 
+from .recipes import family
+
 _SILU = (torch.nn.functional.silu, torch.ops.aten.silu.default)
 _MUL = (operator.mul, torch.mul, torch.ops.aten.mul.Tensor)
 
@@ -71,7 +73,7 @@ def _shape(node: torch.fx.Node):
 
 def _match(down: torch.fx.Node):
     """(a, b, silu, h, h's quantization) when `down` is the down projection of a fusable MLP."""
-    if not _from_codes(down) or down.args[6] is not None or down.args[7].partition("@")[0] != "fp8_block":
+    if not _from_codes(down) or down.args[6] is not None or family(down.args[7]) != "fp8_block":
         return None
     h = down.args[0]
     if not _mul(h):

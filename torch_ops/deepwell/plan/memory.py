@@ -24,13 +24,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..ops.fp8_tensor import amax_of
+from .options import CompileOptions
+from .recipes import family
+from .sites import Codes
 
 _MULS = (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
 
 
 def saved_activation_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1,
-    sequence: bool = False, codes: dict[str, str] | None = None, fused_mlp: bool | None = None
+    sequence: bool = False, codes: dict[str, str] | None = None, fused_mlp: bool = CompileOptions.fused_mlp
 ) -> tuple[int, int, int, int]:
     """(total, largest, output, output elements): bytes of the activations one training forward
     saves, of the largest of them and of the forward's outputs, and the outputs' element count.
@@ -41,7 +44,7 @@ def saved_activation_bytes(
     `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`).
     `codes`: the sites that save x's codes (qualified nn.Linear name -> recipe, `codes_of`; the
     compiled count, without tensor parallelism: the backend keeps scaled_linear on split weights);
-    `fused_mlp`: the backend's option of that name (`fused_mlps`; None: its default)."""
+    `fused_mlp`: the backend's option of that name (`fused_mlps`)."""
     if quantized is not None:
         try:
             return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence, codes, fused_mlp)
@@ -73,7 +76,7 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
 
 def compiled_saved_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1, sequence: bool = False,
-    codes: dict[str, str] | None = None, fused_mlp: bool | None = None
+    codes: dict[str, str] | None = None, fused_mlp: bool = CompileOptions.fused_mlp
 ) -> tuple[int, int, int, int]:
     """`saved_activation_bytes`'s four figures under torch.compile. Saved: the storages behind the
     backward graph's inputs other than the output gradients (`tangents_*`) and the parameters, each
@@ -123,9 +126,6 @@ def compiled_saved_bytes(
     heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
     split = tensor_parallel.local_sequence(model, tensor) if tensor > 1 and sequence else contextlib.nullcontext()
     with_codes = bool(codes) and tensor == 1
-    from .backend import FUSED_MLP
-
-    fused_mlp = FUSED_MLP if fused_mlp is None else fused_mlp
     mlps = fused_mlps(model, example_inputs, codes) if with_codes and fused_mlp else set()
     saves_codes = saved_codes(model, codes, mlps) if with_codes else contextlib.nullcontext()
     options = _partitioner_options(1 if quantized else 0)
@@ -141,24 +141,12 @@ def compiled_saved_bytes(
     return sum(sizes.values()), max(sizes.values(), default=0), output, sum(t.numel() for t in outputs)
 
 
-def codes_of(plan, fp8_block_codes: bool | None = None) -> dict[str, str]:
-    """The plan's sites whose backward keeps x's codes instead of x, name -> recipe (plan/backend.py
-    `_saves_codes`): fp8_tensor sites, and fp8_block ones where the backend's `fp8_block_codes`
-    (default `fp8_block_codes_default()`, on in one process and under torch.distributed alike) has
-    them save their column copy."""
-    from .backend import fp8_block_codes_default
-
-    block = fp8_block_codes_default() if fp8_block_codes is None else fp8_block_codes
-    families = ("fp8_tensor", "fp8_block") if block else ("fp8_tensor",)
-    return {
-        s.name: s.recipe for s in plan.sites
-        if s.recipe.partition("@")[0] in families and (s.recipe.startswith("fp8_tensor") or _whole_blocks(s.tokens))
-    }
-
-
-def _whole_blocks(tokens: int) -> bool:
-    """fp8_block's column copy has 1x128 blocks along the tokens (plan/backend.py `_saves_codes`)."""
-    return tokens > 0 and tokens % 128 == 0
+def codes_of(plan, options: CompileOptions | None = None) -> dict[str, str]:
+    """The plan's sites whose forward saves x's codes for the backward instead of x, name -> recipe:
+    the ones whose strategy under `options` (default: the backend's defaults) is `Codes.SAVED`
+    (`CompileOptions.codes_for`, the rule the backend writes into the plan)."""
+    options = options or CompileOptions()
+    return {s.name: s.recipe for s in plan.sites if options.codes_for(s.recipe, s.tokens) is Codes.SAVED}
 
 
 def fused_mlps(model: torch.nn.Module, example_inputs: tuple, codes: dict[str, str]) -> set[tuple[str, str, str]]:
@@ -171,7 +159,7 @@ def fused_mlps(model: torch.nn.Module, example_inputs: tuple, codes: dict[str, s
     from torch.overrides import TorchFunctionMode
 
     linears = {m: name for name, m in model.named_modules()
-               if type(m) is torch.nn.Linear and m.bias is None and codes.get(name, "").partition("@")[0] == "fp8_block"}
+               if type(m) is torch.nn.Linear and m.bias is None and family(codes.get(name, "bf16")) == "fp8_block"}
     made: dict[int, tuple] = {}  # id(tensor) -> ("linear", name, x) | ("silu", a) | ("mul", p, q)
     reads: dict[int, int] = {}
     alive: list = []  # every tensor recorded, so that no id is reused
@@ -247,7 +235,7 @@ def saved_codes(model: torch.nn.Module, codes: dict[str, str], mlps: set[tuple[s
     gate_inputs: dict[str, tuple] = {}  # a fused MLP's gate -> (x, its codes) of its latest call
 
     def forward_of(name: str, m: torch.nn.Linear, recipe: str):
-        family = recipe.partition("@")[0]
+        kind = family(recipe)
 
         def forward(x):
             if name in gates:
@@ -255,16 +243,16 @@ def saved_codes(model: torch.nn.Module, codes: dict[str, str], mlps: set[tuple[s
                 x_gate, x_codes = gate_inputs[gate]
                 w_gate, w_up = modules[gate].weight, modules[up].weight
                 return ops.fp8_block_swiglu_mlp(x_gate, *x_codes, w_gate, w_up, m.weight, recipe)[0]
-            key = (id(x), family)
+            key = (id(x), kind)
             if key not in quantized:
                 x2 = x.detach().reshape(-1, m.in_features)
-                if family == "fp8_block":
+                if kind == "fp8_block":
                     quantized[key] = (x, ops.fp8_block_quantize_rowcol(x2, True, True))
                 else:
                     quantized[key] = (x, ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax_of(x2)))
             if any(name == gate for gate, _ in gates.values()):
                 gate_inputs[name] = quantized[key]
-            if family == "fp8_block":
+            if kind == "fp8_block":
                 return ops.fp8_block_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
             return ops.fp8_tensor_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
 

@@ -6,6 +6,7 @@ guardrails' clip limits, `probe()` and the planner's roles all read them from he
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +22,43 @@ def table() -> dict[str, dict]:
 
 def names() -> tuple[str, ...]:
     return tuple(table())
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One recipe as the Rust table states it, parsed once from its spelling: "fp8_block", or
+    "fp8_block@sm_90" (CPU tensors only: the GEMMs that GPU would run, through a CPU model;
+    docs/OPS.md "Linear layers")."""
+
+    #: "mxfp8", "nvfp4", "fp8_block", "fp8_tensor" or "bf16".
+    name: str
+    #: elements per scale along K (None for bf16, 1 for fp8_tensor).
+    block_k: int | None
+    #: every recipe but bf16.
+    low_precision: bool
+    #: the GPU whose GEMMs a CPU model stands in for ("recipe@arch"), else None.
+    modelled_arch: str | None = None
+
+    @staticmethod
+    @functools.cache
+    def parse(text: str) -> Recipe:
+        name, at, arch = text.partition("@")
+        if name not in table():
+            raise ValueError(f"deepwell: unknown recipe {text!r} (one of {', '.join(names())}, optionally '@<arch>')")
+        row = table()[name]
+        return Recipe(name, row["block_k"], row["low_precision"], arch if at else None)
+
+    def native_on(self, arch: str) -> bool:
+        """Whether `arch` runs this recipe's GEMMs natively (else exact emulation)."""
+        return self.name in arch_info(arch)["native"]
+
+    def __str__(self) -> str:
+        return self.name if self.modelled_arch is None else f"{self.name}@{self.modelled_arch}"
+
+
+def family(recipe: str) -> str:
+    """The recipe's name without a modelled arch: "fp8_block" for "fp8_block@sm_90"."""
+    return Recipe.parse(recipe).name
 
 
 def block_k(recipe: str) -> int | None:

@@ -5,9 +5,24 @@ rust/ops/src/capi.rs) from the sites, the device and the user's policy. Printabl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from .policy import LayerDecision, LayerInfo, PrecisionPolicy
 from .recipes import current_arch, device_arch, role_of  # noqa: F401  (role_of: the planner's roles)
+
+
+class Codes(str, Enum):
+    """How a site's input x reaches its backward, which decides the op it runs as (the backend
+    writes it from `CompileOptions.codes_for`; the FX rewrite and dryrun read it)."""
+
+    #: x itself is kept: `scaled_linear` quantizes it again in the backward (bf16 sites: the model's GEMM).
+    X = "x"
+    #: x quantized once for all the sites reading it, its column copy saved for their backwards
+    #: (`fp8_*_linear_from_codes`).
+    SAVED = "saved"
+    #: x quantized once, row copy only; the backward makes the column copy from x
+    #: (`fp8_*_linear_from_rows`).
+    RECOMPUTED = "recomputed"
 
 
 @dataclass
@@ -25,6 +40,8 @@ class Site:
     device: str = "cpu"
     #: The activation's dtype ("torch.float32", ...): what an unquantized site really computes in.
     dtype: str = ""
+    #: How x reaches the backward (the backend's strategy for the site, from its options).
+    codes: Codes = Codes.X
 
     @property
     def recipe(self) -> str:
@@ -94,6 +111,7 @@ class Plan:
                     "reason": s.decision.reason if s.decision else "",
                     "rule": s.decision.rule if s.decision else "",
                     "gemms": s.decision.gemms if s.decision else {},
+                    "codes": s.codes.value,
                 }
                 for s in self.sites
             ],

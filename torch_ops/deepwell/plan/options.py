@@ -1,0 +1,129 @@
+"""How the `deepwell` backend compiles a model: `CompileOptions`, validated once where the user
+writes them, with every default in this one place. `deepwell.optimize`, `deepwell.compile` and the
+backend itself (`torch.compile(model, backend="deepwell", options=...)`, a `CompileOptions` or a
+dict of its fields) all take it; the `Engine` keeps the one it was compiled with, and dryrun reads
+the same object, so the estimate and the compiled graph cannot disagree on what a site saves.
+
+    >>> opts = deepwell.CompileOptions(precision="fp8_block", recompute_codes=True)
+    >>> compiled = torch.compile(model, backend="deepwell", options=opts)
+
+Each site's strategy (`Codes`: does its input reach the backward as x, as saved FP8 codes, or as
+codes the backward makes again) follows from the site's recipe and tokens and these options by one
+rule, `CompileOptions.codes_for`; the backend writes it into the plan (`Site.codes`) before
+rewriting, and the FX rewrite and dryrun only read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from .policy import PrecisionPolicy
+from .recipes import Recipe, names as recipe_names
+from .sites import Codes, Plan
+
+
+class Fallback(str, Enum):
+    """What a fixed plan does for a GEMM site it does not name."""
+
+    #: the site runs bf16 (the model's own GEMM).
+    SAFE = "safe"
+    #: compiling the graph raises.
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Every option of the `deepwell` backend (docs/DESIGN.md "The torch.compile backend")."""
+
+    #: the recipe of every site the policy does not keep in bf16: "auto" (the device's fastest native
+    #: recipe), "mxfp8", "nvfp4", "fp8_block", "fp8_tensor" or "bf16".
+    precision: str = "auto"
+    #: a full policy (overrides, first/last rule, min_features); its precision wins over `precision`.
+    policy: PrecisionPolicy | None = None
+    #: a fixed plan (`deepwell.autoplan`): sites are looked up by name instead of planned.
+    plan: Plan | None = None
+    #: what a fixed plan does for a site it lacks.
+    fallback: Fallback = Fallback.SAFE
+    #: plan for this arch ("sm_90", "sm_100", "cpu") instead of the weights' device's.
+    arch: str | None = None
+    #: print each graph's plan (also DEEPWELL_PRINT_PLAN=1).
+    verbose: bool = False
+    #: replay each compiled graph as a CUDA graph (Inductor's CUDA graph trees: what
+    #: `mode="reduce-overhead"` gives torch.compile, which takes a mode or options, not both).
+    cudagraphs: bool = False
+    #: fp8_block sites quantize each input once, both copies, for all the sites reading it, and save
+    #: its column copy for their backwards (`fp8_block_linear_from_codes`); False: `scaled_linear`
+    #: per site, x recomputed in the backward. Measured faster with the copies, in one process and
+    #: under FSDP2 alike (docs/BASELINES.md).
+    fp8_block_codes: bool = True
+    #: the code-saving sites keep quantizing x once for all its readers, but the forward writes
+    #: only the row copy and the backward makes the column copy from x (`fp8_*_linear_from_rows`):
+    #: torchao's memory for a second pass over x (docs/BASELINES.md "deepwell on the H200").
+    recompute_codes: bool = False
+    #: `w_down(silu(w_gate(x)) * w_up(x))` with its three sites fp8_block on x's codes runs as one
+    #: `fp8_block_swiglu_mlp` (plan/fuse_mlp.py). Off: measured no faster than the three sites.
+    fused_mlp: bool = False
+    #: compiled graphs call the `deepwell_graph` twins of the ops, without the Python autograd layer
+    #: (plan/graph_ops.py).
+    graph_ops: bool = True
+
+    def __post_init__(self):
+        def fail(name, expected, got):
+            raise ValueError(f"deepwell.CompileOptions: '{name}' must be {expected}, got {got!r}")
+
+        if not isinstance(self.precision, str) or self.precision not in ("auto", *recipe_names()):
+            fail("precision", f"one of {', '.join(('auto', *recipe_names()))}", self.precision)
+        if self.policy is not None and not isinstance(self.policy, PrecisionPolicy):
+            fail("policy", "a deepwell.PrecisionPolicy or None", self.policy)
+        if self.plan is not None and not isinstance(self.plan, Plan):
+            fail("plan", "a deepwell.Plan (from deepwell.autoplan) or None", self.plan)
+        try:
+            object.__setattr__(self, "fallback", Fallback(self.fallback))
+        except ValueError:
+            fail("fallback", "'safe' or 'error'", self.fallback)
+        if self.arch is not None and not isinstance(self.arch, str):
+            fail("arch", "an arch name such as 'sm_90' or None", self.arch)
+        for f in ("verbose", "cudagraphs", "fp8_block_codes", "recompute_codes", "fused_mlp", "graph_ops"):
+            if not isinstance(getattr(self, f), bool):
+                fail(f, "a bool", getattr(self, f))
+
+    @classmethod
+    def of(cls, options: CompileOptions | Mapping | None) -> CompileOptions:
+        """The options as given to the backend: a CompileOptions, a dict of its fields (None values
+        keep the default), or None (every default)."""
+        if isinstance(options, CompileOptions):
+            return options
+        if options is None:
+            return cls()
+        if not isinstance(options, Mapping):
+            raise TypeError(f"deepwell backend: options must be a deepwell.CompileOptions or a dict, got {type(options)}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"deepwell backend: unknown options {sorted(unknown)} ({', '.join(sorted(known))})")
+        return cls(**{k: v for k, v in options.items() if v is not None})
+
+    def replace(self, **changes) -> CompileOptions:
+        """A copy with `changes` (None values keep this object's)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def precision_policy(self) -> PrecisionPolicy:
+        """The policy the planner applies: `policy`, else the defaults with `precision`."""
+        return self.policy if self.policy is not None else PrecisionPolicy(precision=self.precision)
+
+    def codes_for(self, recipe: str | Recipe, tokens: int) -> Codes:
+        """How a site of `recipe` with `tokens` rows per call gets x into its backward:
+        fp8_tensor sites always run on x's codes (`fp8_tensor_linear_from_codes`); fp8_block ones
+        with `fp8_block_codes` when the tokens fill whole 1x128 blocks of the column copy (blocks run
+        along the tokens); either way the codes are saved, or with `recompute_codes` remade in the
+        backward. Every other recipe: `scaled_linear`, which keeps x."""
+        family = Recipe.parse(str(recipe)).name
+        on_codes = family == "fp8_tensor" or (
+            family == "fp8_block" and self.fp8_block_codes and tokens > 0 and tokens % 128 == 0
+        )
+        if not on_codes:
+            return Codes.X
+        return Codes.RECOMPUTED if self.recompute_codes else Codes.SAVED
