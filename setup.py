@@ -31,6 +31,6 @@ setup(
     },
     # The only registration of the torch.compile backend (registering it in code as well makes
     # Dynamo fail with "duplicate name"): torch.compile(m, backend="deepwell") needs no import.
-    entry_points={"torch_dynamo_backends": ["deepwell = deepwell.plan.backend:backend"]},
+    entry_points={"torch_dynamo_backends": ["deepwell = deepwell.compiler.backend:backend"]},
     zip_safe=False,
 )

@@ -235,7 +235,7 @@ def main() -> None:
             inf = time_ms(lambda: ops.quantized_linear(x.detach(), wq, ws, None, None, "fp8_block"))
         print(f"{shape:>20} {'fp8_block':>10} quantized_linear (stored weight codes) forward: {inf:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block", "quantized_linear_fwd_ms": inf})
-        # The backward from the same codes (FSDP2's FP8 all-gather: plan/fp8_weights.py): vs the
+        # The backward from the same codes (FSDP2's FP8 all-gather: distributed/fp8_weights.py): vs the
         # backward op above, W^T's operand is the codes transposed instead of W quantized again.
         bwd_codes = time_ms(lambda: ops.quantized_linear_backward(dy, x, wq, ws, "fp8_block", w.dtype, True, True))
         print(f"{shape:>20} {'fp8_block':>10} quantized_linear_backward (from the codes): {bwd_codes:.3f} ms")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import deepwell
-import deepwell.plan.backend
+import deepwell.compiler.backend
 from _common import environment, header, time_ms, torchao_float8, torchao_version, write_json
 
 ops = torch.ops.deepwell
@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     env = environment()
     env["torchao"] = torchao_version()
-    deepwell.plan.backend.ensure_registered()  # backend="deepwell" without an installed entry point
+    deepwell.compiler.backend.ensure_registered()  # backend="deepwell" without an installed entry point
     header("bench_mlp: one LLaMA MLP (between two bf16 layers) forward + backward, bf16 activations", env)
     rows = []
     for shape in SHAPES[:1] if args.quick else SHAPES:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import deepwell
-import deepwell.plan.backend
+import deepwell.compiler.backend
 from _common import environment, first_call_s, header, time_ms, write_json
 
 ops = torch.ops.deepwell
@@ -288,7 +288,7 @@ def main() -> None:
     p.add_argument("--sections", default="layer,gemm,router,model",
                    help="comma-separated subset of layer,gemm,router,model (to split a run under a time limit)")
     args = p.parse_args()
-    deepwell.plan.backend.ensure_registered()  # (an installed deepwell registers it by entry point)
+    deepwell.compiler.backend.ensure_registered()  # (an installed deepwell registers it by entry point)
     sections = set(args.sections.split(","))
     env = environment()
     header(f"bench_moe: one MoE layer forward + backward, {args.tokens} tokens, bf16", env)

@@ -72,7 +72,7 @@ def _worker(args) -> None:
     import torch.distributed as dist
 
     import deepwell
-    import deepwell.plan.backend
+    import deepwell.compiler.backend
     from deepwell.models import Llama
     from deepwell.train.distributed import shard_rows
 
@@ -89,7 +89,7 @@ def _worker(args) -> None:
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     rank = dist.get_rank() if world > 1 else 0
-    deepwell.plan.backend.ensure_registered()
+    deepwell.compiler.backend.ensure_registered()
     if args.sm_carveout is not None:
         torch._C._set_sm_carveout_experimental(args.sm_carveout)
     if args.aten_scaled_mm:  # the FP8 GEMMs through aten::_scaled_mm_v2, as before deepwell called cuBLASLt itself
@@ -228,7 +228,7 @@ def _worker(args) -> None:
     usage_each = torch.tensor([[y - x for x, y in zip(a, b)] for a, b in zip(usage, usage[1:])], device=device)
     allocator = {k: v - allocator[k] for k, v in allocator_calls(device).items()} if cuda else {}
     # The copy-engine collectives' staging buffers are symmetric memory outside torch's allocator.
-    from deepwell.plan.copy_engine import live_staging_bytes
+    from deepwell.distributed.copy_engine import live_staging_bytes
 
     peak = torch.cuda.max_memory_allocated(device) + live_staging_bytes() if cuda else 0
     settle()

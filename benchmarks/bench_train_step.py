@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 import deepwell
-import deepwell.plan.backend
+import deepwell.compiler.backend
 from torch.profiler import ProfilerActivity, profile
 
 from _common import (environment, first_call_s, header, step_times_ms, torchao_float8, torchao_version,
@@ -249,7 +249,7 @@ def main() -> None:
     graphs = ", CUDA graphs" if args.cudagraphs else ""
     header(f"bench_train_step: LLaMA d={dim} x {layers} layers (SwiGLU {hidden}), {BATCH}x{SEQ} tokens, "
            f"AdamW{graphs}", env)
-    deepwell.plan.backend.ensure_registered()
+    deepwell.compiler.backend.ensure_registered()
     g = torch.Generator(device="cuda").manual_seed(1)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
     targets = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
@@ -309,9 +309,9 @@ def main() -> None:
         plan = deepwell.autoplan(ir, hw=deepwell.probe(), precision=precision)
         engine = deepwell.compile(ir, plan=plan, cudagraphs=args.cudagraphs, fp8_block_codes=codes, **fused)
         estimate = deepwell.dryrun(engine)
-        planning_before = deepwell.plan.backend.STATS["planning_s"]
+        planning_before = deepwell.compiler.backend.STATS["planning_s"]
         row, step = run(model, engine, tokens, targets, args.steps, others=others, **measure)
-        planning = deepwell.plan.backend.STATS["planning_s"] - planning_before
+        planning = deepwell.compiler.backend.STATS["planning_s"] - planning_before
         recipes = sorted({s.recipe for s in plan.sites})
         mlp_note = {None: "", True: ", MLP fused", False: ", MLP unfused"}[fused.get("fused_mlp")]
         mlp_note += ", ops via autograd" if how == "autograd" else ""

@@ -1,5 +1,5 @@
 """What FSDP's collectives cost the GEMMs beside them, NCCL's kernels against the copy engines
-(torch_ops/deepwell/plan/copy_engine.py), on 2 GPUs of one node. Per rank: a copy-engine pull of a
+(torch_ops/deepwell/distributed/copy_engine.py), on 2 GPUs of one node. Per rank: a copy-engine pull of a
 peer's 256 MB symmetric buffer alone, NCCL's all-gather of the same bytes alone, then 40 FP8 GEMMs
 (torch._scaled_mm, 8192^3, cuBLASLt's persistent kernels) alone and with 6 collectives issued on
 another stream first: NCCL's, the copy engines', and NCCL's again with the GEMMs leaving it 8 SMs

@@ -73,7 +73,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import deepwell
-import deepwell.plan.backend
+import deepwell.compiler.backend
 from _common import environment, header, time_ms, write_json
 from bench_moe import SHAPES, hf_grouped_mm, step
 
@@ -309,7 +309,7 @@ def main() -> None:
     p.add_argument("--aux-loss", default=None, choices=["switch", "seq"],
                    help="DeepwellMoE's aux loss (bench_moe: none; HF has none)")
     args = p.parse_args()
-    deepwell.plan.backend.ensure_registered()
+    deepwell.compiler.backend.ensure_registered()
     name, e, d, f, k = next(s for s in SHAPES if s[0] == args.shape)
     tokens = args.tokens
     if args.quick:

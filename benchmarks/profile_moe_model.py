@@ -12,7 +12,7 @@ import torch
 import transformers
 
 import deepwell
-import deepwell.plan.backend
+import deepwell.compiler.backend
 from deepwell import _native
 
 CONFIG = dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=4, num_attention_heads=16,
@@ -58,7 +58,7 @@ def run(precision: str, tokens: torch.Tensor) -> None:
 
 
 def main() -> None:
-    deepwell.plan.backend.ensure_registered()
+    deepwell.compiler.backend.ensure_registered()
     tokens = torch.randint(0, 32000, (8, 2048), device="cuda")
     for precision in ("auto", "bf16", "auto"):
         run(precision, tokens)

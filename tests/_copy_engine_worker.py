@@ -1,6 +1,6 @@
 """One process of tests/test_copy_engine.py's 2-GPU runs (NCCL, one GPU per process).
 
-DEEPWELL_TEST_CASE=collectives: the copy-engine all-gather and reduce-scatter (plan/copy_engine.py)
+DEEPWELL_TEST_CASE=collectives: the copy-engine all-gather and reduce-scatter (distributed/copy_engine.py)
 against NCCL's on the same random data, bit for bit: several sizes, bf16 and uint8, SUM and AVG,
 PREMUL_SUM and one all-gather larger than the staging buffer (both handed to NCCL), and a run of
 all-gathers and reduce-scatters issued alternately on two streams, as FSDP2 overlaps them. Writes
@@ -30,7 +30,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def collectives(rank: int, world: int, device: torch.device) -> dict:
-    from deepwell.plan import copy_engine
+    from deepwell.distributed import copy_engine
 
     group = dist.group.WORLD
     # Staging sized as for one FSDP unit of world x 5 Mi bf16 elements: the 6 Mi all-gather below
@@ -96,11 +96,11 @@ def collectives(rank: int, world: int, device: torch.device) -> dict:
 
 def train(rank: int, world: int, device: torch.device) -> dict:
     import deepwell
-    import deepwell.plan.backend
+    import deepwell.compiler.backend
     from deepwell.models import Llama
     from deepwell.train.distributed import shard_rows
 
-    deepwell.plan.backend.ensure_registered()
+    deepwell.compiler.backend.ensure_registered()
     torch.manual_seed(0)
     model = Llama(512, 256, 4, 4, 768, max_seq=128).to(device=device, dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(1)

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 import deepwell
-import deepwell.plan.backend
+import deepwell.compiler.backend
 from deepwell.models import Llama
 from _util import finish_rank
 
@@ -51,7 +51,7 @@ PLACEMENTS: set[str] = set()  # the placements of the saved gradients (DEEPWELL_
 
 
 def _count_fp8_gathers() -> None:
-    from deepwell.plan.fp8_weights import Fp8BlockShard
+    from deepwell.distributed.fp8_weights import Fp8BlockShard
 
     pre = Fp8BlockShard.fsdp_pre_all_gather
 
@@ -65,7 +65,7 @@ def _count_fp8_gathers() -> None:
 def _eager(ir, plan):
     """The model sharded as `plan` says, its planned sites' nn.Linear forwards running
     deepwell.scaled_linear eagerly (no torch.compile)."""
-    from deepwell.plan.shard import shard
+    from deepwell.distributed.shard import shard
 
     recipe_of = {s.name: s.recipe for s in plan.sites}
     for name, module in ir.model.named_modules():
@@ -92,7 +92,7 @@ def _units(model: torch.nn.Module) -> list[list[str]]:
 
 def main() -> None:
     rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    deepwell.plan.backend.ensure_registered()  # (an installed deepwell registers it by entry point)
+    deepwell.compiler.backend.ensure_registered()  # (an installed deepwell registers it by entry point)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     _count_fp8_gathers()
@@ -104,7 +104,7 @@ def main() -> None:
     local = BATCH // (world // tensor)  # this data rank's rows of every global batch
     rows = slice(rank // tensor * local, (rank // tensor + 1) * local)
     ir = deepwell.capture(model, (data[0, rows, :-1],))
-    # Every block planned alike: FSDP2 compiles one graph per block (plan/backend.py _shared_decision).
+    # Every block planned alike: FSDP2 compiles one graph per block (compiler/backend.py _shared_decision).
     policy = deepwell.PrecisionPolicy(precision=RECIPE, min_features=128, first_last_bf16=False)
     tp = tensor if tensor > 1 else None
     sequence_parallel = os.environ.get("DEEPWELL_TEST_SP") == "1"
@@ -183,7 +183,7 @@ def main() -> None:
         "sharding": {k: v for k, v in plan.sharding.items() if k != "saved"},
         "recipes": sorted({s.recipe for s in plan.sites}),
         # What the compiled graphs run, site by site (per block under FSDP2).
-        "ran": sorted(s.runs_in for p in deepwell.plan.backend.PLANS for s in p.sites),
+        "ran": sorted(s.runs_in for p in deepwell.compiler.backend.PLANS for s in p.sites),
         "predicted_peak_bytes": estimate.peak_bytes if estimate else None,
         "fp8_all_gather": plan.sharding.get("fp8_all_gather"),
         "fp8_gathered": plan.sharding.get("fp8_gathered"),

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import deepwell
-import deepwell.plan.backend
+import deepwell.compiler.backend
 from deepwell.nn.moe import update_expert_biases
 from _moe_lm import MoELM
 from _util import finish_rank
@@ -55,7 +55,7 @@ def _skipped_update(model, rank: int) -> dict:
 
 def main() -> None:
     rank, world, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    deepwell.plan.backend.ensure_registered()
+    deepwell.compiler.backend.ensure_registered()
     if world > 1:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     torch.manual_seed(0)

@@ -128,7 +128,7 @@ def spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
 def deepwell_calls(run) -> list[str]:
     """The deepwell ops `run()` calls, in order, by name: `deepwell::<op>` from eager code and
     `deepwell_graph::<op>`, its twin without autograd, from the backend's compiled graphs
-    (plan/graph_ops.py). Compiled code calls them through the dispatcher, which the profiler records."""
+    (compiler/graph_ops.py). Compiled code calls them through the dispatcher, which the profiler records."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         run()
     return [name for ns, _, name in (e.name.partition("::") for e in prof.events())

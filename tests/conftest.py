@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import deepwell  # (defines and registers torch.ops.deepwell)
-import deepwell.plan.backend
+import deepwell.compiler.backend
 
 
 # `pip install` registers the torch.compile backend through its entry point; a source checkout on
 # PYTHONPATH (development, the GPU machine) has none.
-deepwell.plan.backend.ensure_registered()
+deepwell.compiler.backend.ensure_registered()
 
 
 def _sampled_out_of_a_sweep(item) -> bool:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import deepwell
-from deepwell.plan import backend as dw_backend
+from deepwell.compiler import backend as dw_backend
 from deepwell.models import Llama
 from _util import saved_activation_bytes
 
@@ -62,7 +62,7 @@ def test_the_rewritten_graph_calls_deepwell_ops():
     seen = []
 
     def spy(gm, example_inputs, **kw):
-        from deepwell.plan.backend import plan_graph, rewrite
+        from deepwell.compiler.backend import plan_graph, rewrite
 
         ops = torch.ops.deepwell
         for codes in (False, True):
@@ -152,7 +152,7 @@ def test_cuda_auto_runs_the_native_recipe_and_trains(named):
     out = compiled(tokens)
     out.float().square().mean().backward()
     plan = deepwell.last_plan()
-    assert plan.arch == deepwell.plan.recipes.current_arch()
+    assert plan.arch == deepwell.core.recipes.current_arch()
     inner = plan.sites[1:-1]
     if named:
         assert all(s.recipe == auto for s in inner)
@@ -319,7 +319,7 @@ def test_optimize_warns_when_dynamo_skips_the_whole_frame(graph_break):
 @pytest.mark.slow  # a long training run; test_training_parity.py is the fast tier's
 def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch):
     """With `fp8_block_codes=False` the backend lets the partitioner recompute the bf16 inputs of deepwell GEMMs (norm and
-    SwiGLU outputs) in the backward instead of saving them (backend._partitioner_options): a bf16
+    SwiGLU outputs) in the backward instead of saving them (plan.memory.partitioner_options): a bf16
     model with fp8_block on every GEMM saves fewer activation bytes than torch.compile in bf16 (it
     saved exactly as many before), and its gradients are as close to fp32 eager as the same graph
     compiled without the recompute. Not bit-identical to it: Inductor keeps a fused kernel's bf16
@@ -347,7 +347,7 @@ def test_quantized_gemms_save_less_than_bf16_and_train_as_accurately(monkeypatch
     recomputed, error = run(deepwell_fp8)
     # The default: x's FP8 column copies saved instead (1 byte per element, where bf16 saves 2).
     codes_saved, error_codes = run(lambda model: deepwell_fp8(model, codes=True))
-    monkeypatch.setattr(dw_backend, "_partitioner_options", lambda rewritten: {})
+    monkeypatch.setattr(dw_backend, "partitioner_options", lambda rewritten: {})
     saved_all, error_saved_all = run(deepwell_fp8)
     assert saved_all >= bf16_saved > codes_saved > recomputed
     assert error < 0.16 and error < error_saved_all * 1.1 and error_codes < 0.16

@@ -11,7 +11,7 @@ import torch
 
 import deepwell
 from deepwell import Codes, CompileOptions, Recipe
-from deepwell.plan import backend
+from deepwell.compiler import backend
 from deepwell.plan.memory import codes_of
 from deepwell.plan.options import Fallback
 

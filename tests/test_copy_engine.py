@@ -1,4 +1,4 @@
-"""FSDP2's collectives on the copy engines (torch_ops/deepwell/plan/copy_engine.py).
+"""FSDP2's collectives on the copy engines (torch_ops/deepwell/distributed/copy_engine.py).
 
 On the CPU, threads stand in for the ranks (a shared dict for the symmetric staging buffers, a
 threading.Barrier for the signal pads), which checks the protocol itself: which bytes go to which
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from _util import spawn
-from deepwell.plan import copy_engine
+from deepwell.distributed import copy_engine
 
 
 class ThreadPeers:

@@ -1,8 +1,8 @@
-"""deepwell.export / deepwell.load (deepwell.train.export): the artifact holds the plan, the policy
+"""deepwell.export / deepwell.load (deepwell.artifact.export): the artifact holds the plan, the policy
 and each low-precision site's weight pre-quantized exactly as the recipe's forward quantizes it; on
 the CPU the loaded model's logits are bit-identical to the trained model run eagerly with its plan,
 and close to the compiled engine's (Inductor's fusions move last bits, which a quantizer can round
-to a neighbouring code: the module docs of deepwell.train.export)."""
+to a neighbouring code: the module docs of deepwell.artifact.export)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 
 import deepwell
 from _training import CONFIG, engine, heldout
+from deepwell.artifact.quantized import QuantizedLinear, quantize_weight
 from deepwell.train import CheckpointError, planned_eager
-from deepwell.train.quantized import QuantizedLinear, quantize_weight
 
 
 @pytest.fixture(scope="module", params=["mxfp8", "fp8_block", "nvfp4"])

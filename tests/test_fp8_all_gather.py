@@ -1,5 +1,5 @@
-"""FSDP2's FP8 weight all-gather (`deepwell.autoplan(..., fp8_all_gather=True)`; plan/fp8_all_gather.py
-chooses the weights, plan/fp8_weights.py gathers them): which weights take it and why the others do
+"""FSDP2's FP8 weight all-gather (`deepwell.autoplan(..., fp8_all_gather=True)`; distributed/fp8_all_gather.py
+chooses the weights, distributed/fp8_weights.py gathers them): which weights take it and why the others do
 not, the gathered weight running scaled_linear from its codes bit for bit, and, on 2 gloo processes
 on the CPU (tests/_fsdp_worker.py), training steps whose losses and gradients are bit-identical to
 the high-precision all-gather's, compiled and eager, with checkpoints that save and resume."""
@@ -13,9 +13,9 @@ import torch
 
 import deepwell
 from _util import same_bits, spawn, trains_alike
+from deepwell.distributed import fp8_all_gather
+from deepwell.distributed.fp8_weights import Fp8BlockGathered
 from deepwell.models import Llama
-from deepwell.plan import fp8_all_gather
-from deepwell.plan.fp8_weights import Fp8BlockGathered
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch built without distributed")
 

@@ -235,7 +235,7 @@ def test_gpu_grouped_wgrad_matches_the_float64_product(gen, m, n, tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("left", [8, 120, 1024])
 def test_gpu_sms_left_to_collectives_change_the_grid_not_the_bits(gen, left):
-    """Under FSDP the persistent kernel leaves the plan's SMs to the collectives (plan/shard.py
+    """Under FSDP the persistent kernel leaves the plan's SMs to the collectives (distributed/shard.py
     sets them with torch's carveout): fewer CTAs, each looping over more tiles; every output is the
     same bits (one CTA computes a tile whole, in the same order), dense, row-grouped and K-grouped.
     A carveout of the whole GPU still launches one CTA."""

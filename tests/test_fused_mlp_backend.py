@@ -1,4 +1,4 @@
-"""The deepwell backend's SwiGLU MLP fusion (plan/fuse_mlp.py, option `fused_mlp`): each fp8_block
+"""The deepwell backend's SwiGLU MLP fusion (compiler/fuse_mlp.py, option `fused_mlp`): each fp8_block
 `w_down(silu(w_gate(x)) * w_up(x))` becomes one `fp8_block_swiglu_mlp` with nothing of the three
 sites left behind; outputs and gradients stay within FP8 noise of the unfused graph (not bit-identical:
 one fp32 dx sum, deepwell's SwiGLU) and as close to float64 as it is; patterns the op cannot stand
@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import deepwell
+from deepwell.compiler import backend as dw_backend
 from deepwell.models import Llama
 from deepwell.models.llama import FeedForward
-from deepwell.plan import backend as dw_backend
 from deepwell.plan.memory import codes_of, fused_mlps, saved_activation_bytes
 from _util import deepwell_calls as _deepwell_calls
 
@@ -71,7 +71,7 @@ def _rel(a, b):
 def _graph_counts(model, x, **options) -> dict:
     """Counts of the rewritten graph's deepwell ops and SwiGLU nodes (backend's own rewrite, fusion or
     not, without Inductor)."""
-    from deepwell.plan.fuse_mlp import fuse_mlp
+    from deepwell.compiler.fuse_mlp import fuse_mlp
 
     counts = {}
 

@@ -1,5 +1,5 @@
 """The `deepwell_graph` twins of deepwell's ops and the backend pass that makes compiled graphs call
-them (torch_ops/deepwell/plan/graph_ops.py): the same kernels and fake kernels without the Python
+them (torch_ops/deepwell/compiler/graph_ops.py): the same kernels and fake kernels without the Python
 autograd layer, so a compiled model trains to the same bits with and without the pass, and every
 deepwell op of its forward and backward graphs is a twin. CPU (the emulated recipes); the GPU case
 runs the native kernels the same way."""
@@ -11,8 +11,8 @@ import torch
 
 import deepwell
 from deepwell import _native
+from deepwell.compiler import graph_ops
 from deepwell.models import Llama
-from deepwell.plan import graph_ops
 from _util import adamw_steps
 
 ops, twins = torch.ops.deepwell, torch.ops.deepwell_graph

@@ -115,7 +115,7 @@ def test_linear_refuses_a_shape_its_recipe_cannot_take_at_construction():
 
 
 def test_auto_linear_plans_bf16_for_a_shape_no_recipe_takes(monkeypatch):
-    from deepwell.plan import recipes
+    from deepwell.core import recipes
 
     monkeypatch.setattr("deepwell.nn.linear.auto_recipe", lambda: "fp8_block")
     layer = deepwell.Linear(100, 256, recipe="auto")

@@ -64,7 +64,7 @@ def test_expert_parallel_refuses_what_it_cannot_shard():
 
 def test_compile_sharding_refuses_an_expert_parallel_block():
     """FSDP2 would gather different ranks' local experts into one wrong tensor: refused by name."""
-    from deepwell.plan.shard import shard
+    from deepwell.distributed.shard import shard
 
     model = torch.nn.Sequential(deepwell.DeepwellMoE(16, 16, 4, 2, name="layers.0.moe"))
     model[0].ep_size = 2  # as deepwell.expert_parallel leaves it on 2 processes

@@ -213,7 +213,7 @@ def test_auto_keeps_bf16_experts_where_the_cost_model_predicts_fp8_slower():
         fine = plan_experts(auto, "sm_90", "moe", "DeepwellMoE", dim, ffn, experts, 8192 * 8)
         assert fine[:2] == ["bf16", "bf16"], fine
         assert all("auto: fp8_block predicted" in r and "too few to gain" in r for r in fine[2:]), fine
-        assert [d.rule for d in auto.decide([deepwell.plan.policy.LayerInfo("e", "DeepwellMoE", "experts", 1, 3, dim,
+        assert [d.rule for d in auto.decide([deepwell.core.policy.LayerInfo("e", "DeepwellMoE", "experts", 1, 3, dim,
                                                                              2 * ffn, 8192 * 8, experts)], "sm_90")] \
             == ["ExpertTokens"]
         forced = plan_experts(deepwell.PrecisionPolicy(precision="fp8_block"), "sm_90", "moe", "DeepwellMoE", dim,
@@ -224,7 +224,7 @@ def test_auto_keeps_bf16_experts_where_the_cost_model_predicts_fp8_slower():
     assert unknown[:2] == ["fp8_block", "fp8_block"], unknown
     # The planner refuses a malformed experts count by name.
     with pytest.raises(ValueError, match=r"layers\[0\]: 'experts' must be a positive integer, got 0"):
-        auto.decide([deepwell.plan.policy.LayerInfo("e", "DeepwellMoE", "experts", 1, 3, 128, 256, 1024, 0)], "sm_90")
+        auto.decide([deepwell.core.policy.LayerInfo("e", "DeepwellMoE", "experts", 1, 3, 128, 256, 1024, 0)], "sm_90")
 
 
 @pytest.mark.parametrize("opts", [dict(top_k=2), dict(top_k=3, score_func="sigmoid", n_group=4, topk_group=2,

@@ -158,7 +158,7 @@ def test_torchs_fake_kernel_accepts_every_operand():
 
 def test_first_use_check_trusts_a_matching_kernel_and_refuses_a_wrong_or_failing_one(monkeypatch):
     monkeypatch.setattr(torch, "_scaled_grouped_mm", decoding_scaled_grouped_mm)
-    assert mg.trusted_on.__wrapped__("cpu")
+    assert mg.trusted_on.__wrapped__("cpu", gl._GroupedEmulated)
 
     def transposed_scales(a, b, scale_a, scale_b, **kw):  # a kernel reading the weights' scales wrong
         wrong = scale_b.view(torch.uint8).flip(-1).view(E8) if b.dim() == 3 else scale_b
@@ -167,7 +167,7 @@ def test_first_use_check_trusts_a_matching_kernel_and_refuses_a_wrong_or_failing
     monkeypatch.setattr(torch, "_scaled_grouped_mm", transposed_scales)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not mg.trusted_on.__wrapped__("cpu")
+        assert not mg.trusted_on.__wrapped__("cpu", gl._GroupedEmulated)
     assert any("differ from the exact emulation" in str(w.message) for w in caught)
 
     def refuses(*_, **__):  # a kernel this device does not take
@@ -176,7 +176,7 @@ def test_first_use_check_trusts_a_matching_kernel_and_refuses_a_wrong_or_failing
     monkeypatch.setattr(torch, "_scaled_grouped_mm", refuses)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert not mg.trusted_on.__wrapped__("cpu")
+        assert not mg.trusted_on.__wrapped__("cpu", gl._GroupedEmulated)
     assert any("fails (MXFP8 grouped GEMM is only supported on SM100); MXFP8 experts run emulated there"
                in str(w.message) for w in caught)
 

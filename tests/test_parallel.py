@@ -16,9 +16,9 @@ import torch
 import deepwell
 from _util import trains_alike
 from deepwell import _native
+from deepwell.compiler.backend import _from_fixed_plan
+from deepwell.core.policy import LayerDecision
 from deepwell.models import Llama
-from deepwell.plan.backend import _from_fixed_plan
-from deepwell.plan.policy import LayerDecision
 from deepwell.plan.sites import Plan, Site
 
 WORKER = os.path.join(os.path.dirname(__file__), "_fsdp_worker.py")
@@ -66,7 +66,7 @@ def test_fsdp_on_gpus_leaves_sms_to_the_collectives():
     collectives (Rust's COMM_SMS); one node's GPUs with peer access move them on the copy engines
     and leave none; CPU processes and tensor parallelism alone do not. Applying it sets torch's
     process-wide carveout on CUDA only, and never overrides one the user set."""
-    from deepwell.plan.shard import leave_sms_to_collectives
+    from deepwell.distributed.shard import leave_sms_to_collectives
 
     gib = 1 << 30
     model = {"weight_bytes": 2 * gib, "gradient_bytes": 2 * gib, "optimizer_bytes": 4 * gib,
@@ -136,7 +136,7 @@ def test_nccl_runs_on_as_many_ctas_as_the_sms_left_to_it():
     """The data ranks' NCCL group is built with max_ctas = the collectives' SMs (the mesh's
     backend_override), so a collective fits beside a GEMM that leaves that many; nothing is
     overridden off the GPU or without a carveout."""
-    from deepwell.plan.shard import nccl_ctas
+    from deepwell.distributed.shard import nccl_ctas
 
     assert nccl_ctas(torch.device("cpu"), 8) == {}
     assert nccl_ctas(torch.device("cuda", 0), 0) == {}
@@ -308,7 +308,7 @@ def test_fsdp_units_are_the_ends_and_groups_of_blocks_in_forward_order():
     """parallel.fsdp_units: the modules before the blocks, the blocks in groups, those after, along
     the path to the blocks (Hugging Face nests them in `model`); tied ends stay with the root."""
     from deepwell.models import Llama
-    from deepwell.plan.parallel import fsdp_units
+    from deepwell.distributed.units import fsdp_units
 
     def names(model, units):
         of = {id(m): n for n, m in model.named_modules()}

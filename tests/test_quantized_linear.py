@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from _util import same_bits
-from deepwell.train.quantized import quantize_weight
+from deepwell.artifact.quantized import quantize_weight
 
 ops = torch.ops.deepwell
 RECIPES = ("fp8_block", "mxfp8", "nvfp4")

@@ -1,4 +1,4 @@
-"""The backend's `recompute_codes` option (plan/backend.py `_quantize_once`):
+"""The backend's `recompute_codes` option (compiler/backend.py `_quantize_once`):
 x's row codes are made once in the forward for all the sites reading x, and its column codes in the
 backward from x instead of being saved. Proved against the saved codes, the slow obviously-correct
 path: the backward's codes are the forward's (same bits, when Inductor rounds a recomputed x as the
@@ -166,7 +166,7 @@ def test_fused_mlp_leaves_the_row_copy_sites_alone():
     `recompute_codes` the sites run on row copies and the fused op, which saves its codes, would
     undo the option: nothing is fused (dryrun's `_saved_codes`, empty with the option, fuses none
     either)."""
-    from deepwell.plan import backend
+    from deepwell.compiler import backend
 
     before = backend.STATS["fused_mlps"]
     model = _model("cpu")

@@ -1,5 +1,5 @@
 """Tensor parallelism: the DTensor sharding rules of deepwell's linear ops (deepwell/ops/sharding.py)
-against the whole ops, a LLaMA split by deepwell.compile (plan/tensor_parallel.py) training like one
+against the whole ops, a LLaMA split by deepwell.compile (distributed/tensor_parallel.py) training like one
 process, with deepwell.Trainer and on a 2-D (data x tensor) mesh, and the errors for layouts that
 cannot be split. Multi-process runs are gloo processes on the CPU, as in test_parallel.py."""
 
@@ -225,7 +225,7 @@ def test_one_ranks_activations_under_sequence_parallelism():
 
 
 def test_sequence_parallelism_needs_llamas_top_level_untied_even_splits_and_one_data_rank():
-    from deepwell.plan import tensor_parallel
+    from deepwell.distributed import tensor_parallel
 
     with pytest.raises(RuntimeError, match=r"sequence parallelism does not split tied embeddings"):
         deepwell.autoplan(_ir(Llama(256, 256, 1, 2, 512, max_seq=64, tied=True)), world_size=2, tensor_parallel=2,

@@ -35,34 +35,28 @@ from .ops import (
 )
 
 from .api import optimize, optimize_for_blackwell
-from .plan.dryrun import Estimate, dryrun
-from .plan.engine import IR, Engine, autoplan, capture, compile
-from .plan.hardware import Hardware, probe, print_hardware_info
-from .plan.options import CompileOptions
-from .plan.recipes import Recipe
-from .plan.sites import Codes, Plan
+from .compiler.engine import IR, Engine, autoplan, capture, compile
+from .core.policy import LayerDecision, LayerInfo, PrecisionPolicy
+from .core.recipes import Recipe
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
 from .nn.moe import DeepwellMoE, update_expert_biases
-from .nn.moe_ep import expert_parallel, reduce_gradients
-from .nn.moe_ep_state import load_optimizer_state_dict as load_expert_optimizer_state_dict
-from .nn.moe_ep_state import optimizer_state_dict as expert_optimizer_state_dict
-from .nn.moe_hf import swap_hf_moe
-from .plan.policy import LayerDecision, LayerInfo, PrecisionPolicy
+from .nn.moe_model import expert_parallel, reduce_gradients, swap_hf_moe
+from .nn.moe_model import load_optimizer_state_dict as load_expert_optimizer_state_dict
+from .nn.moe_model import optimizer_state_dict as expert_optimizer_state_dict
+from .plan.dryrun import Estimate, dryrun
+from .plan.hardware import Hardware, probe, print_hardware_info
+from .plan.options import CompileOptions
+from .plan.sites import Codes, Plan
 
 _native.load()
 
 from ._native import manual_seed  # noqa: E402
+from .artifact.export import export, load  # noqa: E402
+from .compiler.backend import last_plan  # noqa: E402
 from .nn.weight_cache import clear_weight_cache, microbatches, weight_cache_info  # noqa: E402
-from .train import Trainer, export, load  # noqa: E402
+from .train import Trainer  # noqa: E402
 from .train.affinity import pin_cores  # noqa: E402
-
-
-def last_plan():
-    """The plan of the graph the `deepwell` backend compiled last (None before any)."""
-    from .plan.backend import last_plan as _last
-
-    return _last()
 
 __version__ = _native.version()
 

@@ -6,8 +6,10 @@ import warnings
 
 import torch
 
+from .compiler import backend
+from .core.policy import PrecisionPolicy
+from .nn.moe_model import swap_hf_moe
 from .plan.options import CompileOptions
-from .plan.policy import PrecisionPolicy
 
 
 def optimize(
@@ -38,8 +40,6 @@ def optimize(
         precision=precision, policy=policy, verbose=verbose, cudagraphs=cudagraphs, fp8_block_codes=fp8_block_codes,
         fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes)
     if swap_moe and isinstance(model, torch.nn.Module):
-        from .nn.moe_hf import swap_hf_moe
-
         swapped = swap_hf_moe(model, recipe="auto", policy=options.precision_policy(), verbose=options.verbose)
         if options.verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
@@ -53,8 +53,6 @@ def _warn_if_nothing_is_planned(compiled: torch.nn.Module) -> None:
     """Warns once if the first call planned no graph: Dynamo skipped the frame (a graph break
     inside a loop makes it run the whole forward eagerly), so no GEMM runs in low precision. The
     backend itself cannot say so: it is never called for a skipped frame."""
-    from .plan import backend
-
     def before(module, args, kwargs):
         handles["graphs"] = backend.STATS["graphs"]
 

@@ -37,7 +37,7 @@ fn config() -> Option<&'static Config> {
 
 /// SMs deepwell's persistent kernels leave free on every device, for the collectives that run
 /// beside them: the FSDP plan's `sm_carveout`, set with torch's own carveout (which cuBLASLt's GEMMs
-/// follow) by torch_ops/deepwell/plan/shard.py through the `sm_carveout` C API entry. Process-wide,
+/// follow) by torch_ops/deepwell/distributed/shard.py through the `sm_carveout` C API entry. Process-wide,
 /// as torch's setting is; 0 (every SM) until set.
 static SMS_FOR_COLLECTIVES: AtomicU32 = AtomicU32::new(0);
 

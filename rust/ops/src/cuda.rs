@@ -78,7 +78,7 @@ impl Launch {
 }
 
 /// The C API's `sm_carveout` entry: `{sms?}` -> the SMs deepwell's persistent GEMMs leave to
-/// collectives in this process, after setting them when `sms` is given (plan/shard.py sets them
+/// collectives in this process, after setting them when `sms` is given (distributed/shard.py sets them
 /// with torch's carveout).
 pub fn sm_carveout_entry(req: &serde_json::Value) -> crate::capi::Answer {
     if let Some(given) = req.get("sms") {

@@ -18,7 +18,7 @@ static REGISTERED: OnceLock<()> = OnceLock::new();
 /// Every kernel is registered twice, under the same schema: `deepwell::<op>`, the ops users call,
 /// whose autograd formulas are Python (torch_ops/deepwell/ops), and `deepwell_graph::<op>`, which
 /// has none. The deepwell backend retargets the ops of its compiled graphs to the second
-/// (torch_ops/deepwell/plan/graph_ops.py): autograd is already done there, and the Python autograd
+/// (torch_ops/deepwell/compiler/graph_ops.py): autograd is already done there, and the Python autograd
 /// kernel cost host time on every call (~8.5 us on the H200's host), only to redispatch below it.
 const NAMESPACES: [&str; 2] = ["deepwell", "deepwell_graph"];
 

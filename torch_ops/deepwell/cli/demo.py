@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..plan import backend
-from ..plan.parallel import world_size
-from ..train.export import export, load, planned_eager
+from ..artifact.export import export, load, planned_eager
+from ..compiler import backend
+from ..distributed.units import world_size
 from ..train import parity
 from ..train.data import ByteCorpus, TokenBatches, heldout_batches
 

@@ -37,7 +37,7 @@ class Attention(nn.Module):
         q, k, v = (w(x).view(b, t, self.heads, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         q, k = rotary(q, cos, sin), rotary(k, cos, sin)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        # -1, not d: under tensor parallelism (plan/tensor_parallel.py) this rank holds heads / tensor
+        # -1, not d: under tensor parallelism (distributed/tensor_parallel.py) this rank holds heads / tensor
         # of the heads, and wo (row-parallel) takes their d / tensor features.
         return self.wo(o.transpose(1, 2).reshape(b, t, -1))
 

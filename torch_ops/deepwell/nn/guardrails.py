@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _native
-from ..plan import recipes
+from ..core import recipes
 
 ops = torch.ops.deepwell
 

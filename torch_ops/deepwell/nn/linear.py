@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from ..core import recipes
+from ..core.recipes import current_arch
 from .guardrails import Guardrail, GuardrailConfig
-from ..plan import recipes
-from ..plan.recipes import current_arch
 
 ops = torch.ops.deepwell
 

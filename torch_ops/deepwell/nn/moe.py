@@ -38,12 +38,12 @@ from torch import nn
 from torch.fx.experimental import symbolic_shapes
 
 from .. import _env
+from ..core import recipes
+from ..core.policy import LayerInfo, PrecisionPolicy
 from ..ops.grouped_linear import block_of
 from ..ops.moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
 from ..ops.swiglu_experts import swiglu_experts
-from ..plan import recipes
-from ..plan.policy import LayerInfo, PrecisionPolicy
-from . import moe_args, moe_ep, moe_ep_state
+from . import moe_args, moe_ep, moe_ep_state, moe_hf
 
 AUX_LOSSES = ("switch", "seq", None)
 
@@ -423,20 +423,16 @@ class DeepwellMoE(nn.Module):
     def from_hf(cls, block: nn.Module, **kw) -> "DeepwellMoE":
         """A DeepwellMoE computing what `block` computes (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3
         MoE blocks of transformers 5), sharing nothing: the weights are copied."""
-        from .moe_hf import from_hf
-
-        return from_hf(cls, block, **kw)
+        return moe_hf.from_hf(cls, block, **kw)
 
     def to_hf(self, config) -> nn.Module:
         """The Hugging Face block for `config` (its model type picks the class) with these weights.
         On an expert-parallel block (deepwell.expert_parallel) it is a collective: the experts are
         all-gathered over `ep_group`, so every rank of the group must call it, and each gets the
         whole block."""
-        from .moe_hf import to_hf
-
         if self.ep_size > 1:
-            return to_hf(moe_ep_state.unsharded(self), config)
-        return to_hf(self, config)
+            return moe_hf.to_hf(moe_ep_state.unsharded(self), config)
+        return moe_hf.to_hf(self, config)
 
 
 def _sum_over_processes(t: torch.Tensor, group=None) -> None:

@@ -41,63 +41,7 @@ from torch import nn
 
 from . import moe_ep_state
 
-_WHO = "deepwell.expert_parallel"
-
-
-def expert_parallel(model: nn.Module, group=None) -> int:
-    """Shards the routed experts of every DeepwellMoE in `model` over `group` (default: the world):
-    rank r keeps experts [r·E/world, (r+1)·E/world). Every rank must hold the same model (same
-    initial weights) when this runs. Returns the number of blocks sharded."""
-    from .moe import DeepwellMoE
-
-    if not dist.is_initialized():
-        raise RuntimeError(f"{_WHO}: torch.distributed is not initialized (call init_process_group first)")
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    blocks = [m for m in model.modules() if isinstance(m, DeepwellMoE)]
-    for m in blocks:
-        if m.ep_size > 1:
-            raise ValueError(f"{_WHO}: {m.name} is already expert-parallel")
-        if m.num_experts % world != 0:
-            raise ValueError(
-                f"{_WHO}: num_experts must be a multiple of the group's {world} processes, "
-                f"got {m.num_experts} in {m.name}"
-            )
-        local = m.num_experts // world
-        keep = slice(rank * local, (rank + 1) * local)
-        for name in ("gate_up_proj", "down_proj"):
-            full = getattr(m.experts, name)
-            setattr(m.experts, name, nn.Parameter(full.detach()[keep].clone(), requires_grad=full.requires_grad))
-        m.ep_group, m.ep_size = group, world
-        # On the block, not a closure over it: the hooks read the module they are called with, so
-        # a deepcopy of the model (which copies the hook dicts) stays right.
-        m.register_state_dict_post_hook(moe_ep_state.experts_as_dtensors)
-        m.register_load_state_dict_pre_hook(moe_ep_state.local_experts_of)
-    return len(blocks)
-
-
-def reduce_gradients(model: nn.Module, group=None) -> None:
-    """After the backward of an expert-parallel model whose processes each took the mean loss of
-    their own tokens: makes every gradient that of the mean over all processes' tokens. Replicated
-    parameters are averaged over `group` (an all-reduce each); each rank's local experts already
-    hold the sum over the processes' losses (the reverse all-to-all brought them every rank's
-    tokens), so they are divided by the group's size."""
-    from .moe import DeepwellMoE
-
-    world = dist.get_world_size(group)
-    local = {id(p) for m in model.modules() if isinstance(m, DeepwellMoE) and m.ep_size > 1
-             for p in (m.experts.gate_up_proj, m.experts.down_proj)}
-    for p in model.parameters():
-        if id(p) in local:
-            if p.grad is not None:
-                p.grad.div_(world)
-        elif p.requires_grad:
-            # Every rank joins every all-reduce (a rank without a gradient sends zeros), so the
-            # ranks never wait on different collectives.
-            grad = p.grad if p.grad is not None else torch.zeros_like(p)
-            dist.all_reduce(grad, group=group)
-            grad.div_(world)
-            if p.grad is None and bool(grad.any()):
-                p.grad = grad
+WHO = "deepwell.expert_parallel"
 
 
 def run_experts(xp: torch.Tensor, offsets: torch.Tensor, expert_ffn, ep_size: int, group) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 _WHO = "deepwell.expert_parallel"
-_EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
 
 def _mesh(block, device: torch.device):
@@ -38,11 +38,11 @@ def _mesh(block, device: torch.device):
     return DeviceMesh.from_group(block.ep_group or dist.group.WORLD, "cuda" if device.type == "cuda" else "cpu")
 
 
-def _whole_shape(block, name: str) -> tuple[int, ...]:
+def whole_shape(block, name: str) -> tuple[int, ...]:
     return (block.num_experts, *getattr(block.experts, name).shape[1:])
 
 
-def _as_shard(block, local: torch.Tensor):
+def as_shard(block, local: torch.Tensor):
     """`local` (this rank's E / world experts' rows of something) as its Shard(0) of a DTensor of
     the whole shape. Every rank holds the same number of experts, so from_local infers the global
     shape without a collective, and the DTensor wraps `local` without a copy: `dcp.load` into it
@@ -52,8 +52,8 @@ def _as_shard(block, local: torch.Tensor):
     return DTensor.from_local(local, _mesh(block, local.device), [Shard(0)], run_check=False)
 
 
-def _local_slice(block, key: str, value, whole: tuple[int, ...], who: str) -> torch.Tensor:
-    """This rank's experts of `value`: a DTensor as `_as_shard` makes them (after `dcp.load`), or a
+def local_slice(block, key: str, value, whole: tuple[int, ...], who: str) -> torch.Tensor:
+    """This rank's experts of `value`: a DTensor as `as_shard` makes them (after `dcp.load`), or a
     whole (E, ...) tensor of an unsharded model. Anything else is refused, in particular a plain
     (E / world, ...) tensor, whose rank is unknown."""
     from torch.distributed.tensor import DTensor, Shard
@@ -80,76 +80,21 @@ def _local_slice(block, key: str, value, whole: tuple[int, ...], who: str) -> to
 
 
 def experts_as_dtensors(block, state_dict, prefix, local_metadata) -> None:
-    """State-dict post-hook of an expert-parallel block: its local experts as `_as_shard`s."""
-    for name in _EXPERT_WEIGHTS:
+    """State-dict post-hook of an expert-parallel block: its local experts as `as_shard`s."""
+    for name in EXPERT_WEIGHTS:
         key = f"{prefix}experts.{name}"
-        state_dict[key] = _as_shard(block, state_dict[key])
+        state_dict[key] = as_shard(block, state_dict[key])
 
 
 def local_experts_of(block, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                      error_msgs) -> None:
     """Load-state-dict pre-hook of an expert-parallel block: the incoming experts become this
-    rank's slice (`_local_slice`) before the parameters copy them."""
-    for name in _EXPERT_WEIGHTS:
+    rank's slice (`local_slice`) before the parameters copy them."""
+    for name in EXPERT_WEIGHTS:
         key = f"{prefix}experts.{name}"
         if key in state_dict:  # else load_state_dict reports it as missing
-            state_dict[key] = _local_slice(block, key, state_dict[key], _whole_shape(block, name),
+            state_dict[key] = local_slice(block, key, state_dict[key], whole_shape(block, name),
                                            "load_state_dict of an expert-parallel block")
-
-
-# ---------------------------------------------------------------------------------------------
-# The optimizer's state dict
-
-
-def _local_experts(model):
-    """(parameter FQN, block, weight name) of every expert-parallel block's local experts."""
-    from .moe import DeepwellMoE
-
-    for path, m in model.named_modules():
-        if isinstance(m, DeepwellMoE) and m.ep_size > 1:
-            for name in _EXPERT_WEIGHTS:
-                yield f"{path}.experts.{name}" if path else f"experts.{name}", m, name
-
-
-def optimizer_state_dict(model, optimizer) -> dict:
-    """`torch.distributed.checkpoint.state_dict.get_optimizer_state_dict(model, optimizer)` (state
-    keyed by parameter name), with every per-element state of the local experts (AdamW's
-    `exp_avg`, `exp_avg_sq`: tensors of the parameter's shape) as Shard(0) DTensors of the whole
-    shape, so that `dcp.save` writes every rank's. Scalar states (`step`) are the same on every
-    rank and stay plain. A model without expert-parallel blocks gets torch's answer unchanged."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    sd = get_optimizer_state_dict(model, optimizer)
-    for fqn, block, name in _local_experts(model):
-        if fqn not in sd["state"]:
-            continue
-        shape = getattr(block.experts, name).shape
-        # A new dict: torch hands out the optimizer's own per-parameter state dicts.
-        sd["state"][fqn] = {k: _as_shard(block, v) if torch.is_tensor(v) and v.shape == shape else v
-                            for k, v in sd["state"][fqn].items()}
-    return sd
-
-
-def load_optimizer_state_dict(model, optimizer, state_dict: dict) -> None:
-    """Loads `state_dict` (as `optimizer_state_dict` gives it, after `dcp.load`; or an unsharded
-    run's, with whole experts) into `optimizer`: the local experts' states become this rank's
-    slices (`state_dict` then holds those), then torch's `set_optimizer_state_dict`."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    for fqn, block, name in _local_experts(model):
-        if fqn not in state_dict["state"]:
-            continue
-        whole = _whole_shape(block, name)
-        state_dict["state"][fqn] = {
-            k: _local_slice(block, f"{fqn} state {k!r}", v, whole, "deepwell.load_expert_optimizer_state_dict")
-            if torch.is_tensor(v) and v.dim() > 0 else v
-            for k, v in state_dict["state"][fqn].items()
-        }
-    set_optimizer_state_dict(model, optimizer, state_dict)
-
-
-# ---------------------------------------------------------------------------------------------
-# Hugging Face conversion
 
 
 def unsharded(block):
@@ -158,7 +103,7 @@ def unsharded(block):
     conversion (nn/moe_hf.py `to_hf`) reads; every other attribute is the block's own (router,
     expert bias, shared experts)."""
     experts = {}
-    for name in _EXPERT_WEIGHTS:
+    for name in EXPERT_WEIGHTS:
         local = getattr(block.experts, name).detach().contiguous()
         parts = [torch.empty_like(local) for _ in range(block.ep_size)]
         dist.all_gather(parts, local, group=block.ep_group)

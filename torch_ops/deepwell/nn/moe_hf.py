@@ -44,31 +44,28 @@ _ROUTER_CLASSES: dict[type, type] = {}
 
 
 def hf_compatible_router(hf_router_class: type, router: nn.Module) -> nn.Module:
-    """`router` (a deepwell Router) re-classed as a subclass of both Router and `hf_router_class`:
+    """`router` (a deepwell Router) re-classed as a subclass of both its class and `hf_router_class`:
     Router's init and forward, HF's isinstance (what transformers' output recorders check)."""
-    from .moe import Router
-
-    router.__class__ = _router_class(hf_router_class)
+    router.__class__ = _router_class(type(router), hf_router_class)
     return router
 
 
-def _router_class(hf_router_class: type) -> type:
-    from .moe import Router
-
+def _router_class(router_class: type, hf_router_class: type) -> type:
     cls = _ROUTER_CLASSES.get(hf_router_class)
     if cls is None:
-        # Pickled by its HF class (a made class has no importable name): torch.save(model) works.
+        # Pickled by its two bases (a made class has no importable name): torch.save(model) works.
         def reduce(self, protocol):
-            return _unpickle_router, (hf_router_class, self.__dict__)
+            return _unpickle_router, (router_class, hf_router_class, self.__dict__)
 
         body = {"__module__": __name__, "__reduce_ex__": reduce}
-        cls = type(f"Deepwell{hf_router_class.__name__}", (Router, hf_router_class), body)
+        cls = type(f"Deepwell{hf_router_class.__name__}", (router_class, hf_router_class), body)
         _ROUTER_CLASSES[hf_router_class] = cls
     return cls
 
 
-def _unpickle_router(hf_router_class: type, state: dict) -> nn.Module:
-    router = _router_class(hf_router_class).__new__(_router_class(hf_router_class))
+def _unpickle_router(router_class: type, hf_router_class: type, state: dict) -> nn.Module:
+    cls = _router_class(router_class, hf_router_class)
+    router = cls.__new__(cls)
     router.__dict__.update(state)
     return router
 
@@ -159,21 +156,3 @@ def to_hf(moe, config) -> nn.Module:
             _copy_swiglu(block.shared_expert, moe.shared_experts)
             block.shared_expert_gate.weight.copy_(moe.shared_expert_gate.weight)
     return block
-
-
-def swap_hf_moe(model: nn.Module, recipe: str = "auto", policy=None, **kw) -> int:
-    """Replaces every supported Hugging Face MoE block inside `model` by an equivalent DeepwellMoE
-    (in place, weights copied); returns how many were swapped. `recipe="auto"` lets the Rust planner
-    pick the experts' recipe under `policy` (deepwell.PrecisionPolicy; its globs see the block's
-    qualified name + ".experts.gate_up_proj" / ".experts.down_proj")."""
-    from .moe import DeepwellMoE
-
-    swapped = 0
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child).__name__ in SUPPORTED:
-                qualified = f"{name}.{child_name}" if name else child_name
-                moe = DeepwellMoE.from_hf(child, recipe=recipe, policy=policy, name=qualified, **kw)
-                setattr(module, child_name, moe.train(child.training))
-                swapped += 1
-    return swapped

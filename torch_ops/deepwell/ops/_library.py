@@ -4,7 +4,7 @@ its fake kernel (and autograd formula, for differentiable ops).
 
 Every schema is defined twice: `deepwell::<op>`, what users and eager code call, and
 `deepwell_graph::<op>`, the same schema and the same Rust kernels with no autograd formula, which
-the deepwell backend's compiled graphs call instead (plan/graph_ops.py says why)."""
+the deepwell backend's compiled graphs call instead (compiler/graph_ops.py says why)."""
 
 from __future__ import annotations
 

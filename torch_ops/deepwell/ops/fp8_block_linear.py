@@ -7,7 +7,7 @@ fp8_block quantizes x twice per step, along K for fprop and along the tokens for
 blocks each way: the two copies differ, docs/NUMERICS.md "FP8 block"). `scaled_linear` makes the
 first in the forward and the second in the backward from x again, per layer. Here one rowcol pass
 writes both; the layers that read one x (q/k/v, gate/up) share it and its one saved column copy
-(the deepwell backend groups them: plan/backend.py), and the backward never reads x. Outputs and
+(the deepwell backend groups them: compiler/backend.py), and the backward never reads x. Outputs and
 gradients are bit-identical to `scaled_linear(x, weight, bias, "fp8_block")`.
 
 The trade against `scaled_linear` under torch.compile: there the partitioner recomputes x (a norm's

@@ -23,7 +23,8 @@ import functools
 
 import torch
 
-from ..plan import recipes
+from .. import _native
+from ..core import recipes
 from . import _checks, mxfp8_grouped
 from ._function import cast
 from .grouped_mm import grouped_mm
@@ -219,12 +220,10 @@ def backend_on(recipe: str, device: str, aligned: bool, tiled: bool = False) -> 
 
 @functools.cache
 def _backend_on(recipe: str, device: str, aligned: bool, tiled: bool) -> str:
-    from .. import _native
-
     request = {"recipe": recipe, "arch": recipes.device_arch(device), "aligned": aligned, "tiled": tiled,
                "torch_mxfp8_grouped": mxfp8_grouped.available_on(torch.device(device))}
     backend = _native.call("grouped_backend", request)["backend"]
-    if backend == "mxfp8_grouped" and not mxfp8_grouped.trusted_on(device):
+    if backend == "mxfp8_grouped" and not mxfp8_grouped.trusted_on(device, _GroupedEmulated):
         return "emulated_grouped"  # trusted_on warned
     return backend
 

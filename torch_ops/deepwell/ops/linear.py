@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..plan import recipes
+from ..core import recipes
 from . import _checks, _nondiff
 from ._library import define
 

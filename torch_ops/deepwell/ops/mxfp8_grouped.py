@@ -159,13 +159,14 @@ class GroupedMxfp8(torch.autograd.Function):
 
 
 @functools.cache
-def trusted_on(device: str) -> bool:
-    """Whether the native path matches the grouped emulation on `device` (a small problem with an
+def trusted_on(device: str, emulation: type) -> bool:
+    """Whether the native path matches the grouped emulation (`emulation`, grouped_linear's autograd
+    function, given by its caller: this module sits below it) on `device` (a small problem with an
     empty expert, forward and both gradients, relative error under 2e-2: the two differ only in
     accumulation order and the bf16 rounding of dequantized operands). Checked once per device;
     on a mismatch (or an error) a warning says so and the experts run emulated."""
     try:
-        worst = _worst_error(device)
+        worst = _worst_error(device, emulation)
     except RuntimeError as err:  # e.g. a compute capability torch's kernel does not take
         worst, why = float("inf"), f"fails ({err})"
     else:
@@ -177,12 +178,10 @@ def trusted_on(device: str) -> bool:
     return True
 
 
-def _worst_error(device: str) -> float:
+def _worst_error(device: str, emulation: type) -> float:
     """`trusted_on`'s problem: the largest relative error of the native path's output, dx and dw
     against the grouped emulation's."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    from .grouped_linear import _GroupedEmulated
 
     with unset_fake_temporarily(), torch.enable_grad():
         g = torch.Generator(device=device).manual_seed(0)
@@ -191,7 +190,7 @@ def _worst_error(device: str) -> float:
         dy = torch.randn(160, 128, device=device, dtype=torch.bfloat16, generator=g)
         offsets = torch.tensor([0, 32, 32, 160], device=device, dtype=torch.int32)
         runs = []
-        for fn in (GroupedMxfp8.apply, lambda *a: _GroupedEmulated.apply(*a, "mxfp8")):
+        for fn in (GroupedMxfp8.apply, lambda *a: emulation.apply(*a, "mxfp8")):
             y = fn(x, w, offsets)
             dx, dw = torch.autograd.grad(y, (x, w), dy)
             runs.append((y.detach(), dx, dw))

@@ -1,6 +1,6 @@
 """`quantized_linear(x, weight_data, weight_scale, weight_global_scale, bias, recipe)`: the forward
 of `scaled_linear` on a weight quantized beforehand (an exported model's stored codes,
-train/quantized.py; the codes FSDP2 gathers, plan/fp8_weights.py). Schema, fake kernel, wrapper;
+artifact/quantized.py; the codes FSDP2 gathers, distributed/fp8_weights.py). Schema, fake kernel, wrapper;
 not differentiable itself. `quantized_linear_backward(grad_out, x, weight_data, weight_scale, recipe,
 weight_dtype, need_input, need_weight)` is `scaled_linear_backward` from the same codes, fp8_block
 only (its 128x128 tiles transposed are W^T's for dgrad, docs/NUMERICS.md "Transposes and layouts";
@@ -109,7 +109,7 @@ def _quantized_linear_backward_fake(grad_out, x, weight_data, weight_scale, reci
 _nondiff.register(_OP, hint="quantized_linear is inference only: train with deepwell.scaled_linear")
 _nondiff.register(
     "quantized_linear_backward",
-    hint="second derivatives through FP8-gathered weights (plan/fp8_weights.py) are not supported",
+    hint="second derivatives through FP8-gathered weights (distributed/fp8_weights.py) are not supported",
 )
 
 

@@ -23,7 +23,7 @@ Why a shard computes exactly what the whole tensor would (docs/NUMERICS.md): eve
 quantized in blocks along its own GEMM's K (x, W along k for fprop; dy, W along n for dgrad; dy, x
 along the tokens for wgrad), so a shard whose boundary falls on a block boundary holds whole blocks
 and quantizes them bit for bit as the unsharded op does. Column-parallel splits n (W's 128x128
-fp8_block tiles and dgrad's blocks along n), row-parallel splits k. `plan/tensor_parallel.py`
+fp8_block tiles and dgrad's blocks along n), row-parallel splits k. `distributed/tensor_parallel.py`
 checks the boundaries when it applies a plan. Exceptions: nvfp4's per-tensor fp32 scale is taken
 over the shard (a per-shard scale, not one process's bits), and its stochastic rounding draws per
 shard position. The Partial results (row-parallel y, column-parallel dx) are summed by an

@@ -14,9 +14,9 @@ a group of the plan's `unit_blocks` blocks, or the embedding, or the final norm 
 `fsdp_units`) (`gathered`: the largest unit twice, the one computing and the one prefetched; with
 reshard_after_forward off, every unit's gathered weights stay until the backward; a weight on the
 FP8 all-gather, `autoplan(..., fp8_all_gather=True)`, counts its E4M3 codes at a byte per element
-and its fp32 tile scales, plan/fp8_all_gather.py `gathered_bytes`);
+and its fp32 tile scales, distributed/fp8_all_gather.py `gathered_bytes`);
 activations are those of the captured micro-batch, which is one rank's. `staging`: with the plan's
-collectives on the copy engines, their symmetric staging buffers (plan/copy_engine.py
+collectives on the copy engines, their symmetric staging buffers (distributed/copy_engine.py
 `staging_bytes`: the largest unit's shard, and as many bytes from each other rank).
 - weights and gradients: from the parameters;
 - activations: what the compiled forward saves for the backward: AOTAutograd's partition of the
@@ -42,11 +42,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _native
-from .copy_engine import staging_bytes, unit_params
-from .engine import Engine
-from .fp8_all_gather import gathered_bytes
+from ..compiler.engine import Engine
+from ..distributed.copy_engine import staging_bytes, unit_params
+from ..distributed.fp8_all_gather import gathered_bytes
+from ..distributed.units import nbytes, plan_units
 from .memory import codes_of, saved_activation_bytes
-from .parallel import nbytes, plan_units
 
 
 @dataclass

@@ -6,7 +6,7 @@ forward saves and what the backward recomputes; that is much less than eager aut
 0.95B LLaMA of benchmarks/bench_train_step.py: 13.8 GiB saved eagerly, 6.3 GiB in the compiled
 partition with fp8_block sites). So the measurement traces the model's joint forward + backward graph with AOTAutograd
 on fake tensors and partitions it as the deepwell backend's Inductor compile does (the same
-partitioner, `compiler="inductor"`, and the backend's `_partitioner_options`). The deepwell ops
+partitioner, `compiler="inductor"`, and the backend's `partitioner_options`). The deepwell ops
 themselves are not in that graph (the backend's rewrite needs Dynamo); where they would be, the
 plain GEMMs stand in: both read their bf16 input in the backward, which is what the partitioner's
 choice depends on. The exception is the sites that save x's FP8 codes instead (fp8_tensor, and
@@ -23,9 +23,10 @@ import contextlib
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..core.recipes import family
+from ..distributed import tensor_parallel
 from ..ops.fp8_tensor import amax_of
 from .options import CompileOptions
-from .recipes import family
 from .sites import Codes
 
 _MULS = (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
@@ -39,7 +40,7 @@ def saved_activation_bytes(
     saves, of the largest of them and of the forward's outputs, and the outputs' element count.
     `quantized`: whether the plan runs deepwell GEMMs (the backend then lets the partitioner
     recompute their inputs); None counts what eager autograd saves. `tensor` > 1: one rank's share
-    under tensor parallelism of that degree (plan/tensor_parallel.py: the split layers traced at
+    under tensor parallelism of that degree (distributed/tensor_parallel.py: the split layers traced at
     their local shapes, the attention at its local heads; the compiled count only), with
     `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`).
     `codes`: the sites that save x's codes (qualified nn.Linear name -> recipe, `codes_of`; the
@@ -88,8 +89,6 @@ def compiled_saved_bytes(
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch.func import functional_call
 
-    from .backend import _partitioner_options
-
     names = [n for n, _ in model.named_parameters()]
     buffers = dict(model.named_buffers())
     sizes: dict[str, int] = {}
@@ -120,15 +119,13 @@ def compiled_saved_bytes(
     def forward(*args):
         return functional_call(model, {**dict(zip(names, args[: len(names)])), **buffers}, args[len(names) :])
 
-    from . import tensor_parallel
-
     local = tensor_parallel.local_shapes(model, tensor) if tensor > 1 else {}
     heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
     split = tensor_parallel.local_sequence(model, tensor) if tensor > 1 and sequence else contextlib.nullcontext()
     with_codes = bool(codes) and tensor == 1
     mlps = fused_mlps(model, example_inputs, codes) if with_codes and fused_mlp else set()
     saves_codes = saved_codes(model, codes, mlps) if with_codes else contextlib.nullcontext()
-    options = _partitioner_options(1 if quantized else 0)
+    options = partitioner_options(1 if quantized else 0)
     with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads, split, saves_codes:
         params = [
             (mode.from_tensor(p).new_empty(local[n]) if n in local else mode.from_tensor(p)).requires_grad_(p.requires_grad)
@@ -151,7 +148,7 @@ def codes_of(plan, options: CompileOptions | None = None) -> dict[str, str]:
 
 def fused_mlps(model: torch.nn.Module, example_inputs: tuple, codes: dict[str, str]) -> set[tuple[str, str, str]]:
     """(gate, up, down) names of the nn.Linears whose MLP `down(silu(gate(x)) * up(x))` the backend
-    fuses into `fp8_block_swiglu_mlp` (plan/fuse_mlp.py), under the same conditions: the three are
+    fuses into `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py), under the same conditions: the three are
     fp8_block code-saving sites (`codes`) of one recipe without biases, gate and up read one x and
     have one shape, and nothing else reads gate's or up's output, the silu or the product. The
     backend sees that in Dynamo's graph; here one forward on fake tensors records which linear, silu
@@ -220,7 +217,7 @@ def fused_mlps(model: torch.nn.Module, example_inputs: tuple, codes: dict[str, s
 
 @contextlib.contextmanager
 def saved_codes(model: torch.nn.Module, codes: dict[str, str], mlps: set[tuple[str, str, str]] = frozenset()):
-    """The code-saving sites' forwards as the backend rewrites them (plan/backend.py `rewrite`): each
+    """The code-saving sites' forwards as the backend rewrites them (compiler/backend.py `rewrite`): each
     input tensor quantized once per recipe family however many sites read it (q/k/v, gate/up), by
     `fp8_tensor_quantize_rowcol` (from its amax) or `fp8_block_quantize_rowcol`, the sites' GEMMs the
     family's `*_linear_from_codes`, whose backward keeps the transposed codes and their scales
@@ -279,3 +276,19 @@ def _primal_index(name: str) -> int:
     """i - 1 for AOTAutograd's `primals_i` (the i-th flat input), a large number otherwise."""
     head, _, tail = name.partition("_")
     return int(tail) - 1 if head == "primals" and tail.isdigit() else 1 << 62
+
+
+def partitioner_options(rewritten: int) -> dict:
+    """AOTAutograd partitioner settings for a graph with `rewritten` deepwell GEMMs.
+
+    By default the partitioner never recomputes a tensor that a non-fusible backward op reads
+    (`ban_recompute_materialized_backward`): recomputing it would write it out again anyway. Every
+    deepwell GEMM's backward reads its bf16 input x (it quantizes x along the tokens for wgrad), so
+    the normed activations and SwiGLU outputs feeding them were saved from forward to backward in
+    bf16, 2 bytes per element, although each is one fused pointwise kernel away from tensors the
+    backward keeps anyway (the residual stream and the norm's rstd; SwiGLU's two inputs). Lifting
+    the ban lets the min-cut partitioner recompute them in the backward, which is the trade torchao's
+    float8 casts get: same saved set as its Inductor-visible casts (benchmarks/bench_train_step.py
+    measures both; tests/test_backend.py proves the saved bytes never exceed bf16's). The other bans
+    stay: reductions, long fusible chains and GEMMs are never recomputed."""
+    return {"ban_recompute_materialized_backward": False} if rewritten else {}

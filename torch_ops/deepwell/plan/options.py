@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from .policy import PrecisionPolicy
-from .recipes import Recipe, names as recipe_names
+from ..core.policy import PrecisionPolicy
+from ..core.recipes import Recipe, names as recipe_names
 from .sites import Codes, Plan
 
 
@@ -64,10 +64,10 @@ class CompileOptions:
     #: torchao's memory for a second pass over x (docs/BASELINES.md "deepwell on the H200").
     recompute_codes: bool = False
     #: `w_down(silu(w_gate(x)) * w_up(x))` with its three sites fp8_block on x's codes runs as one
-    #: `fp8_block_swiglu_mlp` (plan/fuse_mlp.py). Off: measured no faster than the three sites.
+    #: `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py). Off: measured no faster than the three sites.
     fused_mlp: bool = False
     #: compiled graphs call the `deepwell_graph` twins of the ops, without the Python autograd layer
-    #: (plan/graph_ops.py).
+    #: (compiler/graph_ops.py).
     graph_ops: bool = True
 
     def __post_init__(self):

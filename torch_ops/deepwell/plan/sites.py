@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .policy import LayerDecision, LayerInfo, PrecisionPolicy
-from .recipes import current_arch, device_arch, role_of  # noqa: F401  (role_of: the planner's roles)
+from ..core.policy import LayerDecision, LayerInfo, PrecisionPolicy
+from ..core.recipes import current_arch, device_arch, role_of  # noqa: F401  (role_of: the planner's roles)
 
 
 class Codes(str, Enum):

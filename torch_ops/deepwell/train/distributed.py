@@ -1,5 +1,5 @@
 """What the Trainer does differently when it runs in several processes (torchrun; the model
-sharded by deepwell.compile's plan, plan/shard.py): every rank takes its rows of each global batch,
+sharded by deepwell.compile's plan, distributed/shard.py): every rank takes its rows of each global batch,
 losses and gradient norms are averaged over the ranks, and only rank 0 writes logs, plots and the
 progress bar. Checkpoints are sharded by default (train/sharded.py: every rank writes its shards
 through torch.distributed.checkpoint); with checkpoint_format="full" they hold the weights and
@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..plan.parallel import world_size
+from ..distributed.units import world_size
 from . import state
+from .checkpoint_files import CheckpointError
 
 
 def rank() -> int:
@@ -27,7 +28,7 @@ def is_main() -> bool:
 def shard_rows(batch, who: str = "deepwell.Trainer", tensor: int = 1):
     """This rank's contiguous share of a batch's rows (dim 0): data rank r of d takes rows
     [r * b / d, (r + 1) * b / d), so the data ranks together see exactly the global batch. With
-    tensor parallelism of degree `tensor` the `tensor` adjacent ranks of a data rank (plan/shard.py's
+    tensor parallelism of degree `tensor` the `tensor` adjacent ranks of a data rank (distributed/shard.py's
     mesh) take the same rows: they split the layers, not the batch."""
     world = world_size()
     if world == 1 or not isinstance(batch, torch.Tensor):
@@ -168,8 +169,6 @@ def on_rank0(fn):
     CheckpointError it raises is raised on every rank with rank 0's message, so no rank waits for
     the others in a collective they never reach. (Verifying a checkpoint: rank 0 hashes its files
     once, not every rank.)"""
-    from .checkpoint import CheckpointError
-
     if world_size() == 1:
         return fn()
     box = [None, None]

@@ -20,6 +20,11 @@ from pathlib import Path
 
 import torch
 
+from ..compiler import backend
+from ..compiler.engine import autoplan, capture, compile
+from ..core.policy import PrecisionPolicy
+from ..distributed.units import world_size
+from ..models import Llama
 from .data import ByteCorpus, TokenBatches, heldout_batches
 from .optim import AdamW, fusable
 from .plots import parity_curves
@@ -53,8 +58,6 @@ class ModelConfig:
         return cls()
 
     def build(self, device: torch.device, seed: int) -> torch.nn.Module:
-        from ..models import Llama
-
         torch.manual_seed(seed)
         model = Llama(256, self.dim, self.layers, self.heads, self.hidden, max_seq=self.seq_len)
         return model.to(device=device, dtype=getattr(torch, self.dtype))
@@ -65,11 +68,6 @@ def build_engine(config: ModelConfig, recipe: str, device: torch.device, seed: i
     """The model built from `seed`, captured, planned with `recipe` (and `tensor_parallel`, autoplan's
     forced tensor degree, and its `fp8_all_gather` and `sequence_parallel` options) and compiled
     (deepwell.compile)."""
-    from ..plan.engine import autoplan, capture, compile
-    from ..plan.policy import PrecisionPolicy
-
-    from ..plan.parallel import world_size
-
     model = config.build(device, seed)
     data = world_size() // (tensor_parallel or 1)  # the data ranks (a tensor degree not dividing: autoplan raises)
     if data and config.batch % data:
@@ -160,8 +158,6 @@ def write(results: list[RecipeResult], out: Path, device: torch.device, steps: i
 
 
 def main(argv: list[str] | None = None) -> list[RecipeResult]:
-    from ..plan import backend
-
     p = argparse.ArgumentParser(prog="python -m deepwell.parity", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="training steps per recipe (default 100 on the CPU, 300 on a GPU)")
     p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated recipes (default {','.join(RECIPES)})")

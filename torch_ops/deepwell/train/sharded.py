@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..plan.parallel import world_size
+from ..distributed.units import world_size
 from . import checkpoint, state
 from .checkpoint_files import CheckpointError, require
 from .distributed import rank

@@ -44,7 +44,7 @@ pub enum Collectives {
     /// torch.distributed's process group (NCCL on GPUs, gloo on CPUs), beside `sm_carveout` SMs.
     ProcessGroup,
     /// The GPUs' copy engines over peer links, through PyTorch's symmetric memory
-    /// (torch_ops/deepwell/plan/copy_engine.py): no SMs taken from the GEMMs. For data parallelism
+    /// (torch_ops/deepwell/distributed/copy_engine.py): no SMs taken from the GEMMs. For data parallelism
     /// alone (no tensor degree) within one node whose GPUs reach each other directly. Measured on
     /// 2 H100s (NVLink), the 0.95B LLaMA at 4x2048 tokens per GPU, fp8_block, alternated with NCCL
     /// on 8 SMs in three leases

@@ -8,7 +8,7 @@
 //! block's scale depending on its orientation). `fp8_block_quantize_rowcol(x, m_major_scales=True)`
 //! writes both from one read of x; this forward runs fprop on the row copy and autograd keeps the
 //! column copy (1 byte per element and a scale per 128) for the backward, which then never reads x.
-//! Layers that read one x (q/k/v, gate/up) share one quantization and one saved copy (plan/backend.py
+//! Layers that read one x (q/k/v, gate/up) share one quantization and one saved copy (compiler/backend.py
 //! groups them), where `scaled_linear` quantizes x once per layer in the forward and again in each
 //! layer's backward. Every output is bit-identical to `scaled_linear(x, w, b, "fp8_block")` and its
 //! backward (tests/test_fp8_block_linear.py): the same operands reach the same GEMMs

@@ -3,7 +3,7 @@
 //! quantizers on both sides of it. Schemas, fake kernels and the autograd formula:
 //! torch_ops/deepwell/ops/fp8_block_mlp.py; with its option `fused_mlp` (off by default: measured no
 //! faster, docs/BASELINES.md "deepwell on the H100") the backend rewrites the three linear
-//! layers into it (plan/fuse_mlp.py).
+//! layers into it (compiler/fuse_mlp.py).
 //!
 //! Three `fp8_block_linear_from_codes` layers around a SwiGLU write and re-read the activation in
 //! bf16 four times a step: SwiGLU writes h, the down projection's rowcol pass reads it; SwiGLU's

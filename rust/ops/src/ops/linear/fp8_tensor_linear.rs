@@ -15,7 +15,7 @@
 //!
 //! `fp8_tensor_linear_from_codes` is the forward on codes made beforehand by
 //! `fp8_tensor_quantize_rowcol(x)`: layers that read the same x (q/k/v, gate/up) share one
-//! quantization and one saved copy of the codes (plan/backend.py groups them).
+//! quantization and one saved copy of the codes (compiler/backend.py groups them).
 //! `fp8_tensor_linear_from_rows` is the same forward on the row codes alone
 //! (`fp8_tensor_quantize_rowcol(x, amax, copies="rows")`): its autograd formula makes the transposed
 //! codes in the backward, from x and `x_amax` (the forward's amax, so the scale is the forward's),

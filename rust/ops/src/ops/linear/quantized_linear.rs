@@ -1,6 +1,6 @@
 //! `deepwell.quantized_linear(x, weight_data, weight_scale, weight_global_scale, bias, recipe)`: the
 //! forward of `scaled_linear` from a weight quantized beforehand (an exported model's stored codes,
-//! torch_ops/deepwell/train/quantized.py; the codes FSDP2 gathers, torch_ops/deepwell/plan/fp8_weights.py).
+//! torch_ops/deepwell/artifact/quantized.py; the codes FSDP2 gathers, torch_ops/deepwell/distributed/fp8_weights.py).
 //! Not differentiable itself; `quantized_linear_backward(grad_out, x, weight_data, weight_scale,
 //! recipe, weight_dtype, need_input, need_weight)` is `scaled_linear_backward` from the same codes,
 //! fp8_block only: dgrad reads W^T's operand, which for 128x128 tiles is the tiles transposed
@@ -62,7 +62,7 @@ pub fn kernels() -> Vec<Kernel> {
 }
 
 /// The stored codes' dtypes and shapes for an (n, k) weight: (data dtype, data cols, scale dtype,
-/// scale shape); None for the recipes that have no stored-codes form. Mirrors `quantize_weight` in torch_ops/deepwell/train/quantized.py.
+/// scale shape); None for the recipes that have no stored-codes form. Mirrors `quantize_weight` in torch_ops/deepwell/artifact/quantized.py.
 fn layout(recipe: Recipe, n: i64, k: i64) -> Option<(DType, i64, DType, [i64; 2])> {
     match recipe {
         Recipe::Fp8Block => Some((DType::E4M3, k, DType::F32, [n / 128, k / 128])),

@@ -31,7 +31,7 @@ import contextlib
 
 import torch
 
-from . import recipes
+from ..core import recipes
 
 #: Megatron's layout on a LLaMA block (names of deepwell.models.llama, Meta's reference code).
 LAYOUT = {

@@ -1,4 +1,4 @@
-"""The deepwell backend's SwiGLU MLP fusion, run on the graph `rewrite` leaves (plan/backend.py).
+"""The deepwell backend's SwiGLU MLP fusion, run on the graph `rewrite` leaves (compiler/backend.py).
 
 There an fp8_block MLP `w_down(silu(w_gate(x)) * w_up(x))` is three `fp8_block_linear_from_codes`
 calls: gate and up on x's shared codes, down on h = silu(a) * b quantized by its own rowcol pass
@@ -19,7 +19,7 @@ import operator
 
 import torch
 
-from .recipes import family
+from ..core.recipes import family
 
 _SILU = (torch.nn.functional.silu, torch.ops.aten.silu.default)
 _MUL = (operator.mul, torch.mul, torch.ops.aten.mul.Tensor)

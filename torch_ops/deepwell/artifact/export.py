@@ -1,6 +1,6 @@
 """`deepwell.export(engine, path)` and `deepwell.load(path)`: an inference artifact holding the plan,
 the policy and the model's weights, each planned low-precision site's weight pre-quantized in its
-recipe (train/quantized.py), written atomically like a checkpoint (a directory with
+recipe (artifact/quantized.py), written atomically like a checkpoint (a directory with
 weights.safetensors and manifest.json, every file's SHA-256 checked on load).
 
 What "the loaded model's logits match the trained model's" means (tests/test_export.py):
@@ -41,8 +41,8 @@ from typing import Callable
 import torch
 
 from .. import _native, models
-from . import checkpoint, state
-from .checkpoint_files import MAX_MANIFEST_BYTES, read_bounded
+from ..train import checkpoint, state
+from ..train.checkpoint_files import MAX_MANIFEST_BYTES, read_bounded
 from .quantized import QUANTIZED, QuantizedLinear, quantize_weight
 
 FORMAT, VERSION = "deepwell-export", 1

@@ -8,7 +8,7 @@ quantization is per 128x128 tile, so shards of whole tile rows quantize to the w
 tiles) and its only reader can run from them:
 - its site is planned fp8_block, and so is every site sharing its compiled block graph (FSDP2
   compiles one graph per block code, which runs the most precise of their recipes:
-  plan/backend.py `_shared_decision`);
+  compiler/backend.py `_shared_decision`);
 - it is the `weight` of an nn.Linear (F.linear(x, W): the GEMM the backend rewrites into
   `scaled_linear`), used by no other module (tied weights are also read by their embedding);
 - out_features is a multiple of 128 x the data ranks and in_features of 128 (each rank holds whole
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .fp8_weights import TILE, Fp8BlockShard
-from .parallel import blocks
+from .units import blocks
 
 
 def _graph_mates(name: str, block_names: list[str], recipe_of: dict[str, str]) -> list[str]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from .recipes import family
+from ..core.recipes import family
 
 ops = torch.ops.deepwell
 aten = torch.ops.aten

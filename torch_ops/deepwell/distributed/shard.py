@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from .. import _native
+from ..nn.moe import DeepwellMoE
 from . import copy_engine, fp8_all_gather, tensor_parallel
-from .parallel import plan_units, world_size
+from .units import plan_units, world_size
 
 
 def shard(model: torch.nn.Module, parallelism: dict, sharding: dict, recipe_of: dict[str, str] | None = None) -> torch.nn.Module:
@@ -87,8 +88,6 @@ def refuse_expert_parallel(model: torch.nn.Module) -> None:
     """FSDP2 would take an expert-parallel block's local experts (different on every rank) for
     shards of one tensor and gather them into a wrong whole: refused, until the plan composes the
     two (nn/moe_ep.py)."""
-    from ..nn.moe import DeepwellMoE
-
     for name, m in model.named_modules():
         if isinstance(m, DeepwellMoE) and m.ep_size > 1:
             raise ValueError(

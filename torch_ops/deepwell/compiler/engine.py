@@ -16,15 +16,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .fp8_all_gather import choose as fp8_all_gather_choose
-from .hardware import Hardware
-from .memory import codes_of
-from .options import CompileOptions
-from .parallel import check_tensor_degree, plan_parallelism, with_tensor_share
-from .parallel import world_size as current_world_size
-from .policy import PrecisionPolicy
-from .shard import shard
-from .sites import Plan, Site, plan_sites, role_of
+from ..core.policy import PrecisionPolicy
+from ..distributed import tensor_parallel as tp  # autoplan's argument `tensor_parallel` is the degree
+from ..distributed.fp8_all_gather import choose as fp8_all_gather_choose
+from ..distributed.shard import shard
+from ..distributed.units import world_size as current_world_size
+from ..plan.hardware import Hardware
+from ..plan.memory import codes_of
+from ..plan.options import CompileOptions
+from ..plan.parallel import check_tensor_degree, plan_parallelism, with_tensor_share
+from ..plan.sites import Plan, Site, plan_sites, role_of
+from .backend import capture_sites
 
 
 @dataclass
@@ -61,8 +63,6 @@ class IR:
 
 def capture(model: torch.nn.Module, example_inputs: tuple) -> IR:
     """Traces `model(*example_inputs)` with Dynamo (no compilation, no gradients) and returns its IR."""
-    from .backend import capture_sites
-
     ir = IR(model, tuple(example_inputs))
 
     def recorder(gm, inputs, **kw):
@@ -123,10 +123,8 @@ def autoplan(
     par = plan_parallelism(ir.model, ir.example_inputs, hw, world, quantized, codes_of(plan), tensor_parallel)
     sequence = bool(sequence_parallel) and par["tensor"] > 1
     if sequence:
-        from . import tensor_parallel
-
-        tensor_parallel.check(ir.model, par["tensor"], {}, sequence=True)
-        tensor_parallel.check_sequence_degrees(par["data"], par["tensor"])
+        tp.check(ir.model, par["tensor"], {}, sequence=True)
+        tp.check_sequence_degrees(par["data"], par["tensor"])
     par = with_tensor_share(ir.model, ir.example_inputs, par, quantized, sequence)
     plan.parallelism = {"data": par["data"], "tensor": par["tensor"], "pipeline": 1, "expert": 1}
     plan.sharding = {k: par[k] for k in ("fsdp", "reshard_after_forward", "sm_carveout", "collectives", "unit_blocks",

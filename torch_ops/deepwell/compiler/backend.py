@@ -11,10 +11,10 @@ without `import deepwell`. For each graph Dynamo captures it
    (`torch.ops.deepwell.scaled_linear`, or the recipe's `*_linear_from_codes` / `*_linear_from_rows`
    on x's codes; autograd registered: the backward GEMMs follow the same recipe), leaving bf16
    sites as they are, then (option `fused_mlp`) fuses each fp8_block SwiGLU MLP's three sites into one
-   `fp8_block_swiglu_mlp` (plan/fuse_mlp.py);
+   `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
    letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
-   the backward instead of saving them (`_partitioner_options`).
+   the backward instead of saving them (`plan.memory.partitioner_options`).
 
 Options: a `deepwell.CompileOptions` (plan/options.py: each option, its default and why), or a
 dict of its fields, as `torch.compile(..., options=...)` or through `deepwell.optimize(model, ...)`.
@@ -34,17 +34,19 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-import deepwell  # noqa: F401  (the ops and their fake kernels exist before tracing)
+from .. import ops  # noqa: F401  (the ops and their fake kernels exist before tracing)
 
 from .. import _env
+from ..core.policy import LayerDecision
+from ..core.recipes import family
+from ..nn.moe_hf import SUPPORTED
 from ..nn.weight_cache import allow_reuse
 from ..ops.fp8_tensor import amax_of
+from ..plan.memory import partitioner_options
+from ..plan.options import CompileOptions, Fallback
+from ..plan.sites import Codes, Plan, Site, plan_sites, role_of
 from .fuse_mlp import fuse_mlp
 from .graph_ops import GraphOps
-from .options import CompileOptions, Fallback
-from .policy import LayerDecision
-from .recipes import family
-from .sites import Codes, Plan, Site, plan_sites, role_of
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 _MATMULS = (operator.matmul, torch.matmul, torch.mm)
@@ -148,8 +150,6 @@ def hf_moe_blocks(gm: torch.fx.GraphModule) -> list[str]:
     """Qualified names of the Hugging Face MoE blocks (nn/moe_hf.py SUPPORTED) the graph traced
     through. Dynamo hands the backend their expert loops already unrolled into plain GEMMs, which it
     cannot turn back into a DeepwellMoE; `deepwell.optimize` swaps the blocks before tracing."""
-    from ..nn.moe_hf import SUPPORTED
-
     found = {}
     for node in gm.graph.nodes:
         for fqn, kind in node.meta.get("nn_module_stack", {}).values():
@@ -180,7 +180,7 @@ def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
 def _codes(g: Gemm, options: CompileOptions) -> Codes:
     """The site's strategy (`CompileOptions.codes_for`), except that a site whose weight is a tensor
     subclass runs `scaled_linear`, the only op that reads one: DTensors (tensor parallelism: its
-    sharding rules, ops/sharding.py) and FSDP2's FP8-gathered weights (plan/fp8_weights.py)."""
+    sharding rules, ops/sharding.py) and FSDP2's FP8-gathered weights (distributed/fp8_weights.py)."""
     codes = options.codes_for(g.site.recipe, g.site.tokens)
     if codes is Codes.X or not isinstance(g.x, torch.fx.Node):
         return Codes.X
@@ -377,24 +377,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
         allow_reuse(False)
     if options.graph_ops:
         inductor["post_grad_custom_post_pass"] = GraphOps(inductor_config.post_grad_custom_post_pass)
-    with torch._functorch.config.patch(_partitioner_options(rewritten)):
+    with torch._functorch.config.patch(partitioner_options(rewritten)):
         return compile_fx(gm, example_inputs, config_patches=inductor)
-
-
-def _partitioner_options(rewritten: int) -> dict:
-    """AOTAutograd partitioner settings for a graph with `rewritten` deepwell GEMMs.
-
-    By default the partitioner never recomputes a tensor that a non-fusible backward op reads
-    (`ban_recompute_materialized_backward`): recomputing it would write it out again anyway. Every
-    deepwell GEMM's backward reads its bf16 input x (it quantizes x along the tokens for wgrad), so
-    the normed activations and SwiGLU outputs feeding them were saved from forward to backward in
-    bf16, 2 bytes per element, although each is one fused pointwise kernel away from tensors the
-    backward keeps anyway (the residual stream and the norm's rstd; SwiGLU's two inputs). Lifting
-    the ban lets the min-cut partitioner recompute them in the backward, which is the trade torchao's
-    float8 casts get: same saved set as its Inductor-visible casts (benchmarks/bench_train_step.py
-    measures both; tests/test_backend.py proves the saved bytes never exceed bf16's). The other bans
-    stay: reductions, long fusible chains and GEMMs are never recomputed."""
-    return {"ban_recompute_materialized_backward": False} if rewritten else {}
 
 
 def last_plan() -> Plan | None:

@@ -1,0 +1,10 @@
+"""The `deepwell` torch.compile backend and the step API's compile (docs/DESIGN.md "The backend's
+graph passes").
+
+| module | what |
+|---|---|
+| `backend` | find a graph's GEMM sites, plan them, write each site's strategy, rewrite, hand to Inductor |
+| `fuse_mlp` | one `fp8_block_swiglu_mlp` per fusable SwiGLU MLP (option `fused_mlp`) |
+| `graph_ops` | the compiled graphs' calls to the autograd-free `deepwell_graph` twins (option `graph_ops`) |
+| `engine` | the step API: `capture`, `autoplan`, `compile`, `Engine` |
+"""
