@@ -256,7 +256,7 @@ def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, family: str,
     call's output or runs it in the backward from tensors it keeps, whichever saves fewer bytes. For
     a norm's or SwiGLU's output (recomputed from the residual stream, or from gate and up) and for
     attention's output (kept for attention's backward), running it again saves nothing more: it runs
-    in the backward (tests/test_recompute_codes.py checks both graphs)."""
+    in the backward (tests/compile/test_recompute_codes.py checks both graphs)."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
     copies = "rows" if rows_only else "both"
@@ -457,7 +457,7 @@ def _partitioner_options(rewritten: int) -> dict:
     backward keeps anyway (the residual stream and the norm's rstd; SwiGLU's two inputs). Lifting
     the ban lets the min-cut partitioner recompute them in the backward, which is the trade torchao's
     float8 casts get: same saved set as its Inductor-visible casts (benchmarks/bench_train_step.py
-    measures both; tests/test_backend.py proves the saved bytes never exceed bf16's). The other bans
+    measures both; tests/compile/test_backend.py proves the saved bytes never exceed bf16's). The other bans
     stay: reductions, long fusible chains and GEMMs are never recomputed."""
     return {"ban_recompute_materialized_backward": False} if rewritten else {}
 
