@@ -23,8 +23,9 @@ setup(
     # tqdm: the Trainer's progress bar; matplotlib: the loss plots (Agg, no display); safetensors:
     # checkpoints and exported models.
     install_requires=["torch>=2.10", "numpy", "tqdm", "matplotlib", "safetensors>=0.4"],
-    # transformers: the Hugging Face MoE conversions' parity tests (tests/test_moe_hf.py,
-    # tests/test_moe_ep.py), against transformers 5's MoE blocks; without it they would be skipped.
+    # transformers: the Hugging Face MoE conversions' parity tests (tests/nn/test_moe_hf.py,
+    # tests/distributed/test_moe_ep.py), against transformers 5's MoE blocks; without it they would
+    # be skipped.
     # pytest-xdist: .ci/run runs the test tiers one file per core (-n 2).
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6", "expecttest", "transformers>=5.23,<6"]

@@ -3,7 +3,7 @@ the CPU), each with its own T tokens: every process holding all E experts (data 
 communication inside the layer) against deepwell.expert_parallel (E / N experts each, tokens sent
 to their experts' process and back by all-to-all). Per variant: ms per forward + backward (the
 slowest rank's median), tokens/s over all ranks, the experts' weight memory per rank, and the peak
-memory per rank (GPU). Both variants compute the same layer (tests/test_moe_ep.py).
+memory per rank (GPU). Both variants compute the same layer (tests/distributed/test_moe_ep.py).
 
 Shapes (T tokens per rank, bf16 on GPUs): Mixtral E=8, D=4096, F=14336, top-2; fine-grained E=64,
 D=2048, F=1408, top-8.

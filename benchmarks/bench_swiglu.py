@@ -6,7 +6,7 @@ against what runs without them.
   `swiglu_backward` (cuda/swiglu.cuh).
 - fp8_block operands of the next GEMMs: `swiglu` then `fp8_block_quantize_rowcol` (two passes, h or
   d_gate_up written and read back) against the fused `fp8_block_swiglu_quantize_rowcol` /
-  `fp8_block_swiglu_backward_quantize_rowcol` (one pass; the same bits, tests/test_swiglu.py).
+  `fp8_block_swiglu_backward_quantize_rowcol` (one pass; the same bits, tests/ops/test_swiglu.py).
 
 Bytes = the least traffic of each row (inputs read once, outputs written once); GB/s = bytes / median
 time; "% copy" against a device-to-device copy measured here (the roofline).

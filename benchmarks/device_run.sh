@@ -7,7 +7,7 @@
 #   quantize  benchmarks/bench_quantize.py        (quantize-quick: first shape only)
 #   linear    benchmarks/bench_linear.py          (linear-quick: first shape only)
 #   gemm      benchmarks/bench_gemm.py            (the fp8_block GEMMs alone; gemm-quick: fewer shapes)
-#   gemm-tests the FP8 GEMM GPU tests (tests/test_fp8_gemm.py -m gpu)
+#   gemm-tests the FP8 GEMM GPU tests (tests/ops/test_fp8_gemm.py -m gpu)
 #   train     benchmarks/bench_train_step.py      (train-quick: 4 layers; train-8b: LLaMA-3-8B-shaped
 #             layers, torchao tensorwise only)
 #   mainjob   the README's main job (python -m deepwell) on the GPU
@@ -63,7 +63,7 @@ for step in $steps; do
             cp "$RESULTS"/bench_gemm*.json "$OUT/" 2>/dev/null
             ;;
         gemm-tests)
-            python3 -m pytest tests/test_fp8_gemm.py -m gpu -p no:cacheprovider -x -rf 2>&1 | tee "$OUT/gemm_tests.log" | tail -40 || status=1
+            python3 -m pytest tests/ops/test_fp8_gemm.py -m gpu -p no:cacheprovider -x -rf 2>&1 | tee "$OUT/gemm_tests.log" | tail -40 || status=1
             ;;
         train | train-quick)
             quick=; [ "$step" = train-quick ] && quick=--quick
@@ -113,7 +113,7 @@ for step in $steps; do
             cp "$RESULTS"/bench_parallel-*.json "$OUT/" 2>/dev/null
             ;;
         moe-tests)
-            python3 -m pytest tests/test_moe.py tests/test_moe_module.py tests/test_grouped_linear.py -m gpu \
+            python3 -m pytest tests/ops/test_moe.py tests/nn/test_moe_module.py tests/ops/test_grouped_linear.py -m gpu \
                 -p no:cacheprovider -rf 2>&1 | tee "$OUT/moe_tests.log" | tail -40 || status=1
             ;;
         *)

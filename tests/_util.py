@@ -1,7 +1,8 @@
 """Helpers shared by the tests: conversions to the float64 reference model's numpy world, random
 inputs spanning many magnitudes, saved-activation bytes, the multi-process (gloo) launcher, the
 bound between FP8 training runs on different numbers of processes, the deepwell ops a call
-makes, and a few uncached AdamW steps of a compiled model."""
+makes, a few uncached AdamW steps of a compiled model, and a float64 torch._scaled_grouped_mm
+for MXFP8 operands."""
 
 from __future__ import annotations
 
@@ -81,10 +82,10 @@ def saved_activation_bytes(run, inputs, model: torch.nn.Module) -> int:
 # only to the run's own noise floor: a last-bit difference in an fp32 sum (FSDP's reduce-scatter, a
 # tensor-parallel Partial) flips some e4m3 codes where the gradient is quantized, which moves weight
 # gradients by up to ~5e-3 of their largest element, and AdamW's normalised step carries that into
-# every weight. Measured on tests/_fsdp_worker.py's one-process fp8_block run: scaling
+# every weight. Measured on tests/distributed/_fsdp_worker.py's one-process fp8_block run: scaling
 # its loss by 1 + 1e-7 before backward moves the later losses by up to 4.6e-5 (relative); 2
 # processes differ from 1 by up to 5.0e-5. The bound keeps 6x over that floor and stays 5x under one
-# step's loss change (1.6e-3 relative); tests/test_tensor_parallel.py also checks the first step's
+# step's loss change (1.6e-3 relative); tests/distributed/test_tensor_parallel.py also checks the first step's
 # gradients, where a missing or doubled reduction shows as an O(1) error.
 FP8_TRAINING_REL = 3e-4
 
@@ -109,7 +110,8 @@ def finish_rank(result: dict, rank: int, world: int, out) -> None:
 
 
 def spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
-    """Runs `world` processes of tests/`script` (RANK WORLD STORE OUT: gloo on the CPU, joined
+    """Runs `world` processes of tests/`script` (a path under tests/, `distributed/_fsdp_worker.py`;
+    RANK WORLD STORE OUT: gloo on the CPU, joined
     through a file store) with `env_extra` added to the environment; fails with a rank's log if
     one exits non-zero, else returns the JSON rank 0 wrote to OUT (tmp_path/<tag>.json)."""
     out, store = tmp_path / f"{tag}.json", tmp_path / f"{tag}-store"
@@ -155,3 +157,43 @@ def adamw_steps(compiled, model: torch.nn.Module, tokens: torch.Tensor, steps: i
             step()
         seen = observe(step)
     return torch.stack(losses), [p.detach().clone() for p in model.parameters()], seen
+
+
+def _decode_mxfp8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP8 codes times their E8M0 scales (blocks of 32 along the last dimension), in float64."""
+    exp = scales.view(torch.uint8).double() - 127
+    return codes.double() * torch.exp2(exp).repeat_interleave(32, dim=-1)
+
+
+def decoding_scaled_grouped_mm(a, b, scale_a, scale_b, offs=None, out_dtype=None, **_):
+    """What torch._scaled_grouped_mm computes with MXFP8 operands, read back from the layouts
+    torchao hands it, group by group through `unswizzle_scales`, in float64 (what the tests put in
+    its place: tests/ops/test_mxfp8_grouped.py, tests/nn/test_weight_cache_experts.py)."""
+    from deepwell.ops.swizzle import unswizzle_scales
+
+    def _ceil(n: int, m: int) -> int:
+        return -(-n // m) * m
+
+    ends = offs.tolist()
+    starts = [0, *ends[:-1]]
+    if b.dim() == 3:  # 2-D x 3-D: a's rows grouped (forward, dgrad)
+        experts, k, n = b.shape
+        out, first = torch.zeros(a.shape[0], n, dtype=torch.float64), 0
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            if e > s:
+                sa = unswizzle_scales(scale_a.reshape(-1)[first * (k // 32):(first + _ceil(e - s, 128)) * (k // 32)], e - s, k // 32)
+                out[s:e] = _decode_mxfp8(a[s:e], sa) @ _decode_mxfp8(b[g].t(), unswizzle_scales(scale_b[g], n, k // 32)).t()
+            first += _ceil(e - s, 128)
+    else:  # 2-D x 2-D: the tokens grouped (wgrad)
+        n, k = a.shape[0], b.shape[1]
+        out, first = torch.zeros(len(ends), n, k, dtype=torch.float64), 0
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            width = (e - s) // 32
+            if width:
+                region = slice(first * _ceil(n, 128), (first + _ceil(width, 4)) * _ceil(n, 128))
+                sa = unswizzle_scales(scale_a.reshape(-1)[region], n, width)
+                region = slice(first * _ceil(k, 128), (first + _ceil(width, 4)) * _ceil(k, 128))
+                sb = unswizzle_scales(scale_b.reshape(-1)[region], k, width)
+                out[g] = _decode_mxfp8(a[:, s:e], sa) @ _decode_mxfp8(b[s:e].t(), sb).t()
+            first += _ceil(width, 4)
+    return out.to(out_dtype)

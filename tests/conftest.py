@@ -19,7 +19,7 @@ deepwell.compiler.backend.ensure_registered()
 
 
 def _sampled_out_of_a_sweep(item) -> bool:
-    """test_opcheck runs every sample call of every op (tests/op_cases.py): the fast tier keeps
+    """test_opcheck runs every sample call of every op (tests/ops/op_cases.py): the fast tier keeps
     each op's first call (case 0), so every op still passes opcheck there; the others are `slow`."""
     callspec = getattr(item, "callspec", None)
     return item.path.name == "test_opcheck.py" and callspec is not None and callspec.params.get("i", 0) > 0

@@ -11,7 +11,7 @@ use crate::error::{Error, Op, Result};
 use crate::tensor::Tensor;
 
 /// Schema argument types deepwell uses. Each op's Rust spec lists its arguments with these kinds;
-/// `tests/test_registry.py` checks them against the schemas Python defines.
+/// `tests/ops/test_registry.py` checks them against the schemas Python defines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Tensor,

@@ -3,7 +3,7 @@ the policy and the model's weights, each planned low-precision site's weight pre
 recipe (artifact/quantized.py), written atomically like a checkpoint (a directory with
 weights.safetensors and manifest.json, every file's SHA-256 checked on load).
 
-What "the loaded model's logits match the trained model's" means (tests/test_export.py):
+What "the loaded model's logits match the trained model's" means (tests/train/test_export.py):
 - On every device, `load(path)(tokens)` is bit-identical to `planned_eager(engine)(tokens)`: the
   trained weights run eagerly with every planned site through deepwell.scaled_linear in its recipe.
   Both quantize the weight with the same kernel (the artifact stores those codes), quantize the
@@ -15,7 +15,7 @@ What "the loaded model's logits match the trained model's" means (tests/test_exp
 - Before `quantized_linear`, a GPU ran the loaded sites as a bf16 GEMM of dequantized values
   while training ran the native FP8 GEMM: the main job on the H100 measured logits up to 1.9 apart
   (FP8 re-quantization of each layer's input amplifies one-ulp differences). The CPU tests prove
-  the shared path; tests/test_quantized_linear.py's GPU test proves the op on the device.
+  the shared path; tests/ops/test_quantized_linear.py's GPU test proves the op on the device.
 
 Trust. An artifact is something people share, so nothing in it is code and loading it runs none:
 - The model class the manifest names is only looked up, never imported: it must be one of

@@ -18,7 +18,7 @@ dims multiples of 128, out_features of 128 * data ranks), a tile never straddles
 tiles quantized per shard and gathered are the tiles of the whole weight: the same codes and scales
 `scaled_linear` computes from the gathered high-precision weight (quantization is per tile, its
 scale the tile's own amax). The forward, dgrad and wgrad are therefore bit-identical to the
-high-precision all-gather with the same recipe (tests/test_fp8_all_gather.py proves it over
+high-precision all-gather with the same recipe (tests/distributed/test_fp8_all_gather.py proves it over
 training steps). The gradient is a plain tensor of the parameter's dtype, so FSDP2's reduce-scatter
 is unchanged.
 """

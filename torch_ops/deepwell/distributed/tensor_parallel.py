@@ -130,7 +130,7 @@ def _check_top(model: torch.nn.Module, tensor: int) -> None:
 
 def check_sequence_degrees(data: int, tensor: int) -> None:
     """Sequence parallelism runs with a data degree of 1 only: with FSDP2 over a 2-D mesh the
-    compiled 4-process gloo run of tests/_fsdp_worker.py failed (DTensor's vocabulary-parallel
+    compiled 4-process gloo run of tests/distributed/_fsdp_worker.py failed (DTensor's vocabulary-parallel
     embedding: "Mixing fake modes NYI" in its mask buffer under torch.compile, torch 2.15) or, with
     the embedding kept whole, did not finish in 10 minutes: not understood, so refused."""
     if data > 1:

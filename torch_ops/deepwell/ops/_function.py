@@ -5,7 +5,7 @@ torch 2.11's Dynamo traces such a Function into a graph whose backward gives eve
 gradient, silently: `(x @ w).to(x.dtype)` returned from a Function's forward trains nothing under
 torch.compile there (found on the H100's torch 2.11; torch 2.15 gives the right gradient). A view
 (`view_as`, slicing) is fine. `cast` is the dtype change that skips the no-op
-(tests/test_function_outputs.py holds each Function to its eager gradients, compiled).
+(tests/ops/test_function_outputs.py holds each Function to its eager gradients, compiled).
 """
 
 from __future__ import annotations

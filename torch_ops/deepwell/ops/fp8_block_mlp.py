@@ -12,7 +12,7 @@ Saved for the backward: x's column copy (shared with other layers reading x), ga
 SwiGLU's gradient reads) and h's column copy. The forward op returns them beside y (outputs 1-3,
 no gradient). Every quantization is the one the three layers make; SwiGLU is deepwell's exact fp32
 (docs/NUMERICS.md "SwiGLU"), so under torch.compile the fused op differs from the three layers by
-SwiGLU's rounding and by dx's single rounding (tests/test_fp8_block_mlp.py). The backend rewrites
+SwiGLU's rounding and by dx's single rounding (tests/ops/test_fp8_block_mlp.py). The backend rewrites
 the three layers into it (compiler/fuse_mlp.py). Kernels: rust/ops/src/ops/linear/fp8_block_mlp.rs.
 """
 

@@ -10,8 +10,8 @@ the grouped dispatch's `fp8_block_grouped`), the activation never exists in bf16
 | backward | swiglu_backward writes d_gate_up, rowcol reads it | `..._backward_quantize_rowcol(gate_up, dh)` |
 
 The fused kernels give exactly the codes and scales rowcol gives of `swiglu`'s / `swiglu_backward`'s
-output (tests/test_swiglu.py), so both ways compute the same bits, forward and every gradient
-(tests/test_swiglu_experts.py). Everything else runs the unfused way.
+output (tests/ops/test_swiglu.py), so both ways compute the same bits, forward and every gradient
+(tests/ops/test_swiglu_experts.py). Everything else runs the unfused way.
 """
 
 from __future__ import annotations

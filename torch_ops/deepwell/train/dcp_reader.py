@@ -6,7 +6,7 @@ whatever callable it names, and the manifest's hashes prove no authorship (anyon
 them), so resuming an edited checkpoint would run the editor's code.
 
 `SafeReader` unpickles `.metadata` with `find_class` limited to what DCP writes for the state
-deepwell saves (found by tracing a real save, tests/test_checkpoint_trust.py keeps the list
+deepwell saves (found by tracing a real save, tests/train/test_checkpoint_trust.py keeps the list
 honest): DCP's metadata dataclasses, torch.Size, dtypes, layouts and paths. Anything else is a
 CheckpointError saying that this is not a checkpoint deepwell wrote and that `trust=True` reads it
 with torch's own reader. It also refuses a shard file name that is not one of the checkpoint's

@@ -14,7 +14,7 @@
 //! modes and pointers, compute type, bias epilogue, SM count target under a carveout, fast
 //! accumulation off, and the same heuristic inputs: the descriptor with its scale pointers set (the
 //! heuristic finds nothing for the block modes without them) and torch's workspace limit
-//! (`CUBLASLT_WORKSPACE_SIZE` KiB, default 1024). So the same algorithm: tests/test_cublaslt_direct.py
+//! (`CUBLASLT_WORKSPACE_SIZE` KiB, default 1024). So the same algorithm: tests/ops/test_cublaslt_direct.py
 //! compares the bits.
 //!
 //! What differs: torch's shape and layout checks are replaced by `Shape::of`, which accepts only

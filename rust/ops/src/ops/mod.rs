@@ -1,5 +1,5 @@
 //! The op catalogue: every kernel this library registers, one module per op family (the same stems
-//! as `cuda/*.cuh`, `torch_ops/deepwell/ops/*.py`, `tests/test_*.py` and `rust/core/src/*.rs`).
+//! as `cuda/*.cuh`, `torch_ops/deepwell/ops/*.py`, `tests/ops/test_*.py` and `rust/core/src/*.rs`).
 //!
 //! Each family has `mod.rs`, `cpu.rs` (the reference) and `cuda.rs` (the kernels). `mod.rs` holds:
 //! - the schemas' argument specs (`OpSpec`, checked against the Python schemas by a test);

@@ -123,7 +123,7 @@ fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
 /// amax: a 0-d fp32 tensor on x's device holding NaN-propagating max |x| (what
 /// `torch.linalg.vector_norm(x, inf, dtype=torch.float32)` gives). On CUDA it is trusted, not
 /// checked against x (that would be the pass it saves); on the CPU [`check_amax`] checks it. The
-/// codes are `quantize(x)`'s exactly when it is x's amax (tests/test_fp8_tensor.py proves torch's
+/// codes are `quantize(x)`'s exactly when it is x's amax (tests/ops/test_fp8_tensor.py proves torch's
 /// reductions give it, NaN and Inf included).
 struct Quantize {
     x: Tensor,

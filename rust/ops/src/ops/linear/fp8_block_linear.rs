@@ -11,7 +11,7 @@
 //! Layers that read one x (q/k/v, gate/up) share one quantization and one saved copy (compiler/backend.py
 //! groups them), where `scaled_linear` quantizes x once per layer in the forward and again in each
 //! layer's backward. Every output is bit-identical to `scaled_linear(x, w, b, "fp8_block")` and its
-//! backward (tests/test_fp8_block_linear.py): the same operands reach the same GEMMs
+//! backward (tests/ops/test_fp8_block_linear.py): the same operands reach the same GEMMs
 //! (`quantize::fp8_block_rows_from_codes`, `fp8_block_cols_from_codes`), and the weight's through
 //! the same weight cache.
 //!

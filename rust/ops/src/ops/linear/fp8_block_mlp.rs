@@ -18,7 +18,7 @@
 //! Saved for the backward: x's column copy (shared with the other layers reading x), gate_up (what
 //! SwiGLU's gradient reads, as the unfused graph saves it), h's column copy. Every quantization is
 //! the one the unfused layers make (the fused kernels give `fp8_block_quantize_rowcol`'s codes of
-//! `swiglu`'s and `swiglu_backward`'s outputs bit for bit, tests/test_swiglu.py); what differs is
+//! `swiglu`'s and `swiglu_backward`'s outputs bit for bit, tests/ops/test_swiglu.py); what differs is
 //! SwiGLU itself (deepwell's exact fp32, docs/NUMERICS.md "SwiGLU", where Inductor computes it its
 //! own way) and dx, one rounding instead of two plus an add.
 

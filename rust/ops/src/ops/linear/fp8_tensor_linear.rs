@@ -11,7 +11,7 @@
 //! autograd keeps 1 byte per element of x instead of 2. The codes travel as uint8 (their E4M3
 //! bytes): autograd and opcheck treat every output of a differentiable op as a tensor they can add
 //! and sum, which float8 tensors are not. Every output is bit-identical to
-//! `scaled_linear(x, w, b, "fp8_tensor")` and its backward (tests/test_fp8_tensor_linear.py).
+//! `scaled_linear(x, w, b, "fp8_tensor")` and its backward (tests/ops/test_fp8_tensor_linear.py).
 //!
 //! `fp8_tensor_linear_from_codes` is the forward on codes made beforehand by
 //! `fp8_tensor_quantize_rowcol(x)`: layers that read the same x (q/k/v, gate/up) share one

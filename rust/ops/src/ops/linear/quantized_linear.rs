@@ -14,7 +14,7 @@
 //! built, in the form its backend reads (`quantize::weight_from_codes`), x is quantized by the
 //! same call, and the pass dispatches through the same table (deepwell_core::policy::gemm_backend).
 //! On every device the output is bit-identical to `scaled_linear`'s forward on the weight the codes
-//! came from; tests/test_quantized_linear.py proves it against that op.
+//! came from; tests/ops/test_quantized_linear.py proves it against that op.
 
 use deepwell_core::policy::{Pass, Recipe};
 

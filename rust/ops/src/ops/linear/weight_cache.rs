@@ -19,7 +19,7 @@
 //!   the forward, and the allocator may place the next block's weights at that address, with a
 //!   version counter of the same value. So a hit also needs the alias to still point at the key's
 //!   address: two live storages never share an address, so then the weight is on the entry's
-//!   storage (tests/test_weight_cache.py and tests/test_parallel.py reproduce both). An entry
+//!   storage (tests/nn/test_weight_cache.py and tests/distributed/test_parallel.py reproduce both). An entry
 //!   whose alias no longer points at its key's address can never hit again: such entries are
 //!   dropped as entries accumulate (`dead`), so a scope does not hold freed passes' operands
 //!   until it closes;
@@ -34,7 +34,7 @@
 //! What a scope cannot see: writes that bypass the version counter inside it (`w.data.add_()`,
 //! writes through DLPack). They break the scope's promise; outside a scope they are harmless.
 //!
-//! tests/test_weight_cache.py proves each rule against the uncached path.
+//! tests/nn/test_weight_cache.py proves each rule against the uncached path.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
