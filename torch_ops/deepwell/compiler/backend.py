@@ -206,7 +206,7 @@ def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, recipe: str,
     call's output or runs it in the backward from tensors it keeps, whichever saves fewer bytes. For
     a norm's or SwiGLU's output (recomputed from the residual stream, or from gate and up) and for
     attention's output (kept for attention's backward), running it again saves nothing more: it runs
-    in the backward (tests/compile/test_recompute_codes.py checks both graphs)."""
+    in the backward (tests/compiler/test_recompute_codes.py checks both graphs)."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
     copies = "rows" if rows_only else "both"

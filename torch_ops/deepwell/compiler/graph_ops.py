@@ -10,7 +10,7 @@ layer to do. So after AOTAutograd, this pass (Inductor's `post_grad_custom_post_
 `deepwell::<op>` node of the forward and backward graphs at `deepwell_graph::<op>`: the same
 schema, the same fake kernel and the same Rust kernels (rust/ops/src/register.rs registers each
 kernel under both namespaces), and no autograd formula, so the dispatcher goes straight to the
-kernel. Outputs are the same bits (tests/compile/test_graph_ops.py).
+kernel. Outputs are the same bits (tests/compiler/test_graph_ops.py).
 """
 
 from __future__ import annotations

@@ -40,13 +40,16 @@ Hopper's (labelled as borrowed) elsewhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import _native
-from ..compiler.engine import Engine
 from ..distributed.copy_engine import staging_bytes, unit_params
 from ..distributed.fp8_all_gather import gathered_bytes
 from ..distributed.units import nbytes, plan_units
 from .memory import codes_of, saved_activation_bytes
+
+if TYPE_CHECKING:  # the engine is the compiler's, a layer above: only its type is read here
+    from ..compiler.engine import Engine
 
 
 @dataclass

@@ -289,6 +289,6 @@ def partitioner_options(rewritten: int) -> dict:
     backward keeps anyway (the residual stream and the norm's rstd; SwiGLU's two inputs). Lifting
     the ban lets the min-cut partitioner recompute them in the backward, which is the trade torchao's
     float8 casts get: same saved set as its Inductor-visible casts (benchmarks/bench_train_step.py
-    measures both; tests/compile/test_backend.py proves the saved bytes never exceed bf16's). The other bans
+    measures both; tests/compiler/test_backend.py proves the saved bytes never exceed bf16's). The other bans
     stay: reductions, long fusible chains and GEMMs are never recomputed."""
     return {"ban_recompute_materialized_backward": False} if rewritten else {}

@@ -36,7 +36,8 @@ class Fallback(str, Enum):
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """Every option of the `deepwell` backend (docs/DESIGN.md "The torch.compile backend")."""
+    """Every option of the `deepwell` backend (docs/OPS.md "The torch.compile backend"; what the
+    strategy options do: docs/DESIGN.md "The backend's graph passes")."""
 
     #: the recipe of every site the policy does not keep in bf16: "auto" (the device's fastest native
     #: recipe), "mxfp8", "nvfp4", "fp8_block", "fp8_tensor" or "bf16".

@@ -112,7 +112,7 @@ def test_by_default_the_gradients_are_as_accurate_as_with_the_saved_codes(precis
     recomputes (from the residual stream, or SwiGLU's inputs) can differ from the forward's in its
     last bf16 bit, which flips the FP8 codes of the wgrad operand that sit on a rounding boundary:
     the same loss, and gradients that differ from the saved codes' by FP8 rounding (2-3% here, as
-    `fp8_block_codes=False` differs, tests/compile/test_backend.py) and are as close to fp32 eager."""
+    `fp8_block_codes=False` differs, tests/compiler/test_backend.py) and are as close to fp32 eager."""
     loss, grads = _grads(precision, recompute=True)
     ref_loss, ref_grads = _grads(precision)
     _, exact = _grads(None)
