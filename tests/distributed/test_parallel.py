@@ -17,6 +17,7 @@ import deepwell
 from _util import trains_alike
 from deepwell import _native
 from deepwell.compiler.backend import _from_fixed_plan
+from deepwell.plan.options import Fallback
 from deepwell.core.policy import LayerDecision
 from deepwell.models import Llama
 from deepwell.plan.sites import Plan, Site
@@ -160,17 +161,17 @@ def test_a_block_graph_takes_its_layers_shared_decision():
     """Under FSDP2 each block is its own graph with names relative to it, reused for every layer."""
     fixed = Plan("cpu", deepwell.PrecisionPolicy(), [_decided("layers.0.wq", "fp8_block"), _decided("layers.1.wq", "fp8_block")])
     gemm = type("G", (), {"site": _site("wq")})
-    (site,) = _from_fixed_plan([gemm], fixed, "error").sites
+    (site,) = _from_fixed_plan([gemm], fixed, Fallback.ERROR).sites
     assert site.decision.recipe == "fp8_block" and "one graph for 2 blocks" in site.decision.reason
     # Layers planned differently: the shared graph never runs with less precision than planned.
     fixed.sites[0] = _decided("layers.0.wq", "bf16")
     gemm = type("G", (), {"site": _site("wq")})
-    (site,) = _from_fixed_plan([gemm], fixed, "error").sites
+    (site,) = _from_fixed_plan([gemm], fixed, Fallback.ERROR).sites
     assert site.decision.recipe == "bf16" and "layers.0.wq bf16" in site.decision.reason
     # Other shapes or names do not match.
     gemm = type("G", (), {"site": _site("wk")})
     with pytest.raises(RuntimeError, match="'wk' is not in the plan"):
-        _from_fixed_plan([gemm], fixed, "error")
+        _from_fixed_plan([gemm], fixed, Fallback.ERROR)
 
 
 def _run(tmp_path, world: int, mode: str = "loop", tag: str = "", **env_extra) -> dict:

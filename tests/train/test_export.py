@@ -14,7 +14,8 @@ import torch
 import deepwell
 from _training import CONFIG, engine, heldout
 from deepwell.artifact.quantized import QuantizedLinear, quantize_weight
-from deepwell.train import CheckpointError, planned_eager
+from deepwell.artifact.export import planned_eager
+from deepwell.train import CheckpointError
 
 
 @pytest.fixture(scope="module", params=["mxfp8", "fp8_block", "nvfp4"])
