@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the JSON name")
     parser.add_argument("--tiles", default="auto",
                         help="comma-separated tile shapes of deepwell's kernel to time: auto (Rust's choice), 128, 256, "
-                             "2x128, 128x192")
+                             "2x128, 128x192, 128x192h, 192")
     parser.add_argument("--fprop-only", action="store_true",
                         help="dense: the fprop / dgrad mode only (1x128 x 128x128), no wgrad rows")
     parser.add_argument("--more", action="store_true", help="also the other fprop / dgrad shapes of the steps")

@@ -23,7 +23,8 @@ M, K, N = 16384, 4096, 4096
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tiles", default="auto", help="comma-separated: auto, 128, 256, 2x128, 128x192")
+    parser.add_argument("--tiles", default="auto",
+                        help="comma-separated: auto, 128, 256, 2x128, 128x192, 128x192h, 192")
     tiles = [None if t == "auto" else t for t in parser.parse_args().tiles.split(",")]
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)

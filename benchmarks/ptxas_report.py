@@ -2,7 +2,7 @@
 for specializations of a kernel header, compiled by torch's NVRTC with no GPU: what deepwell's own
 JIT builds, with `--ptxas-options=-v` added.
 
-    python benchmarks/ptxas_report.py fp8_gemm.cuh 'deepwell::fp8_block_gemm<deepwell::BF16, 1, 0, 0, 1, 192>' ...
+    python benchmarks/ptxas_report.py fp8_gemm.cuh 'deepwell::fp8_block_gemm<deepwell::BF16, 1, 0, 0, 1, 128, 0, 3>' ...
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@
 // Structure (one CTA per SM, persistent over output tiles; docs/DESIGN.md "deepwell's FP8 GEMM"):
 // - 3 warpgroups: warpgroups 0 and 1 multiply (64 rows each per wave), warpgroup 2's first warp
 //   loads: TMA copies of A, B and their scales into a ring of STAGES shared-memory stages, each
-//   guarded by a "full" mbarrier (copies landed) and an "empty" one (all 8 math warps done).
+//   guarded by a "full" mbarrier (copies landed) and an "empty" one (all 8 math warps done). The
+//   192-row tile (MATH_WGS = 3) has three math warpgroups (12 math warps) and the load one fourth.
 // - Tile BLOCK_M x 128 x 128 (K), BLOCK_M = 128 * WAVES: WAVES = 2 halves B's traffic per FLOP;
 //   WAVES = 1 has the registers for two fragments, so each K-block's promotion overlaps the next
 //   block's MMAs; CLUSTER = 2 (with WAVES = 1) pairs two CTAs on one 256-row tile sharing B by TMA
@@ -41,15 +42,23 @@
 namespace deepwell {
 
 constexpr int GEMM_THREADS = 384;     // 2 math warpgroups + 1 load warpgroup
+// Threads of a CTA with MATH_WGS math warpgroups (2, or 3 for the 192-row tile) and the load one.
+__host__ __device__ constexpr int gemm_threads(int math_wgs) { return 128 * (math_wgs + 1); }
+static_assert(gemm_threads(2) == GEMM_THREADS, "the default CTA");
 constexpr int GEMM_BLOCK_N = 128;
 constexpr int GEMM_BLOCK_K = 128;     // = the recipe's block: one scale per operand row per K-block
 constexpr int GEMM_STAGES_W1 = 6;     // 6 x 32 KiB of A + B
 constexpr int GEMM_STAGES_W2 = 4;     // 4 x 48 KiB
 constexpr int GEMM_WIDE_N = 192;      // the wide tile's columns (128 rows x 192: see GemmSmem)
 constexpr int GEMM_STAGES_WIDE = 5;   // 5 x 40 KiB
+constexpr int GEMM_STAGES_WG3 = 4;    // 4 x 40 KiB: 5 leave no room for 12 warps' epilogue slabs
 constexpr int GEMM_GROUP_M = 8;       // tiles raster 8 row-tiles at a time (B stays in L2)
 constexpr int GEMM_MATH_REGS = 232;   // registers per math thread after reallocation
 constexpr int GEMM_LOAD_REGS = 40;    // 128 * 40 + 256 * 232 <= 65536
+// Three math warpgroups: 384 * 160 + 128 * 32 = 65536, the register file (FlashAttention-3's split
+// for three consumer warpgroups; the loader's 32 rather than the minimum 24 leave it room).
+constexpr int GEMM_MATH_REGS_WG3 = 160;
+constexpr int GEMM_LOAD_REGS_WG3 = 32;
 constexpr int GEMM_EPI_ROWS = 8;      // the epilogue stages 8 rows x 64 columns per warp at a time
 constexpr int GEMM_EPI_COLS = 64;
 constexpr int GEMM_EPI_SLAB = 2048;  // bytes per warp: 8 x 64 fp32 (the widest Out)
@@ -60,23 +69,29 @@ static_assert(GEMM_EPI_SLAB == GEMM_EPI_ROWS * GEMM_EPI_COLS * 4, "one slab hold
 //   [stages x (A tile BLOCK_M x 128 B | B tile BN x 128 B)] [stages x waves x sa: 128 + SA_PAD fp32,
 //   padded to 128 B]
 //   [stages x sb: 128 fp32, SB = 1 only] [2 x stages mbarriers, padded to 128 B]
-//   [8 math warps x the epilogue's staging slab: GEMM_EPI_SLAB bytes each]
+//   [4 * MATH_WGS math warps x the epilogue's staging slab: GEMM_EPI_SLAB bytes each]
 // A copy's innermost start must be 16-byte aligned, so a row group starting at any row (GROUPING 1)
 // loads its scales from the multiple of 4 below it: SA_PAD = 4 more floats per wave.
-template <int WAVES, int SB, int GROUPING, int BN = GEMM_BLOCK_N>
+// A wave is WAVE_ROWS = 64 * MATH_WGS rows (each math warpgroup multiplies 64 of them).
+template <int WAVES, int SB, int GROUPING, int BN = GEMM_BLOCK_N, int MATH_WGS = 2>
 struct GemmSmem {
-    static constexpr int BLOCK_M = 128 * WAVES;
-    static constexpr int STAGES = BN == GEMM_WIDE_N ? GEMM_STAGES_WIDE : WAVES == 2 ? GEMM_STAGES_W2 : GEMM_STAGES_W1;
+    static constexpr int WAVE_ROWS = 64 * MATH_WGS;
+    static constexpr int BLOCK_M = WAVE_ROWS * WAVES;
+    static constexpr int STAGES = MATH_WGS == 3         ? GEMM_STAGES_WG3
+                                  : BN == GEMM_WIDE_N ? GEMM_STAGES_WIDE
+                                  : WAVES == 2        ? GEMM_STAGES_W2
+                                                      : GEMM_STAGES_W1;
     static constexpr int A_BYTES = BLOCK_M * GEMM_BLOCK_K;
     static constexpr int STAGE_BYTES = A_BYTES + BN * GEMM_BLOCK_K;
     static constexpr int SA_PAD = GROUPING == 1 ? 4 : 0;
-    static constexpr int SA_WAVE = 128 + SA_PAD;                      // floats one copy moves per wave
+    static constexpr int SA_WAVE = WAVE_ROWS + SA_PAD;                // floats one copy moves per wave
     static constexpr int SA_WAVE_FLOATS = ((SA_WAVE * 4 + 127) / 128) * 32;  // each copy lands 128-aligned
     static constexpr int SA_STAGE_BYTES = WAVES * SA_WAVE_FLOATS * 4;
     static constexpr int SA_OFF = STAGES * STAGE_BYTES;
     static constexpr int SB_OFF = SA_OFF + STAGES * SA_STAGE_BYTES;
     static constexpr int BAR_OFF = SB_OFF + (SB == 1 ? STAGES * GEMM_BLOCK_N * 4 : 0);
     static constexpr int EPI_OFF = BAR_OFF + ((2 * STAGES * 8 + 127) / 128) * 128;
+    static constexpr int BYTES = EPI_OFF + 4 * MATH_WGS * GEMM_EPI_SLAB;
     // Bytes each stage's copies deliver (the full barrier's transaction count).
     static constexpr uint32_t TX_BYTES = STAGE_BYTES + WAVES * SA_WAVE * 4 + (SB == 1 ? GEMM_BLOCK_N * 4 : 0);
 };
@@ -284,14 +299,14 @@ __device__ __forceinline__ void store_slab(const uint8_t* slab, void* out, int64
 }  // namespace gemm_detail
 
 // tma_a: A (rows, K) uint8, box (128, BLOCK_M), 128-byte swizzle; tma_b: B (B rows,
-// B's K extent), box (128, 128), 128-byte swizzle; tma_sa: sa (K/128, rows) fp32, box (128 +
+// B's K extent), box (128, 128), 128-byte swizzle; tma_sa: sa (K/128, rows) fp32, box (WAVE_ROWS +
 // SA_PAD, 1) per wave; tma_sb (SB = 1): sb (K/128, cols) fp32, box (128, 1), else unused.
 // sb_tiles (SB = 0): B's tile scales, a group's K-blocks contiguous: tile (c, kb) of group g at
 // sb_tiles[c * sb_tile_row + g * sb_group + kb] ((groups, cols/128, K/128) for stacked weights,
 // (cols/128, groups * K/128) side by side). bias: (cols) fp32 or null. offsets: (groups + 1)
 // int32 (GROUPING 1, 2), else null. out: (rows, cols), or (groups, rows, cols) for GROUPING 2.
 // For GROUPING 2, K is the total length of A's and B's rows and `offsets` cut it. Grid: min(tiles,
-// SMs) CTAs (persistent); GEMM_THREADS threads; dynamic shared memory as GemmSmem says.
+// SMs) CTAs (persistent); gemm_threads(MATH_WGS) threads; dynamic shared memory as GemmSmem says.
 //
 // CLUSTER = 2 (WAVES = 1 only): clusters of 2 CTAs take 256-row tiles, rank r the rows [128 r,
 // 128 r + 128), and share the tile's B: each CTA copies 64 of B's 128 rows into both CTAs' shared
@@ -312,8 +327,17 @@ __device__ __forceinline__ void store_slab(const uint8_t* slab, void* out, int64
 // into two fragments (48 registers each), A read once into registers (ldmatrix) for both; the first
 // half is promoted while the second's MMAs run, so a warpgroup leaves the tensor cores idle only
 // for the second half's promotion. Same fused multiply-adds in the same order: the same bits.
-template <class Out, int WAVES, int SB, int GROUPING, int CLUSTER, int BN = GEMM_BLOCK_N, int HALVES = 0>
-__global__ void __launch_bounds__(GEMM_THREADS, 1)
+//
+// MATH_WGS = 3 (WAVES = 1, SB = 0, dense, CLUSTER = 1, BN = 128 only): 192 x 128 tiles, four
+// warpgroups (512 threads), warpgroups 0-2 multiplying 64 rows each and warpgroup 3 loading. With
+// 160 registers per math thread (setmaxnreg; 384 * 160 + 128 * 32 = 65536) a warpgroup holds one
+// running sum and one fragment, so it waits for each K-block's MMAs (wait_group 0) before promoting
+// them, as the 256-row tile does; the bet is that with three independent warpgroups, one promoting
+// still leaves two with MMAs queued on the tensor cores. B is read once per 192 rows. Same fused
+// multiply-adds in the same K order: the same bits.
+template <class Out, int WAVES, int SB, int GROUPING, int CLUSTER, int BN = GEMM_BLOCK_N, int HALVES = 0,
+          int MATH_WGS = 2>
+__global__ void __launch_bounds__(gemm_threads(MATH_WGS), 1)
     fp8_block_gemm(const __grid_constant__ TmaDesc tma_a, const __grid_constant__ TmaDesc tma_b,
                    const __grid_constant__ TmaDesc tma_sa, const __grid_constant__ TmaDesc tma_sb,
                    const float* sb_tiles, const float* bias, const int* offsets, void* out, int64_t rows,
@@ -324,14 +348,19 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
     static_assert(BN == GEMM_BLOCK_N || (BN == GEMM_WIDE_N && WAVES == 1 && SB == 0 && GROUPING == 0 && CLUSTER == 1),
                   "the wide tile is a dense 128-row tile against tile-scaled B");
     static_assert(HALVES == 0 || BN == GEMM_WIDE_N, "halves split the wide tile");
-    using S = GemmSmem<WAVES, SB, GROUPING, BN>;
+    static_assert(MATH_WGS == 2 || (MATH_WGS == 3 && WAVES == 1 && SB == 0 && GROUPING == 0 && CLUSTER == 1 &&
+                                    BN == GEMM_BLOCK_N),
+                  "three math warpgroups: a dense 192-row tile against tile-scaled B");
+    using S = GemmSmem<WAVES, SB, GROUPING, BN, MATH_WGS>;
     using namespace sm90;
     extern __shared__ uint8_t gemm_smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uint64_t>(gemm_smem_raw) + 1023) & ~uint64_t(1023));
     const uint32_t smem0 = smem_addr(smem);
     const uint32_t bars = smem0 + S::BAR_OFF;  // full[s] at bars + 8s, empty[s] at bars + 8(STAGES + s)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    constexpr int MATH_WARPS = 8;
+    constexpr int MATH_WARPS = 4 * MATH_WGS;
+    constexpr int MATH_REGS = MATH_WGS == 3 ? GEMM_MATH_REGS_WG3 : GEMM_MATH_REGS;
+    constexpr int LOAD_REGS = MATH_WGS == 3 ? GEMM_LOAD_REGS_WG3 : GEMM_LOAD_REGS;
     const uint32_t rank = CLUSTER == 2 ? cluster_rank() : 0;
 
     if (threadIdx.x == 0) {
@@ -368,7 +397,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
     if (warp >= MATH_WARPS) {
         // The load warpgroup: its first warp walks the tiles; lane 0 issues the copies.
-        regs_release<GEMM_LOAD_REGS>();
+        regs_release<LOAD_REGS>();
         if (warp == MATH_WARPS) {
             int stage = 0;
             uint32_t phase = 0;
@@ -395,7 +424,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                         const int sa_row = static_cast<int>(j.row0) & ~(S::SA_PAD ? 3 : 0);
                         for (int w = 0; w < WAVES; ++w)
                             tma_load_2d(smem0 + S::SA_OFF + stage * S::SA_STAGE_BYTES + w * S::SA_WAVE_FLOATS * 4, &tma_sa,
-                                        sa_row + 128 * w, kb, full);
+                                        sa_row + S::WAVE_ROWS * w, kb, full);
                         if (SB == 1)
                             tma_load_2d(smem0 + S::SB_OFF + stage * GEMM_BLOCK_N * 4, &tma_sb, static_cast<int>(j.col0),
                                         kb, full);
@@ -409,8 +438,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
             }
         }
     } else {
-        // The math warpgroups: wg multiplies rows [64 wg, 64 wg + 64) of each 128-row wave.
-        regs_claim<GEMM_MATH_REGS>();
+        // The math warpgroups: wg multiplies rows [64 wg, 64 wg + 64) of each WAVE_ROWS-row wave.
+        regs_claim<MATH_REGS>();
         const int wg = warp / 4, wl = warp % 4;
         const int frag_row = 64 * wg + 16 * wl + lane / 4;  // rows frag_row and frag_row + 8 of a wave
         const int frag_col = 2 * (lane % 4);                // columns 8j + frag_col + {0, 1}
@@ -514,7 +543,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                         }
                     }
                 }
-            } else if constexpr (WAVES == 1) {
+            } else if constexpr (WAVES == 1 && MATH_WGS == 2) {
                 // 128-row tiles: two fragments, so the promotion of K-block kb - 1 runs while kb's
                 // MMAs are on the tensor cores (wait_group 1 instead of 0). The promotions are the
                 // same fused multiply-adds in the same K order as below: the same bits.
@@ -606,7 +635,22 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                     finish(p0);
                 }
             } else {
-                for (int kb = j.kb0; kb < j.kb1; ++kb) {
+                // One fragment per warpgroup: 256-row tiles (two waves) and 192-row ones (one wave
+                // of three warpgroups).
+                int kb = j.kb0;
+                if (MATH_WGS == 3 && j.row0 + 64 * wg >= j.row_end) {
+                    // This warpgroup's 64 rows lie wholly past the end of A: it only paces itself
+                    // with the loader, releasing each stage once it is full (as the 128-row tile's).
+                    for (; kb < j.kb1; ++kb) {
+                        mbar_wait(bars + 8 * stage, phase);
+                        release(stage);
+                        if (++stage == S::STAGES) {
+                            stage = 0;
+                            phase ^= 1;
+                        }
+                    }
+                }
+                for (; kb < j.kb1; ++kb) {
                     const float sb_tile = sb_next;
                     if (SB == 0 && kb + 1 < j.kb1) sb_next = __ldg(sb_row + kb + 1);
                     mbar_wait(bars + 8 * stage, phase);
@@ -618,7 +662,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                         float part[64];
                         fence_registers(part);
                         wgmma_fence();
-                        const uint64_t da = smem_desc_sw128(a + (128 * w + 64 * wg) * GEMM_BLOCK_K);
+                        const uint64_t da = smem_desc_sw128(a + (S::WAVE_ROWS * w + 64 * wg) * GEMM_BLOCK_K);
                         const uint64_t db = smem_desc_sw128(a + S::A_BYTES);
 #pragma unroll
                         for (int kk = 0; kk < GEMM_BLOCK_K / 32; ++kk) wgmma_m64n128k32_e4m3(part, da + 2 * kk, db + 2 * kk, kk);
@@ -668,7 +712,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                             gemm_detail::store_pair<Out>(slab, L::at(lane / 4, 8 * jj + frag_col), lo, hi);
                         }
                         __syncwarp();
-                        const int64_t row0 = j.row0 + 128 * w + 64 * wg + 16 * wl + 8 * h;
+                        const int64_t row0 = j.row0 + S::WAVE_ROWS * w + 64 * wg + 16 * wl + 8 * h;
                         gemm_detail::store_slab<Out>(slab, out, out0, row0, j.row_end,
                                                      j.col0 + half * GEMM_EPI_COLS, cols, lane);
                         __syncwarp();  // the slab is rewritten next

@@ -138,9 +138,9 @@ def test_not_differentiable():
 # deepwell's kernel on the GPU (sm_90); elsewhere the same checks exercise the CUDA fallback
 
 #: Every tile shape the `fp8_gemm_tile` entry can force (rust/ops/src/gemm/fp8_gemm.rs `SHAPES`); a
-#: shape that cannot serve a launch (the 128 x 192 tile on grouped GEMMs or 1x128 B scales) leaves
-#: Rust's choice in place there.
-TILE_SHAPES = ["128", "256", "2x128", "128x192", "128x192h"]
+#: shape that cannot serve a launch (the 128 x 192 and 192-row tiles on grouped GEMMs or 1x128 B
+#: scales) leaves Rust's choice in place there.
+TILE_SHAPES = ["128", "256", "2x128", "128x192", "128x192h", "192"]
 
 DENSE_SHAPES = [
     (128, 128, 128),  # one tile, one K-block
@@ -271,7 +271,9 @@ def test_gpu_every_tile_shape_gives_the_same_bits(gen, left):
     `fp8_gemm_tile` entry) on shapes where each is not Rust's choice, so clusters whose second CTA
     lies wholly or partly past the rows or a row group, 1 to 5 K-blocks (the pipelined batches of
     4, 2 and 1) and an odd SM count (left = 1: the cluster grid drops an SM) are covered; outputs
-    land in NaN-poisoned memory."""
+    land in NaN-poisoned memory. The 192-row tile (three math warpgroups of 64 rows): row counts
+    that leave one, two or all three warpgroups of the last tile wholly or partly past the rows
+    (4, 128, 196, 260, 320, 1000 rows), fp16 / bf16 / fp32 outputs."""
     (a, sa), (b, sb) = _operands(260, 384, 640, "cuda", gen)
     (c, sc), (d, sd) = _operands(1000, 2816, 256, "cuda", gen, (1, 128))
     # 128 x 192 tiles: 640 columns end in a partial tile that starts mid scale tile; 3 K-blocks.
@@ -283,9 +285,15 @@ def test_gpu_every_tile_shape_gives_the_same_bits(gen, left):
     dy, dys = _quant(torch.randn(1160, 1408, generator=gen).cuda(), (1, 128))
     xt, xts = _quant(torch.randn(384, 1408, generator=gen).cuda(), (1, 128))
     k_offsets = torch.tensor([0, 512, 512, 896, 1024, 1408], dtype=torch.int32, device="cuda")
+    # Row tails of the 192-row tile (unscaled, so that fp16 outputs stay finite).
+    tail_sizes = [(4, 256, 256), (128, 128, 128), (196, 384, 640), (320, 256, 1024)]
+    tails = [_operands(m, n, k, "cuda", gen, spread=False) for m, n, k in tail_sizes]
+    tail_dtypes = [torch.float16, torch.float32, torch.float16, torch.bfloat16]
 
     def run():
-        return (deepwell.fp8_block_gemm(a, sa, b, sb, torch.randn(384, generator=gen).cuda(), torch.bfloat16),
+        return (*(deepwell.fp8_block_gemm(p, sp, q, sq, torch.randn(q.shape[0], generator=gen).cuda(), dt)
+                  for ((p, sp), (q, sq)), dt in zip(tails, tail_dtypes)),
+                deepwell.fp8_block_gemm(a, sa, b, sb, torch.randn(384, generator=gen).cuda(), torch.bfloat16),
                 deepwell.fp8_block_gemm(c, sc, d, sd, None, torch.float32),
                 deepwell.fp8_block_gemm(e, se, f, sf, None, torch.float32),
                 deepwell.fp8_block_grouped_gemm(x, sx, w, sw, offsets, torch.float32),
@@ -307,16 +315,19 @@ def test_gpu_every_tile_shape_gives_the_same_bits(gen, left):
         for y, z in zip(outs["128"], outs[tile]):
             assert not z.isnan().any(), tile
             assert torch.equal(y, z), tile
+    # Rust's choice for big dense GEMMs and the 192-row tile, compared directly.
+    assert all(torch.equal(y, z) for y, z in zip(outs["256"], outs["192"]))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", TILE_SHAPES)
-@pytest.mark.parametrize("m,n,k", DENSE_SHAPES + [(1000, 640, 384), (520, 4096, 1024)])
+@pytest.mark.parametrize("m,n,k", DENSE_SHAPES + [(1000, 640, 384), (520, 4096, 1024), (196, 384, 512),
+                                                  (320, 256, 768)])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_gpu_each_tile_shape_matches_the_float64_product(gen, tile, m, n, k, out_dtype):
     """Each tile shape forced on a weight-scaled dense GEMM (fprop / dgrad): partial row and column
-    tiles (640 and 384 columns against 192-wide tiles), 1 to 32 K-blocks, a bias, NaN-poisoned
-    outputs."""
+    tiles (640 and 384 columns against 192-wide tiles; 196 and 320 rows against 192-row tiles), 1 to
+    32 K-blocks, a bias, NaN-poisoned outputs."""
     (a, sa), (b, sb) = _operands(m, n, k, "cuda", gen)
     bias = torch.randn(n, generator=gen).cuda()
     try:
@@ -368,6 +379,8 @@ def test_config_entry_reports_rusts_tile_and_the_forced_one():
     try:
         _native.call("fp8_gemm_tile", {"tile": "128x192"})
         assert _native.call("fp8_gemm_config", big) == {"heuristic": "256", "runs": "128x192"}
+        _native.call("fp8_gemm_tile", {"tile": "192"})
+        assert _native.call("fp8_gemm_config", big) == {"heuristic": "256", "runs": "192"}
     finally:
         _native.call("fp8_gemm_tile", {"tile": None})
     with pytest.raises(ValueError, match=r"fp8_gemm_config: 'k' must be a positive integer"):

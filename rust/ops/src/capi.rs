@@ -70,7 +70,7 @@ const ENTRIES: &[(&str, Entry, &str)] = &[
     ("parallel_plan", policy::parallel_plan_entry, "{cluster: {world_size, devices_per_node, memory_bytes, peer_access}, model: {weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes, largest_unit_bytes, blocks?}, tensor?} -> {data, tensor, fsdp, reshard_after_forward, per_rank_bytes, sm_carveout, collectives, unit_blocks, ends_join_blocks, forward_prefetch, reason}"),
     ("direct_cublaslt", crate::gemm::cublaslt::direct_cublaslt_entry, "{enable?} -> {enabled, loaded, calls, declined: {why: count}} (FP8 GEMMs on cuBLASLt called directly; false: through aten::_scaled_mm_v2)"),
     ("sm_carveout", crate::cuda::sm_carveout_entry, "{sms?} -> sms (SMs deepwell's persistent GEMMs leave to collectives; sets them when given)"),
-    ("fp8_gemm_tile", crate::gemm::fp8_gemm::fp8_gemm_tile_entry, "{tile?} -> tile (\"128\", \"256\", \"2x128\", \"128x192\", \"128x192h\" or null: the tile shape forced on deepwell's FP8 GEMM; sets it when given)"),
+    ("fp8_gemm_tile", crate::gemm::fp8_gemm::fp8_gemm_tile_entry, "{tile?} -> tile (\"128\", \"256\", \"2x128\", \"128x192\", \"128x192h\", \"192\" or null: the tile shape forced on deepwell's FP8 GEMM; sets it when given)"),
     ("fp8_gemm_config", crate::gemm::fp8_gemm::fp8_gemm_config_entry, "{rows, cols, k, sms} -> {heuristic, runs} (the tile shape of deepwell's FP8 GEMM for a dense fprop / dgrad of that size)"),
     ("guardrail_check", policy::guardrail_entry, "{stats, saturation_threshold?} -> {fallback}"),
     ("weight_cache_stats", weight_cache::stats_entry, "{} -> {entries, hits, misses}"),

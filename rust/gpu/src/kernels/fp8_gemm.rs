@@ -3,7 +3,8 @@
 
 use super::{Arg, Family, Float, Geometry, Wave};
 
-/// Threads per CTA (fp8_gemm.cuh `GEMM_THREADS`: two math warpgroups and one load warpgroup).
+/// Threads per CTA (fp8_gemm.cuh `GEMM_THREADS`: two math warpgroups and one load warpgroup); the
+/// 192-row tile's CTA has a third math warpgroup (`Fp8Gemm::threads`).
 pub const THREADS: u32 = 384;
 /// Output columns and K per tile (`GEMM_BLOCK_N`, `GEMM_BLOCK_K`); rows per tile are 128 * waves.
 pub const BLOCK_N: u64 = 128;
@@ -15,10 +16,10 @@ pub const WIDE_N: u64 = 192;
 pub const STAGES_W1: u64 = 6;
 pub const STAGES_W2: u64 = 4;
 pub const STAGES_WIDE: u64 = 5;
+/// Pipeline depth of the 192-row tile (`GEMM_STAGES_WG3`).
+pub const STAGES_WG3: u64 = 4;
 /// Bytes of the epilogue's staging slab per math warp (`GEMM_EPI_SLAB`: 8 rows x 64 fp32 columns).
 pub const EPI_SLAB: u64 = 2048;
-/// Math warps (two warpgroups), each with its own slab.
-const MATH_WARPS: u64 = 8;
 
 /// How B's scales are laid out (the kernel's `SB`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,6 +57,9 @@ pub struct Fp8Gemm {
     /// The wide tile's K-blocks multiplied as two 96-column halves, A from registers, the first
     /// half promoted while the second's MMAs run (the kernel's `HALVES`).
     pub halves: bool,
+    /// Math warpgroups of 64 rows per wave (the kernel's `MATH_WGS`): 2, or 3 for the 192-row tile
+    /// (with `waves` 1, `cluster` 1, 128 columns, `Tile128` B scales and a dense GEMM only).
+    pub math_wgs: u8,
 }
 
 /// The tile shapes a launch can take: (waves, cluster).
@@ -71,25 +75,39 @@ pub enum TileShape {
     Wide192,
     /// `Wide192` multiplied in two 96-column halves, the first promoted under the second's MMAs.
     Wide192Halves,
+    /// 192 rows per tile, one CTA of three math warpgroups of 64 rows (dense GEMMs against a
+    /// weight's 128x128 tile scales).
+    Rows192,
 }
 
 impl TileShape {
-    /// (waves, cluster, wide, halves) of the kernel.
-    pub fn kernel(self) -> (u8, u8, bool, bool) {
+    pub const ALL: [TileShape; 6] = [
+        TileShape::Rows128,
+        TileShape::Rows256,
+        TileShape::Pair128,
+        TileShape::Wide192,
+        TileShape::Wide192Halves,
+        TileShape::Rows192,
+    ];
+
+    /// The kernel of this shape for a launch of `grouping` with `b_scales` into `out`.
+    pub fn kernel(self, out: Float, b_scales: BScales, grouping: Grouping) -> Fp8Gemm {
+        let base = Fp8Gemm { out, waves: 1, b_scales, grouping, cluster: 1, wide: false, halves: false, math_wgs: 2 };
         match self {
-            TileShape::Rows128 => (1, 1, false, false),
-            TileShape::Rows256 => (2, 1, false, false),
-            TileShape::Pair128 => (1, 2, false, false),
-            TileShape::Wide192 => (1, 1, true, false),
-            TileShape::Wide192Halves => (1, 1, true, true),
+            TileShape::Rows128 => base,
+            TileShape::Rows256 => Fp8Gemm { waves: 2, ..base },
+            TileShape::Pair128 => Fp8Gemm { cluster: 2, ..base },
+            TileShape::Wide192 => Fp8Gemm { wide: true, ..base },
+            TileShape::Wide192Halves => Fp8Gemm { wide: true, halves: true, ..base },
+            TileShape::Rows192 => Fp8Gemm { math_wgs: 3, ..base },
         }
     }
 
-    /// Whether a launch of `grouping` with `b_scales` can take this shape (the wide tile is dense
-    /// against tile scales only).
+    /// Whether a launch of `grouping` with `b_scales` can take this shape (the wide tile and the
+    /// 192-row one are dense against tile scales only).
     pub fn serves(self, grouping: Grouping, b_scales: BScales) -> bool {
-        let wide = matches!(self, TileShape::Wide192 | TileShape::Wide192Halves);
-        !wide || (grouping == Grouping::Dense && b_scales == BScales::Tile128)
+        let dense_only = matches!(self, TileShape::Wide192 | TileShape::Wide192Halves | TileShape::Rows192);
+        !dense_only || (grouping == Grouping::Dense && b_scales == BScales::Tile128)
     }
 }
 
@@ -122,6 +140,7 @@ impl Fp8Gemm {
             Arg::Int(self.cluster),
             Arg::Int(self.block_n() as u8),
             Arg::Int(u8::from(self.halves)),
+            Arg::Int(self.math_wgs),
         ];
         ("fp8_block_gemm", args)
     }
@@ -135,9 +154,19 @@ impl Fp8Gemm {
         }
     }
 
-    /// A's rows one CTA's tile covers (the box of A's copies).
+    /// A's rows one CTA's tile covers (the box of A's copies): waves of 64 rows per math warpgroup.
     pub fn block_m(self) -> u64 {
-        128 * u64::from(self.waves)
+        self.wave_rows() * u64::from(self.waves)
+    }
+
+    /// Rows of one wave (`GemmSmem::WAVE_ROWS`): 64 per math warpgroup.
+    pub fn wave_rows(self) -> u64 {
+        64 * u64::from(self.math_wgs)
+    }
+
+    /// Threads per CTA (fp8_gemm.cuh `gemm_threads`): the math warpgroups and the load one.
+    pub fn threads(self) -> u32 {
+        128 * (u32::from(self.math_wgs) + 1)
     }
 
     /// Rows of one tile of the walk (a cluster's tile when clustered).
@@ -161,8 +190,9 @@ impl Fp8Gemm {
     /// dense wgrad shapes, while clusters were no gain elsewhere (dense fprop 0.94-1.07x, grouped
     /// fprop 0.70-0.93x, grouped wgrad 0.84-1.08x). The 128 x 192 tiles (`Wide192`, `Wide192Halves`)
     /// are never chosen: on the H200 (bench_gemm --rounds 3) they ran 0.91-1.02x the
-    /// 256-row tile at the ten dense fprop / dgrad shapes of the training steps; they stay for
-    /// `fp8_gemm_tile` to force.
+    /// 256-row tile at the ten dense fprop / dgrad shapes of the training steps; nor is the 192-row
+    /// tile of three math warpgroups (`Rows192`: 0.84-0.94x the 256-row tile, same run, same
+    /// shapes; docs/DESIGN.md "deepwell's FP8 GEMM"). They stay for `fp8_gemm_tile` to force.
     pub fn shape_for(grouping: Grouping, b_scales: BScales, s: GemmSizes, sms: u32) -> TileShape {
         let matrices = if grouping == Grouping::K { s.groups.max(1) } else { 1 };
         let tiles_256 = matrices * s.rows.div_ceil(256) * s.cols.div_ceil(BLOCK_N);
@@ -184,7 +214,9 @@ impl Fp8Gemm {
     /// Dynamic shared memory of one CTA (fp8_gemm.cuh `GemmSmem`, plus 1024 bytes to align its base).
     pub fn smem_bytes(self) -> u64 {
         let block_m = self.block_m();
-        let stages = if self.wide {
+        let stages = if self.math_wgs == 3 {
+            STAGES_WG3
+        } else if self.wide {
             STAGES_WIDE
         } else if self.waves == 2 {
             STAGES_W2
@@ -195,17 +227,14 @@ impl Fp8Gemm {
         let sa = stages * u64::from(self.waves) * (self.sa_box() * 4).div_ceil(128) * 128;
         let sb = if self.b_scales == BScales::Row1x128 { stages * BLOCK_N * 4 } else { 0 };
         let barriers = (2 * stages * 8).div_ceil(128) * 128;
-        1024 + data + sa + sb + barriers + MATH_WARPS * EPI_SLAB
+        let math_warps = 4 * u64::from(self.math_wgs);
+        1024 + data + sa + sb + barriers + math_warps * EPI_SLAB
     }
 
-    /// Floats of A's scales one copy moves per 128-row wave (`GemmSmem::SA_WAVE`): 4 more for row
-    /// groups, which start at any row while a copy starts at a multiple of 4 (16 bytes).
+    /// Floats of A's scales one copy moves per wave (`GemmSmem::SA_WAVE`): one per row, 4 more for
+    /// row groups, which start at any row while a copy starts at a multiple of 4 (16 bytes).
     pub fn sa_box(self) -> u64 {
-        if self.grouping == Grouping::Rows {
-            132
-        } else {
-            128
-        }
+        self.wave_rows() + if self.grouping == Grouping::Rows { 4 } else { 0 }
     }
 
     /// Output tiles of a launch; for `Grouping::Rows` an upper bound (each group may end in a
@@ -231,7 +260,7 @@ impl Family for Fp8Gemm {
         let clusters = self.tiles(s).clamp(1, (u64::from(wave.sms) / cluster).max(1));
         Geometry {
             grid: (clusters * cluster) as u32,
-            block: THREADS,
+            block: self.threads(),
             smem: self.smem_bytes() as u32,
             cluster: self.cluster.into(),
             resident: false,
@@ -245,10 +274,7 @@ impl Family for Fp8Gemm {
 pub fn all() -> Vec<Fp8Gemm> {
     let mut v = Vec::new();
     for out in Float::ALL {
-        for shape in
-            [TileShape::Rows128, TileShape::Rows256, TileShape::Pair128, TileShape::Wide192, TileShape::Wide192Halves]
-        {
-            let (waves, cluster, wide, halves) = shape.kernel();
+        for shape in TileShape::ALL {
             for (b_scales, grouping) in [
                 (BScales::Tile128, Grouping::Dense),
                 (BScales::Row1x128, Grouping::Dense),
@@ -256,7 +282,7 @@ pub fn all() -> Vec<Fp8Gemm> {
                 (BScales::Row1x128, Grouping::K),
             ] {
                 if shape.serves(grouping, b_scales) {
-                    v.push(Fp8Gemm { out, waves, b_scales, grouping, cluster, wide, halves });
+                    v.push(shape.kernel(out, b_scales, grouping));
                 }
             }
         }
@@ -268,6 +294,7 @@ pub fn all() -> Vec<Fp8Gemm> {
 mod tests {
     use super::super::tests::{cuh_int, H100};
     use super::*;
+    use crate::kernels::KernelId;
     use crate::sources::Header;
 
     #[test]
@@ -280,6 +307,7 @@ mod tests {
             ("GEMM_STAGES_W2", STAGES_W2),
             ("GEMM_WIDE_N", WIDE_N),
             ("GEMM_STAGES_WIDE", STAGES_WIDE),
+            ("GEMM_STAGES_WG3", STAGES_WG3),
             ("GEMM_EPI_SLAB", EPI_SLAB),
         ] {
             assert_eq!(cuh_int(Header::Fp8Gemm, name), mirror, "{name}");
@@ -300,19 +328,46 @@ mod tests {
             cluster: 1,
             wide: false,
             halves: false,
+            math_wgs: 2,
         };
         assert_eq!(w2.smem_bytes(), 1024 + 4 * 48 * 1024 + 4 * 256 * 4 + 128 + 8 * 2048);
         let rows = Fp8Gemm { waves: 1, grouping: Grouping::Rows, ..w2 };
         assert_eq!(rows.smem_bytes(), 1024 + 6 * 32 * 1024 + 6 * 640 + 128 + 8 * 2048);
         let wide = Fp8Gemm { waves: 1, wide: true, ..w2 };
         assert_eq!(wide.smem_bytes(), 1024 + 5 * (128 + 192) * 128 + 5 * 512 + 128 + 8 * 2048);
+        // 192 rows: 4 stages of 40 KiB, 192 scales a stage, 12 math warps' slabs.
+        let wg3 = Fp8Gemm { waves: 1, math_wgs: 3, ..w2 };
+        assert_eq!(wg3.smem_bytes(), 1024 + 4 * (192 + 128) * 128 + 4 * 768 + 128 + 12 * 2048);
+    }
+
+    #[test]
+    fn the_192_row_tile_has_three_math_warpgroups() {
+        let k = TileShape::Rows192.kernel(Float::BF16, BScales::Tile128, Grouping::Dense);
+        assert_eq!((k.waves, k.cluster, k.wide, k.math_wgs), (1, 1, false, 3));
+        assert_eq!((k.block_m(), k.tile_rows(), k.sa_box(), k.b_box_rows(), k.threads()), (192, 192, 192, 128, 512));
+        let sizes = GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 };
+        // 16384 rows: 85 whole tiles of 192 and one of 64.
+        assert_eq!(k.tiles(sizes), 86 * 32);
+        assert_eq!(k.geometry(sizes, H100).block, 512);
+        assert!(TileShape::Rows192.serves(Grouping::Dense, BScales::Tile128));
+        for (g, b) in
+            [(Grouping::Dense, BScales::Row1x128), (Grouping::Rows, BScales::Tile128), (Grouping::K, BScales::Row1x128)]
+        {
+            assert!(!TileShape::Rows192.serves(g, b), "{g:?} {b:?}");
+        }
+        assert_eq!(all().iter().filter(|k| k.math_wgs == 3).count(), Float::ALL.len());
+        assert!(KernelId::Fp8Gemm(k).name_expression().ends_with("<deepwell::BF16, 1, 0, 0, 1, 128, 0, 3>"));
     }
 
     #[test]
     fn the_wide_tile_serves_dense_weight_gemms_only() {
         let wide = TileShape::Wide192;
-        assert_eq!(wide.kernel(), (1, 1, true, false));
-        assert_eq!(TileShape::Wide192Halves.kernel(), (1, 1, true, true));
+        let kernel = |t: TileShape| {
+            let k = t.kernel(Float::BF16, BScales::Tile128, Grouping::Dense);
+            (k.waves, k.cluster, k.wide, k.halves)
+        };
+        assert_eq!(kernel(wide), (1, 1, true, false));
+        assert_eq!(kernel(TileShape::Wide192Halves), (1, 1, true, true));
         assert!(wide.serves(Grouping::Dense, BScales::Tile128));
         for (g, b) in
             [(Grouping::Dense, BScales::Row1x128), (Grouping::Rows, BScales::Tile128), (Grouping::K, BScales::Row1x128)]
@@ -327,6 +382,7 @@ mod tests {
             cluster: 1,
             wide: true,
             halves: false,
+            math_wgs: 2,
         };
         // 4096 columns: 21 whole tiles of 192 and one of 64; B's box is the tile's 192 rows.
         assert_eq!(k.tiles(GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 }), 128 * 22);
@@ -344,6 +400,7 @@ mod tests {
             cluster: 1,
             wide: false,
             halves: false,
+            math_wgs: 2,
         };
         let big = GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 };
         assert_eq!(k.tiles(big), 64 * 32);

@@ -68,12 +68,13 @@ pub fn fits(rows: i64, cols: i64, k: i64, b_scales: BScales) -> bool {
 }
 
 /// The names of the tile shapes, as `DEEPWELL_FP8_GEMM_TILE` and the `fp8_gemm_tile` entry take them.
-const SHAPES: [(&str, TileShape); 5] = [
+const SHAPES: [(&str, TileShape); 6] = [
     ("128", TileShape::Rows128),
     ("256", TileShape::Rows256),
     ("2x128", TileShape::Pair128),
     ("128x192", TileShape::Wide192),
     ("128x192h", TileShape::Wide192Halves),
+    ("192", TileShape::Rows192),
 ];
 
 /// The tile shape every launch is forced to, for testing and benchmarking the choice
@@ -93,8 +94,8 @@ fn forced_shape() -> Option<TileShape> {
 }
 
 /// The C API's `fp8_gemm_tile` entry: `{tile?}` -> the tile shape forced on every launch of
-/// deepwell's FP8 GEMM ("128", "256", "2x128", "128x192", "128x192h"; a launch the shape cannot serve, the wide
-/// tile on a grouped or wgrad GEMM, keeps Rust's choice), or null for Rust's choice; sets it when
+/// deepwell's FP8 GEMM ("128", "256", "2x128", "128x192", "128x192h", "192"; a launch the shape cannot
+/// serve, the wide or 192-row tile on a grouped or wgrad GEMM, keeps Rust's choice), or null for Rust's choice; sets it when
 /// `tile` is given (null clears it).
 pub fn fp8_gemm_tile_entry(req: &serde_json::Value) -> crate::capi::Answer {
     if let Some(given) = req.get("tile") {
@@ -102,7 +103,7 @@ pub fn fp8_gemm_tile_entry(req: &serde_json::Value) -> crate::capi::Answer {
             None if given.is_null() => 0,
             name => SHAPES.iter().position(|(n, _)| Some(*n) == name).map(|i| i as u8 + 1).ok_or_else(|| {
                 format!(
-                    "fp8_gemm_tile: 'tile' must be one of \"128\", \"256\", \"2x128\", \"128x192\", \"128x192h\" or null, got {given}"
+                    "fp8_gemm_tile: 'tile' must be one of \"128\", \"256\", \"2x128\", \"128x192\", \"128x192h\", \"192\" or null, got {given}"
                 )
             })?,
         };
@@ -145,9 +146,7 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     let shape = forced_shape()
         .filter(|s| s.serves(g.grouping, g.b_scales))
         .unwrap_or_else(|| Fp8Gemm::shape_for(g.grouping, g.b_scales, sizes, sms));
-    let (waves, cluster, wide, halves) = shape.kernel();
-    let kernel =
-        Fp8Gemm { out: float(g.out), waves, b_scales: g.b_scales, grouping: g.grouping, cluster, wide, halves };
+    let kernel = shape.kernel(float(g.out), g.b_scales, g.grouping);
     let block_m = kernel.block_m() as u32;
     let codes = |t: &Tensor, n: u64, box_rows: u32| Map2d {
         ptr: ptr(t),
