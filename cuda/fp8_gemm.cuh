@@ -445,6 +445,20 @@ __global__ void __launch_bounds__(gemm_threads(MATH_WGS), 1)
         const int frag_col = 2 * (lane % 4);                // columns 8j + frag_col + {0, 1}
         int stage = 0;
         uint32_t phase = 0;
+        // For a warpgroup whose 64 rows lie wholly past the tile's end: nothing to multiply, but
+        // it still releases each stage once it is full, which paces it with the loader (an early
+        // arrival could complete a later phase of the stage's "empty" barrier). Returns kb1.
+        auto pace_idle = [&](int kb, int kb1) {
+            for (; kb < kb1; ++kb) {
+                mbar_wait(bars + 8 * stage, phase);
+                release(stage);
+                if (++stage == S::STAGES) {
+                    stage = 0;
+                    phase ^= 1;
+                }
+            }
+            return kb;
+        };
         for (int64_t t = blockIdx.x / CLUSTER;; t += gridDim.x / CLUSTER) {
             gemm_detail::Job j;
             if (!job(t, j)) break;
@@ -602,22 +616,10 @@ __global__ void __launch_bounds__(gemm_threads(MATH_WGS), 1)
                 float(&p0)[64] = part[0];
                 float(&p1)[64] = part[1];
                 int kb = j.kb0;
-                if (SB == 0 && j.row0 + 64 * wg >= j.row_end) {
-                    // This warpgroup's 64 rows lie wholly past the tile's end (a row group's last
-                    // tile, a cluster's second CTA past the rows): nothing to multiply. It still
-                    // releases each stage once it is full, which paces it with the loader (an early
-                    // arrival could complete a later phase of the stage's "empty" barrier). SB = 0
-                    // only: with SB = 1 (wgrads, whose rows are whole weights) the branch cost
-                    // spills, measured with ptxas -v.
-                    for (; kb < j.kb1; ++kb) {
-                        mbar_wait(bars + 8 * stage, phase);
-                        release(stage);
-                        if (++stage == S::STAGES) {
-                            stage = 0;
-                            phase ^= 1;
-                        }
-                    }
-                }
+                // A row group's last tile, a cluster's second CTA past the rows. SB = 0 only: with
+                // SB = 1 (wgrads, whose rows are whole weights) the branch cost spills, measured
+                // with ptxas -v.
+                if (SB == 0 && j.row0 + 64 * wg >= j.row_end) kb = pace_idle(kb, j.kb1);
                 for (; kb + 4 <= j.kb1; kb += 4) {
                     step(p0, p1, true, kb);
                     step(p1, p0, false, kb + 1);
@@ -638,18 +640,7 @@ __global__ void __launch_bounds__(gemm_threads(MATH_WGS), 1)
                 // One fragment per warpgroup: 256-row tiles (two waves) and 192-row ones (one wave
                 // of three warpgroups).
                 int kb = j.kb0;
-                if (MATH_WGS == 3 && j.row0 + 64 * wg >= j.row_end) {
-                    // This warpgroup's 64 rows lie wholly past the end of A: it only paces itself
-                    // with the loader, releasing each stage once it is full (as the 128-row tile's).
-                    for (; kb < j.kb1; ++kb) {
-                        mbar_wait(bars + 8 * stage, phase);
-                        release(stage);
-                        if (++stage == S::STAGES) {
-                            stage = 0;
-                            phase ^= 1;
-                        }
-                    }
-                }
+                if (MATH_WGS == 3 && j.row0 + 64 * wg >= j.row_end) kb = pace_idle(kb, j.kb1);
                 for (; kb < j.kb1; ++kb) {
                     const float sb_tile = sb_next;
                     if (SB == 0 && kb + 1 < j.kb1) sb_next = __ldg(sb_row + kb + 1);

@@ -11,8 +11,9 @@
 //! answered as a "failed" internal error. Kernels do not come through here: the dispatcher calls
 //! them (`kernel.rs`).
 //!
-//! Every entry is a `fn(&Value) -> Result<Value, Failure>` in the module that owns its concern;
-//! `ENTRIES` lists them with their requests and answers.
+//! Every entry is a `fn(&Value) -> Answer` (`entry.rs`) in the module that owns its concern, which
+//! lists it in its own `ENTRIES` table with its request and answer; `TABLES` gathers the tables.
+//! The modules never import this file.
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
@@ -20,71 +21,29 @@ use std::panic::catch_unwind;
 
 use serde_json::{json, Value};
 
-use crate::error::Error;
+use crate::entry::{Answer, Entries, Entry, Failure};
 use crate::ops::linear::{self, weight_cache};
 use crate::{policy, register};
 
-/// Why a call failed (the two kinds of the convention).
-#[derive(Debug)]
-pub enum Failure {
-    /// The request is wrong: a missing field, a value out of range (Python: ValueError).
-    Invalid(String),
-    /// The request was fine but the operation failed: loading, compiling (Python: RuntimeError).
-    Failed(String),
-}
-
-impl From<String> for Failure {
-    fn from(msg: String) -> Failure {
-        Failure::Invalid(msg)
-    }
-}
-
-impl From<&str> for Failure {
-    fn from(msg: &str) -> Failure {
-        Failure::Invalid(msg.to_owned())
-    }
-}
-
-impl From<Error> for Failure {
-    fn from(e: Error) -> Failure {
-        Failure::Failed(e.to_string())
-    }
-}
-
-pub type Answer = Result<Value, Failure>;
-
-type Entry = fn(&Value) -> Answer;
-
-/// name, handler, request -> answer.
-const ENTRIES: &[(&str, Entry, &str)] = &[
-    ("register", register::register_entry, "{libtorch_cpu, libtorch_cuda?, nvrtc?, cache_dir?, print_compile} -> null"),
-    ("compile_all", register::compile_all_entry, "{nvrtc, archs: [\"sm_90a\", ...]} -> report text"),
-    ("version", register::version_entry, "{} -> \"0.1.0\""),
-    ("kernel_table", register::kernel_table_entry, "{} -> [{op, key, args, returns}]"),
-    ("policy_decide", policy::decide_entry, "{policy, arch, layers} -> {decisions}"),
-    ("arch_info", policy::arch_info_entry, "{arch} -> {arch, family, variant, native, auto, auto_reason}"),
-    ("grouped_backend", policy::grouped_backend_entry, "{recipe, arch, aligned, tiled?, torch_mxfp8_grouped?} -> {backend, emulated, reason}"),
-    ("recipes", policy::recipes_entry, "{} -> [{name, block_k, low_precision, elem_max, ...}]"),
-    ("roles", policy::roles_entry, "{sites: [[name, module_type], ...]} -> [role]"),
-    ("step_cost", policy::step_cost_entry, "{arch, sites: [{tokens, in_features, out_features, recipe}], other_bytes} -> {step_ms, bf16_step_ms, rates_from}"),
-    ("parallel_plan", policy::parallel_plan_entry, "{cluster: {world_size, devices_per_node, memory_bytes, peer_access}, model: {weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes, largest_unit_bytes, blocks?}, tensor?} -> {data, tensor, fsdp, reshard_after_forward, per_rank_bytes, sm_carveout, collectives, unit_blocks, ends_join_blocks, forward_prefetch, reason}"),
-    ("direct_cublaslt", crate::gemm::cublaslt::direct_cublaslt_entry, "{enable?} -> {enabled, loaded, calls, declined: {why: count}} (FP8 GEMMs on cuBLASLt called directly; false: through aten::_scaled_mm_v2)"),
-    ("sm_carveout", crate::cuda::sm_carveout_entry, "{sms?} -> sms (SMs deepwell's persistent GEMMs leave to collectives; sets them when given)"),
-    ("fp8_gemm_tile", crate::gemm::fp8_gemm::fp8_gemm_tile_entry, "{tile?} -> tile (\"128\", \"256\", \"2x128\", \"128x192\", \"128x192h\", \"192\" or null: the tile shape forced on deepwell's FP8 GEMM; sets it when given)"),
-    ("fp8_gemm_config", crate::gemm::fp8_gemm::fp8_gemm_config_entry, "{rows, cols, k, sms} -> {heuristic, runs} (the tile shape of deepwell's FP8 GEMM for a dense fprop / dgrad of that size)"),
-    ("guardrail_check", policy::guardrail_entry, "{stats, saturation_threshold?} -> {fallback}"),
-    ("weight_cache_stats", weight_cache::stats_entry, "{} -> {entries, hits, misses}"),
-    ("weight_cache_clear", weight_cache::clear_entry, "{} -> null"),
-    ("weight_cache_new_epoch", weight_cache::clear_entry, "{} -> null (an optimizer stepped)"),
-    ("weight_cache_scope", weight_cache::scope_entry, "{enter: bool} -> null"),
-    ("weight_cache_reuse", weight_cache::reuse_entry, "{allowed: bool} -> null"),
-    ("manual_seed", linear::manual_seed_entry, "{seed: u64} -> null"),
-    ("host_time", crate::host_time::entry, "{enable?: bool} -> null | {span: [seconds, count]}"),
-    ("entries", entries_entry, "{} -> [[name, request -> answer], ...]"),
+/// Every module's entries (each module lists its own in `ENTRIES`), then `entries` itself.
+const TABLES: &[Entries] = &[
+    register::ENTRIES,
+    policy::ENTRIES,
+    crate::gemm::cublaslt::ENTRIES,
+    crate::cuda::ENTRIES,
+    crate::gemm::fp8_gemm::ENTRIES,
+    weight_cache::ENTRIES,
+    linear::ENTRIES,
+    crate::host_time::ENTRIES,
+    &[("entries", entries_entry, "{} -> [[name, request -> answer], ...]")],
 ];
 
+fn all_entries() -> impl Iterator<Item = &'static (&'static str, Entry, &'static str)> {
+    TABLES.iter().flat_map(|t| t.iter())
+}
+
 fn entries_entry(_: &Value) -> Answer {
-    Ok(json!(ENTRIES.iter().map(|(name, _, doc)| json!([name, doc])).collect::<Vec<_>>()))
+    Ok(json!(all_entries().map(|(name, _, doc)| json!([name, doc])).collect::<Vec<_>>()))
 }
 
 thread_local! {
@@ -93,7 +52,7 @@ thread_local! {
 
 /// The answer to `name` with `request`, as the convention's JSON value.
 pub fn call(name: &str, request: &str) -> Value {
-    let answer = match ENTRIES.iter().find(|(n, ..)| *n == name) {
+    let answer = match all_entries().find(|(n, ..)| *n == name) {
         None => Err(Failure::Invalid(format!("no entry named {name:?}"))),
         Some((_, entry, _)) => match serde_json::from_str::<Value>(if request.is_empty() { "{}" } else { request }) {
             Err(e) => Err(Failure::Invalid(format!("request is not JSON: {e}"))),
@@ -131,41 +90,6 @@ pub unsafe extern "C" fn deepwell_call(name: *const c_char, request: *const c_ch
     })
 }
 
-/// Field helpers for the entries' requests: a missing or mistyped field is an `Invalid` failure
-/// naming it, never a default.
-pub mod fields {
-    use serde_json::Value;
-
-    pub fn get<'a>(v: &'a Value, key: &str) -> Result<&'a Value, String> {
-        v.get(key).ok_or_else(|| format!("missing field '{key}'"))
-    }
-
-    pub fn text(v: &Value, key: &str) -> Result<String, String> {
-        get(v, key)?.as_str().map(str::to_owned).ok_or_else(|| format!("field '{key}' must be a string"))
-    }
-
-    pub fn count(v: &Value, key: &str) -> Result<usize, String> {
-        get(v, key)?.as_u64().map(|n| n as usize).ok_or_else(|| format!("field '{key}' must be a non-negative integer"))
-    }
-
-    pub fn flag(v: &Value, key: &str) -> Result<bool, String> {
-        get(v, key)?.as_bool().ok_or_else(|| format!("field '{key}' must be a bool"))
-    }
-
-    /// Absent (or null) gives None; present with the wrong type is an error, never the default
-    /// (a policy with `min_features=-1` must not silently plan with 512).
-    pub fn optional<T>(v: &Value, key: &str, get: fn(&Value) -> Option<T>, what: &str) -> Result<Option<T>, String> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => get(x).map(Some).ok_or_else(|| format!("field '{key}' must be {what}, got {x}")),
-        }
-    }
-
-    pub fn opt_text(v: &Value, key: &str) -> Result<Option<String>, String> {
-        optional(v, key, |x| x.as_str().map(str::to_owned), "a string")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,9 +103,10 @@ mod tests {
 
     #[test]
     fn every_entry_is_listed_once() {
-        let mut names: Vec<_> = ENTRIES.iter().map(|(n, ..)| *n).collect();
+        let mut names: Vec<_> = all_entries().map(|(n, ..)| *n).collect();
+        let count = names.len();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), ENTRIES.len());
+        assert_eq!(names.len(), count);
     }
 }

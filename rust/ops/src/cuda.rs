@@ -80,7 +80,7 @@ impl Launch {
 /// The C API's `sm_carveout` entry: `{sms?}` -> the SMs deepwell's persistent GEMMs leave to
 /// collectives in this process, after setting them when `sms` is given (distributed/shard.py sets them
 /// with torch's carveout).
-pub fn sm_carveout_entry(req: &serde_json::Value) -> crate::capi::Answer {
+pub fn sm_carveout_entry(req: &serde_json::Value) -> crate::entry::Answer {
     if let Some(given) = req.get("sms") {
         let sms = given.as_u64().filter(|&n| n <= 1024).ok_or_else(|| {
             format!("sm_carveout: 'sms' must be an integer from 0 to 1024 (SMs left to collectives), got {given}")
@@ -114,3 +114,10 @@ pub fn float(d: DType) -> Float {
 pub fn ptr(t: &Tensor) -> *const c_void {
     t.data_ptr() as *const c_void
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: crate::entry::Entries = &[(
+    "sm_carveout",
+    sm_carveout_entry,
+    "{sms?} -> sms (SMs deepwell's persistent GEMMs leave to collectives; sets them when given)",
+)];

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::capi::{fields, Answer};
+use crate::entry::{fields, Answer, Entries};
 
 static ON: AtomicBool = AtomicBool::new(false);
 /// One name's spans so far.
@@ -104,3 +104,6 @@ mod tests {
         assert!(t.get("off").is_none());
     }
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: Entries = &[("host_time", entry, "{enable?: bool} -> null | {span: [seconds, count]}")];

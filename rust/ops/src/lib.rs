@@ -11,7 +11,8 @@
 //!   an op's host work (off by default);
 //! - `cuda`      torch's stream, contiguous inputs and launch contexts for the CUDA kernels;
 //! - `ops/`      one module per op family, each with its specs and kernels;
-//! - `capi`      the one C function Python calls (`deepwell_call`: JSON in, JSON out) and its entries;
+//! - `capi`      the one C function Python calls (`deepwell_call`: JSON in, JSON out), dispatching
+//!   to the entries each module lists in its `ENTRIES` (`entry`: what an entry is);
 //! - `register`  loading (kernel registration, compile-all); `policy` the planner and guardrail entries.
 //!
 //! The maths lives in `deepwell-core`; this crate only validates, allocates and routes.
@@ -22,6 +23,7 @@ pub mod capi;
 pub mod check;
 pub mod cuda;
 pub mod dtype;
+pub mod entry;
 pub mod error;
 pub mod gemm;
 pub mod host;

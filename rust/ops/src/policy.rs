@@ -42,8 +42,8 @@ use deepwell_core::policy::{
 };
 use serde_json::{json, Value};
 
-use crate::capi::fields::{count, flag, get as field, optional, text};
-use crate::capi::Answer;
+use crate::entry::fields::{count, flag, get as field, optional, text};
+use crate::entry::{Answer, Entries};
 
 fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String>
 where
@@ -292,3 +292,15 @@ pub fn parallel_plan_entry(req: &Value) -> Answer {
         "collectives": p.collectives.name(), "unit_blocks": p.unit_blocks, "ends_join_blocks": p.ends_join_blocks, "forward_prefetch": p.forward_prefetch, "per_rank_bytes": p.per_rank_bytes, "reason": p.reason,
     }))
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: Entries = &[
+    ("policy_decide", decide_entry, "{policy, arch, layers} -> {decisions}"),
+    ("arch_info", arch_info_entry, "{arch} -> {arch, family, variant, native, auto, auto_reason}"),
+    ("grouped_backend", grouped_backend_entry, "{recipe, arch, aligned, tiled?, torch_mxfp8_grouped?} -> {backend, emulated, reason}"),
+    ("recipes", recipes_entry, "{} -> [{name, block_k, low_precision, elem_max, ...}]"),
+    ("roles", roles_entry, "{sites: [[name, module_type], ...]} -> [role]"),
+    ("step_cost", step_cost_entry, "{arch, sites: [{tokens, in_features, out_features, recipe}], other_bytes} -> {step_ms, bf16_step_ms, rates_from}"),
+    ("parallel_plan", parallel_plan_entry, "{cluster: {world_size, devices_per_node, memory_bytes, peer_access}, model: {weight_bytes, gradient_bytes, optimizer_bytes, activation_bytes, largest_unit_bytes, blocks?}, tensor?} -> {data, tensor, fsdp, reshard_after_forward, per_rank_bytes, sm_carveout, collectives, unit_blocks, ends_join_blocks, forward_prefetch, reason}"),
+    ("guardrail_check", guardrail_entry, "{stats, saturation_threshold?} -> {fallback}"),
+];

@@ -7,8 +7,8 @@ use std::sync::OnceLock;
 use serde_json::{json, Value};
 
 use crate::abi::{self, EXTENSION_BUILD_VERSION};
-use crate::capi::{fields, Answer};
 use crate::dtype;
+use crate::entry::{fields, Answer, Entries};
 use crate::error::{Error, Result};
 use crate::ops::all_kernels;
 use crate::stack::c_message;
@@ -123,3 +123,11 @@ pub fn kernel_table_entry(_: &Value) -> Answer {
         .collect();
     Ok(Value::Array(rows))
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: Entries = &[
+    ("register", register_entry, "{libtorch_cpu, libtorch_cuda?, nvrtc?, cache_dir?, print_compile} -> null"),
+    ("compile_all", compile_all_entry, "{nvrtc, archs: [\"sm_90a\", ...]} -> report text"),
+    ("version", version_entry, "{} -> \"0.1.0\""),
+    ("kernel_table", kernel_table_entry, "{} -> [{op, key, args, returns}]"),
+];

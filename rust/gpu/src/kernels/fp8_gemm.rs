@@ -320,16 +320,7 @@ mod tests {
         for k in all() {
             assert!(k.smem_bytes() <= 232_448, "{k:?}: {}", k.smem_bytes());
         }
-        let w2 = Fp8Gemm {
-            out: Float::BF16,
-            waves: 2,
-            b_scales: BScales::Tile128,
-            grouping: Grouping::Dense,
-            cluster: 1,
-            wide: false,
-            halves: false,
-            math_wgs: 2,
-        };
+        let w2 = TileShape::Rows256.kernel(Float::BF16, BScales::Tile128, Grouping::Dense);
         assert_eq!(w2.smem_bytes(), 1024 + 4 * 48 * 1024 + 4 * 256 * 4 + 128 + 8 * 2048);
         let rows = Fp8Gemm { waves: 1, grouping: Grouping::Rows, ..w2 };
         assert_eq!(rows.smem_bytes(), 1024 + 6 * 32 * 1024 + 6 * 640 + 128 + 8 * 2048);
@@ -374,16 +365,7 @@ mod tests {
         {
             assert!(!wide.serves(g, b), "{g:?} {b:?}");
         }
-        let k = Fp8Gemm {
-            out: Float::BF16,
-            waves: 1,
-            b_scales: BScales::Tile128,
-            grouping: Grouping::Dense,
-            cluster: 1,
-            wide: true,
-            halves: false,
-            math_wgs: 2,
-        };
+        let k = TileShape::Wide192.kernel(Float::BF16, BScales::Tile128, Grouping::Dense);
         // 4096 columns: 21 whole tiles of 192 and one of 64; B's box is the tile's 192 rows.
         assert_eq!(k.tiles(GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 }), 128 * 22);
         assert_eq!((k.block_n(), k.b_box_rows()), (192, 192));
@@ -392,16 +374,7 @@ mod tests {
 
     #[test]
     fn persistent_grids() {
-        let k = Fp8Gemm {
-            out: Float::BF16,
-            waves: 2,
-            b_scales: BScales::Tile128,
-            grouping: Grouping::Dense,
-            cluster: 1,
-            wide: false,
-            halves: false,
-            math_wgs: 2,
-        };
+        let k = TileShape::Rows256.kernel(Float::BF16, BScales::Tile128, Grouping::Dense);
         let big = GemmSizes { rows: 16384, cols: 4096, k: 4096, groups: 1 };
         assert_eq!(k.tiles(big), 64 * 32);
         assert_eq!(k.geometry(big, H100).grid, 132);

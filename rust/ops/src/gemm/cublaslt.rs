@@ -57,7 +57,7 @@ fn decline(why: impl Into<String>) -> Result<Option<Tensor>> {
 /// The C API's `direct_cublaslt` entry: `{enable?}` -> whether deepwell calls cuBLASLt itself
 /// (true by default; false sends every FP8 GEMM through `aten::_scaled_mm_v2`, to compare), whether
 /// torch's cuBLASLt was found, how many GEMMs this path has run, and why others went to aten.
-pub fn direct_cublaslt_entry(req: &serde_json::Value) -> crate::capi::Answer {
+pub fn direct_cublaslt_entry(req: &serde_json::Value) -> crate::entry::Answer {
     if let Some(given) = req.get("enable") {
         let on =
             given.as_bool().ok_or_else(|| format!("direct_cublaslt: 'enable' must be true or false, got {given}"))?;
@@ -454,3 +454,8 @@ mod tests {
         assert_eq!(scale_mode(ScalingType::BlockWise1x32), None);
     }
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: crate::entry::Entries = &[
+    ("direct_cublaslt", direct_cublaslt_entry, "{enable?} -> {enabled, loaded, calls, declined: {why: count}} (FP8 GEMMs on cuBLASLt called directly; false: through aten::_scaled_mm_v2)"),
+];

@@ -97,7 +97,7 @@ fn forced_shape() -> Option<TileShape> {
 /// deepwell's FP8 GEMM ("128", "256", "2x128", "128x192", "128x192h", "192"; a launch the shape cannot
 /// serve, the wide or 192-row tile on a grouped or wgrad GEMM, keeps Rust's choice), or null for Rust's choice; sets it when
 /// `tile` is given (null clears it).
-pub fn fp8_gemm_tile_entry(req: &serde_json::Value) -> crate::capi::Answer {
+pub fn fp8_gemm_tile_entry(req: &serde_json::Value) -> crate::entry::Answer {
     if let Some(given) = req.get("tile") {
         let code = match given.as_str() {
             None if given.is_null() => 0,
@@ -117,7 +117,7 @@ pub fn fp8_gemm_tile_entry(req: &serde_json::Value) -> crate::capi::Answer {
 /// (`Fp8Gemm::shape_for`) gives a dense GEMM against a weight's 128x128 tile scales (fprop, dgrad)
 /// on `sms` multiprocessors, and the one a launch takes now (the forced shape, if any): what the
 /// benchmarks print per shape.
-pub fn fp8_gemm_config_entry(req: &serde_json::Value) -> crate::capi::Answer {
+pub fn fp8_gemm_config_entry(req: &serde_json::Value) -> crate::entry::Answer {
     let get = |name: &str| {
         req.get(name)
             .and_then(serde_json::Value::as_u64)
@@ -214,3 +214,9 @@ pub fn run(op: Op, launch: &Launch, g: &Gemm) -> Result<Tensor> {
     unsafe { launch.run_persistent(op, kernel, sizes, p)? };
     Ok(out)
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: crate::entry::Entries = &[
+    ("fp8_gemm_tile", fp8_gemm_tile_entry, "{tile?} -> tile (\"128\", \"256\", \"2x128\", \"128x192\", \"128x192h\", \"192\" or null: the tile shape forced on deepwell's FP8 GEMM; sets it when given)"),
+    ("fp8_gemm_config", fp8_gemm_config_entry, "{rows, cols, k, sms} -> {heuristic, runs} (the tile shape of deepwell's FP8 GEMM for a dense fprop / dgrad of that size)"),
+];

@@ -28,9 +28,9 @@ use deepwell_core::policy::{gemm_backend, Arch, GemmChoice, GemmShape, Pass, Rec
 use serde_json::Value;
 
 use crate::aten;
-use crate::capi::{fields, Answer};
 use crate::check;
 use crate::dtype::{DType, Device};
+use crate::entry::{fields, Answer, Entries};
 use crate::error::{Error, Op, Result};
 use crate::gemm::{self, quantize, Form, Role};
 use crate::kernel::{one_body, Kernel};
@@ -441,3 +441,6 @@ pub(super) fn backward_passes(
     };
     Ok(vec![dx, dw])
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: Entries = &[("manual_seed", manual_seed_entry, "{seed: u64} -> null")];

@@ -44,8 +44,8 @@ use deepwell_core::policy::Recipe;
 use serde_json::{json, Value};
 
 use crate::aten;
-use crate::capi::{fields, Answer};
 use crate::dtype::{DType, Device};
+use crate::entry::{fields, Answer, Entries};
 use crate::error::{Op, Result};
 use crate::gemm::{Form, Operand};
 use crate::tensor::Tensor;
@@ -291,3 +291,12 @@ pub fn scope_entry(req: &Value) -> Answer {
     drop(dropped); // after the lock
     Ok(Value::Null)
 }
+
+/// This module's entries of the C API (`capi.rs`): name, handler, request -> answer.
+pub const ENTRIES: Entries = &[
+    ("weight_cache_stats", stats_entry, "{} -> {entries, hits, misses}"),
+    ("weight_cache_clear", clear_entry, "{} -> null"),
+    ("weight_cache_new_epoch", clear_entry, "{} -> null (an optimizer stepped)"),
+    ("weight_cache_scope", scope_entry, "{enter: bool} -> null"),
+    ("weight_cache_reuse", reuse_entry, "{allowed: bool} -> null"),
+];
