@@ -54,8 +54,9 @@ fast-forwarded past the batches already used on resume.
 The design documents' spelling (docs/OPS.md "Seed API aliases"): `optimizer="adamw_dw"` is the
 default optimizer (deepwell.train.AdamW); `dataloader=` gives `fit` its training data
 (max_steps default: one pass over it when it has a len()); `elastic=True` is for an external
-launcher that restarts the job with another number of processes (torchrun's elastic mode): checkpoints are sharded (torch.distributed.checkpoint, resumable in any number of
-processes, train/sharded.py) and `fit` resumes from `checkpoint_dir`'s latest by default.
+launcher that restarts the job with another number of processes (torchrun's elastic mode):
+checkpoints are sharded (torch.distributed.checkpoint, resumable in any number of processes,
+train/sharded.py) and `fit` resumes from `checkpoint_dir`'s latest by default.
 """
 
 from __future__ import annotations
