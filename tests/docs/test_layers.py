@@ -16,6 +16,7 @@ LAYERS = [
     {"_native", "_env", "_elf"},
     {"core"},
     {"ops"},
+    {"kernels"},
     {"nn", "models"},
     {"distributed"},
     {"plan"},

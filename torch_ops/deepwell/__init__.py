@@ -36,8 +36,8 @@ from .ops import (
 
 from .api import optimize, optimize_for_blackwell
 from .compiler.engine import IR, Engine, autoplan, capture, compile
-from .core.policy import LayerDecision, LayerInfo, PrecisionPolicy
-from .core.recipes import Recipe
+from .core.policy import LayerDecision, LayerInfo, MicroscalingConfig, PrecisionPolicy
+from .core.recipes import Precision, Recipe
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
 from .nn.moe import DeepwellMoE, update_expert_biases
@@ -74,6 +74,8 @@ __all__ = [
     "LayerDecision",
     "LayerInfo",
     "Linear",
+    "MicroscalingConfig",
+    "Precision",
     "PrecisionPolicy",
     "Recipe",
     "autoplan",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from collections import Counter
 
 import torch
 
 from .compiler import backend
+from .compiler.engine import Engine, autoplan, capture
 from .core.policy import PrecisionPolicy
+from .nn.moe import DeepwellMoE
 from .nn.moe_model import swap_hf_moe
 from .plan.options import CompileOptions
 
@@ -24,6 +28,9 @@ def optimize(
     graph_ops: bool | None = None,
     recompute_codes: bool | None = None,
     options: CompileOptions | None = None,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    global_batch: int | None = None,
     **compile_kw,
 ):
     """`torch.compile(model, backend="deepwell")` with deepwell's options: every linear on a
@@ -35,30 +42,72 @@ def optimize(
 
     With `swap_moe` (default) the Hugging Face MoE blocks of `model` (Mixtral, Qwen2/3-MoE,
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
-    experts run as grouped GEMMs in the options' precision (planned by Rust for the "experts" role)."""
+    experts run as grouped GEMMs in the options' precision (planned by Rust for the "experts" role).
+
+    A training shape (`seq_len` with `batch_size`, one process's micro-batch, and/or `global_batch`,
+    default batch_size) plans the model up front instead of at its first call: `capture` on a
+    made-up (batch_size, seq_len) batch of token ids (token-id models: compiler/engine.py
+    `example_tokens`), `autoplan` for seq_len x global_batch tokens; the result then carries that
+    Engine as `deepwell_engine`, which `deepwell.dryrun` reads."""
+    backend.ensure_registered()  # a source checkout has no entry point naming the backend
     options = (options or CompileOptions()).replace(
         precision=precision, policy=policy, verbose=verbose, cudagraphs=cudagraphs, fp8_block_codes=fp8_block_codes,
         fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes)
+    swapped = 0
     if swap_moe and isinstance(model, torch.nn.Module):
         swapped = swap_hf_moe(model, recipe="auto", policy=options.precision_policy(), verbose=options.verbose)
         if options.verbose and swapped:
             print(f"deepwell.optimize: {swapped} Hugging Face MoE blocks -> deepwell.DeepwellMoE")
+    engine = ir = None
+    if seq_len is not None or batch_size is not None or global_batch is not None:
+        ir = capture(model, seq_len=seq_len, batch_size=batch_size)
+        seq = ir.example_inputs[0].shape[1]
+        plan = autoplan(ir, seq_len=seq, global_batch=global_batch or ir.example_inputs[0].shape[0],
+                        precision=options.precision, policy=options.policy, arch=options.arch)
+        options = options.replace(plan=plan)
     compiled = torch.compile(model, backend="deepwell", options=options, **compile_kw)
+    if ir is not None and isinstance(compiled, torch.nn.Module):
+        engine = Engine(ir, options.plan, compiled, options)
+        compiled.deepwell_engine = engine  # what deepwell.dryrun reads of an optimize() result
+        if options.verbose:
+            print(summary(model, options.plan, swapped))
     if isinstance(compiled, torch.nn.Module) and any(p.dim() == 2 for p in model.parameters()):
-        _warn_if_nothing_is_planned(compiled)
+        _warn_if_nothing_is_planned(compiled, model, swapped if options.verbose and engine is None else None)
     return compiled
 
 
-def _warn_if_nothing_is_planned(compiled: torch.nn.Module) -> None:
+def summary(model: torch.nn.Module, plan, swapped: int = 0) -> str:
+    """What `optimize` did to `model`, by kind: GEMM sites by recipe, MoE blocks, attention."""
+    recipes = Counter(s.runs_in for s in plan.sites)
+    moe = sum(isinstance(m, DeepwellMoE) for m in model.modules())
+    attention = sum(type(m).__name__.endswith(("Attention", "SelfAttention")) for m in model.modules())
+    lines = [
+        f"deepwell.optimize: {len(plan.sites)} GEMM sites on parameters (nn.Linear, HF Conv1D, matmuls) planned for "
+        f"{plan.arch}: " + ", ".join(f"{n} {r}" for r, n in sorted(recipes.items())),
+        f"  MoE blocks: {moe} deepwell.DeepwellMoE" + (f" ({swapped} swapped in from Hugging Face)" if swapped else ""),
+        f"  attention: {attention} modules kept (their projections are GEMM sites above; the attention itself "
+        "stays PyTorch's, e.g. scaled_dot_product_attention)",
+    ]
+    return "\n".join(lines)
+
+
+def _warn_if_nothing_is_planned(compiled: torch.nn.Module, model: torch.nn.Module | None = None,
+                               swapped: int | None = None) -> None:
     """Warns once if the first call planned no graph: Dynamo skipped the frame (a graph break
     inside a loop makes it run the whole forward eagerly), so no GEMM runs in low precision. The
-    backend itself cannot say so: it is never called for a skipped frame."""
+    backend itself cannot say so: it is never called for a skipped frame. With `swapped` (verbose),
+    prints the `summary` of the first call's plans."""
     def before(module, args, kwargs):
         handles["graphs"] = backend.STATS["graphs"]
+        handles["plans"] = len(backend.PLANS)
 
     def after(module, args, kwargs, output):
         for h in handles.pop("hooks"):
             h.remove()
+        if swapped is not None and len(backend.PLANS) > handles["plans"]:
+            plans = backend.PLANS[handles["plans"]:]
+            merged = dataclasses.replace(plans[-1], sites=[s for p in plans for s in p.sites])
+            print(summary(model, merged, swapped))
         if backend.STATS["graphs"] == handles["graphs"]:
             warnings.warn(
                 "deepwell.optimize: the first call compiled no graph, so nothing was planned and the model ran "
@@ -75,5 +124,6 @@ def _warn_if_nothing_is_planned(compiled: torch.nn.Module) -> None:
 
 
 def optimize_for_blackwell(model, precision: str = "mxfp8", **kw):
-    """The seeds' alias: `optimize` with MXFP8 (native on sm_100/sm_120, emulated elsewhere)."""
+    """The seeds' alias: `optimize` with MXFP8 (native on sm_100/sm_120, emulated elsewhere);
+    `seq_len=` / `batch_size=` / `global_batch=` plan it up front (see `optimize`), for `dryrun`."""
     return optimize(model, precision=precision, **kw)

@@ -2,6 +2,7 @@
 
     hw = deepwell.probe()                                   # devices and their native recipes
     ir = deepwell.capture(model, (tokens,))                 # the GEMM sites and modules the planner sees
+                                                            # (token-id models: inputs optional)
     plan = deepwell.autoplan(ir, hw=hw, seq_len=2048, global_batch=8)
     engine = deepwell.compile(ir, plan=plan)                # the model compiled with that plan
     print(deepwell.dryrun(engine))                          # predicted memory and step time
@@ -11,22 +12,31 @@
 from __future__ import annotations
 
 import dataclasses
-
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from ..core.policy import PrecisionPolicy
+from ..core.recipes import Recipe, arch_info, arch_name, device_arch, precision_name
 from ..distributed import tensor_parallel as tp  # autoplan's argument `tensor_parallel` is the degree
 from ..distributed.fp8_all_gather import choose as fp8_all_gather_choose
 from ..distributed.shard import shard
 from ..distributed.units import world_size as current_world_size
+from ..kernels import SiteOp
+from ..nn.moe import DeepwellMoE
 from ..plan.hardware import Hardware
 from ..plan.memory import codes_of
 from ..plan.options import CompileOptions
 from ..plan.parallel import check_tensor_degree, plan_parallelism, with_tensor_share
 from ..plan.sites import Plan, Site, plan_sites, role_of
+from . import backend
 from .backend import capture_sites
+
+#: The token-id batch `capture` makes up when given no example inputs: (DEFAULT_BATCH, DEFAULT_SEQ),
+#: the sequence shortened to the model's positions.
+DEFAULT_BATCH, DEFAULT_SEQ = 2, 128
 
 
 @dataclass
@@ -61,8 +71,36 @@ class IR:
         return "\n".join(lines)
 
 
-def capture(model: torch.nn.Module, example_inputs: tuple) -> IR:
-    """Traces `model(*example_inputs)` with Dynamo (no compilation, no gradients) and returns its IR."""
+def example_tokens(model: torch.nn.Module, seq_len: int | None = None, batch_size: int | None = None) -> tuple:
+    """`(tokens,)`: random token ids of shape (batch_size, seq_len) (defaults DEFAULT_BATCH and
+    DEFAULT_SEQ, or the model's positions if fewer) for a model that takes token ids and says its
+    vocabulary: `deepwell.models.Llama` (config["vocab"]) or a Hugging Face model (config.vocab_size)."""
+    config = getattr(model, "config", None)
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    vocab = get("vocab") or get("vocab_size")
+    if not isinstance(vocab, int):
+        raise TypeError(f"deepwell.capture: cannot make up inputs for {type(model).__name__} (no config with a vocabulary "
+                        "size: deepwell.models.Llama's config['vocab'] or a Hugging Face config.vocab_size); pass "
+                        "example_inputs, the positional arguments of one forward call: deepwell.capture(model, (x,))")
+    positions = get("max_seq") or get("n_positions") or get("max_position_embeddings")
+    seq = seq_len or min(DEFAULT_SEQ, positions or DEFAULT_SEQ)
+    if positions and seq > positions:
+        raise ValueError(f"deepwell.capture: seq_len={seq} is longer than {type(model).__name__}'s {positions} positions")
+    device = next(model.parameters()).device
+    tokens = torch.randint(0, vocab, (batch_size or DEFAULT_BATCH, seq), generator=torch.Generator().manual_seed(0))
+    return (tokens.to(device),)
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple | None = None, *, seq_len: int | None = None,
+            batch_size: int | None = None) -> IR:
+    """Traces `model(*example_inputs)` with Dynamo (no compilation, no gradients) and returns its IR.
+    Without `example_inputs`, a token-id model gets a (batch_size, seq_len) batch of random ids
+    (`example_tokens`: its defaults, its errors); the forward runs once on it, and dryrun's
+    activations are that micro-batch's (autoplan's seq_len / global_batch set the GEMMs' tokens)."""
+    if example_inputs is None:
+        example_inputs = example_tokens(model, seq_len, batch_size)
+    elif seq_len is not None or batch_size is not None:
+        raise ValueError("deepwell.capture: seq_len / batch_size shape made-up inputs: give them or example_inputs, not both")
     ir = IR(model, tuple(example_inputs))
 
     def recorder(gm, inputs, **kw):
@@ -111,11 +149,16 @@ def autoplan(
     explained in its reason. `sequence_parallel=True` (with a tensor degree above 1) also splits
     the residual stream, the norms and their activations along the sequence over the tensor ranks,
     with a vocabulary-parallel embedding and LM head (tensor_parallel.py):
-    `plan.sharding["sequence_parallel"]`. `moe` is recorded for the MoE planner."""
+    `plan.sharding["sequence_parallel"]`. `arch` also takes the design's spelling ("blackwell-sm100",
+    "hopper-sm90": `arch_name`): a plan is data, made for any arch on any machine; `compile` runs it
+    on this one and says what it emulates. `moe` ({"experts", "capacity_factor", "top_k"}) is
+    checked against the model's DeepwellMoE blocks (`_moe_plan`); `plan.moe` says what was done
+    with each key."""
     tokens = seq_len * global_batch if seq_len and global_batch else None
     sites = [dataclasses.replace(s, tokens=tokens or s.tokens, decision=None) for s in ir.sites]
-    arch = arch or (hw.arch if hw is not None else None)
-    plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision), arch)
+    arch = arch_name(arch) or (hw.arch if hw is not None else None)
+    moe_plan = _moe_plan(ir.model, moe)
+    plan = plan_sites(sites, policy or PrecisionPolicy(precision=precision_name(precision)), arch)
     quantized = any(s.recipe != "bf16" for s in plan.sites)
     world = world_size or current_world_size()
     if tensor_parallel is not None:
@@ -140,9 +183,50 @@ def autoplan(
         names, why = fp8_all_gather_choose(ir.model, recipe_of, par["data"], par["tensor"])
         plan.sharding["fp8_gathered"] = names
         plan.sharding["reason"] += f"; {why}"
-    plan.moe = moe
+    plan.moe = moe_plan
     plan.seq_len, plan.global_batch = seq_len, global_batch
     return plan
+
+
+def _moe_plan(model: torch.nn.Module, moe: Mapping | None) -> dict | None:
+    """`autoplan`'s `moe`, checked, with a "notes" entry saying what deepwell does with each key:
+    `experts` and `top_k` must match the model's deepwell.DeepwellMoE blocks (their expert GEMMs are
+    planned per block, nn/moe.py); `capacity_factor` is set on those blocks by `compile` (None:
+    dropless). A model without such blocks gets the keys recorded only, and a note saying so."""
+    if moe is None:
+        return None
+    if not isinstance(moe, Mapping) or set(moe) - {"experts", "capacity_factor", "top_k"}:
+        raise ValueError(f"deepwell.autoplan: moe must be a dict of experts, capacity_factor, top_k, got {moe!r}")
+    for key in ("experts", "top_k"):
+        v = moe.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"deepwell.autoplan: moe['{key}'] must be a positive int, got {v!r}")
+    cf = moe.get("capacity_factor")
+    if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not cf > 0):
+        raise ValueError(f"deepwell.autoplan: moe['capacity_factor'] must be a positive number or None, got {cf!r}")
+    blocks = [m for m in model.modules() if isinstance(m, DeepwellMoE)]
+    if not blocks:
+        note = ("the model has no deepwell.DeepwellMoE blocks (deepwell.optimize swaps Hugging Face ones in): "
+                "recorded only")
+        return {**moe, "notes": note}
+    for key, attr in (("experts", "num_experts"), ("top_k", "top_k")):
+        have = {getattr(b, attr) for b in blocks}
+        if moe.get(key) is not None and have != {moe[key]}:
+            raise ValueError(f"deepwell.autoplan: moe['{key}']={moe[key]}, but the model's DeepwellMoE blocks have {sorted(have)}")
+    note = f"{len(blocks)} DeepwellMoE blocks: experts planned per block"
+    if "capacity_factor" in moe:
+        note += f"; capacity_factor={cf} set on them by deepwell.compile" + (" (dropless)" if cf is None else "")
+    return {**moe, "notes": note}
+
+
+@dataclass
+class CompiledOp:
+    """One GEMM site of an engine: its name, recipe, and `backend_op`, a zero-argument callable
+    running the site's op on representative inputs (kernels.SiteOp), for `KernelProfiler`."""
+
+    name: str
+    recipe: str
+    backend_op: SiteOp
 
 
 @dataclass
@@ -169,6 +253,34 @@ class Engine:
     def __call__(self, *args, **kwargs):
         return self.compiled(*args, **kwargs)
 
+    @property
+    def compiled_ops(self) -> list[CompiledOp]:
+        """The plan's GEMM sites in graph order, each with a runnable `backend_op` on this model's device."""
+        device = next(self.model.parameters()).device
+        return [CompiledOp(s.name, s.recipe, SiteOp.of_site(s, device)) for s in self.plan.sites]
+
+
+def _replanned(plan: Plan, precision: str) -> Plan:
+    """`plan`'s sites decided again with `precision` for the same arch; the rest of the plan kept."""
+    policy = dataclasses.replace(plan.policy, precision=precision)
+    sites = plan_sites([dataclasses.replace(s, decision=None) for s in plan.sites], policy, plan.arch).sites
+    return dataclasses.replace(plan, policy=policy, sites=sites)
+
+
+def _say_how_it_runs(plan: Plan, model: torch.nn.Module) -> None:
+    """Warns when `plan` was made for another arch than the model's device: which of its recipes
+    this device emulates (exact numerics: dequantize + high-precision GEMM)."""
+    params = list(model.parameters())
+    here = device_arch(params[0].device) if params else "cpu"
+    if plan.arch == here:
+        return
+    recipes = sorted({s.recipe for s in plan.sites if s.recipe != "bf16"})
+    emulated = [r for r in recipes if not Recipe.parse(r).native_on(here)]
+    how = (f"{', '.join(emulated)} emulated here (exact numerics: dequantize + high-precision GEMM)" if emulated
+           else "natively" if recipes else "in bf16 (the plan quantizes no site)")
+    warnings.warn(f"deepwell.compile: the plan is for {plan.arch} ({arch_info(plan.arch)['family']}); this machine's "
+                  f"{here} runs it {how}", stacklevel=3)
+
 
 def compile(
     ir: IR, plan: Plan | None = None, precision: str | None = None, fallback: str | None = None,
@@ -179,11 +291,28 @@ def compile(
     the options' precision and policy). The keywords are `CompileOptions` fields (plan/options.py
     says what each does), applied over `options` where given (not None).
     A plan for several processes first shards the model in place (`shard.py`): tensor parallelism
-    on its LLaMA blocks through DTensor, then FSDP2 over the data ranks."""
+    on its LLaMA blocks through DTensor, then FSDP2 over the data ranks.
+    `precision` with a `plan` whose policy has another precision re-plans the plan's sites with it,
+    for the plan's arch, and warns so; a plan for another arch than the device's runs with its
+    non-native recipes emulated, and warns so. A plan's moe capacity_factor is set on the model's
+    DeepwellMoE blocks."""
+    backend.ensure_registered()  # a source checkout has no entry point naming the backend
     options = (options or CompileOptions()).replace(
         precision=precision, fallback=fallback, cudagraphs=cudagraphs, fp8_block_codes=fp8_block_codes,
         fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes)
-    plan = plan or options.plan or autoplan(ir, precision=options.precision, policy=options.policy)
+    plan = plan or options.plan
+    if plan is None:
+        plan = autoplan(ir, precision=options.precision, policy=options.policy)
+    elif precision is not None and precision_name(precision) != plan.policy.precision:
+        before = plan.policy.precision
+        plan = _replanned(plan, options.precision)
+        warnings.warn(f"deepwell.compile: precision={options.precision!r} differs from the plan's ({before!r}): its "
+                      f"{len(plan.sites)} sites were planned again with it for {plan.arch}", stacklevel=2)
+    _say_how_it_runs(plan, ir.model)
+    if plan.moe and "capacity_factor" in plan.moe:
+        for m in ir.model.modules():
+            if isinstance(m, DeepwellMoE):
+                m.capacity_factor = plan.moe["capacity_factor"]
     options = options.replace(plan=plan)
     shard(ir.model, plan.parallelism, plan.sharding or {}, {s.name: s.recipe for s in plan.sites})
     compiled = torch.compile(ir.model, backend="deepwell", options=options)

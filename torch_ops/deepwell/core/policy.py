@@ -15,12 +15,38 @@ no native GEMM on the device is marked emulated (exact numerics, dequantize + hi
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 
 from .. import _native
-from .recipes import current_arch
+from .recipes import current_arch, precision_name, table as recipe_table
 
 ROLES = ("embedding", "attention", "mlp", "experts", "router", "norm", "lm_head", "other")
+
+#: The design documents' words for roles in `sensitive_layers`.
+ROLE_ALIASES = {"final_linear": "lm_head", "logits": "lm_head", "embeddings": "embedding", "norms": "norm"}
+
+
+@dataclass(frozen=True)
+class MicroscalingConfig:
+    """The design's microscaling settings. In deepwell each recipe fixes its scale block (the Rust
+    recipe table: mxfp8 32 elements per E8M0 scale, nvfp4 16 per E4M3 scale, fp8_block 128), so
+    `block_size` is checked against the policy's recipe, not chosen: `PrecisionPolicy` raises when
+    they differ (with precision "auto" or "bf16", when no recipe has that block)."""
+
+    block_size: int = 32
+
+    def __post_init__(self):
+        b = self.block_size
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"deepwell.MicroscalingConfig: block_size must be a positive int, got {b!r}")
+
+    def check(self, precision: str) -> None:
+        blocks = {r["name"]: r["block_k"] for r in recipe_table().values() if r["low_precision"] and r["block_k"] and r["block_k"] > 1}
+        if precision in blocks and blocks[precision] != self.block_size:
+            raise ValueError(f"deepwell.PrecisionPolicy: microscaling block_size={self.block_size}, but {precision} scales "
+                             f"blocks of {blocks[precision]} (the recipe fixes it: {blocks})")
+        if precision not in blocks and self.block_size not in blocks.values():
+            raise ValueError(f"deepwell.PrecisionPolicy: microscaling block_size={self.block_size} is no recipe's block ({blocks})")
 
 
 @dataclass
@@ -61,11 +87,35 @@ class PrecisionPolicy:
     name_overrides: dict[str, str] = field(default_factory=dict)
     #: module type name -> recipe.
     type_overrides: dict[str, str] = field(default_factory=dict)
+    #: sites kept bf16 before any other rule: roles (ROLES, or ROLE_ALIASES' words such as
+    #: "final_linear") or module-name globs. The design's spelling; `decide` hands them to Rust as
+    #: name overrides ahead of `name_overrides`.
+    sensitive_layers: list[str] = field(default_factory=list)
+    #: checked against the recipe's block (MicroscalingConfig); changes nothing else.
+    microscaling: MicroscalingConfig | None = None
+    #: the design's name for `precision` (a recipe name or a `deepwell.Precision`).
+    default_compute: InitVar[str | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, default_compute=None):
         # Checked here, where the user wrote them (Rust rejects them too, at the first decision).
         def fail(arg, expected, got):
             raise ValueError(f"deepwell.PrecisionPolicy: '{arg}' must be {expected}, got {got!r}")
+
+        self.precision = precision_name(self.precision)
+        if default_compute is not None:
+            default_compute = precision_name(default_compute)
+            if self.precision not in ("auto", default_compute):
+                fail("default_compute", f"left out or equal to precision={self.precision!r} (it is its alias)", default_compute)
+            self.precision = default_compute
+        if isinstance(self.sensitive_layers, (str, bytes)) or not all(isinstance(n, str) for n in self.sensitive_layers):
+            fail("sensitive_layers", "a list of roles or module-name globs", self.sensitive_layers)
+        self.sensitive_layers = list(self.sensitive_layers)
+        if isinstance(self.microscaling, dict):  # a policy read back from JSON (asdict)
+            self.microscaling = MicroscalingConfig(**self.microscaling)
+        if self.microscaling is not None:
+            if not isinstance(self.microscaling, MicroscalingConfig):
+                fail("microscaling", "a deepwell.MicroscalingConfig or None", self.microscaling)
+            self.microscaling.check(self.precision)
 
         if not isinstance(self.precision, str):
             fail("precision", "a recipe name", self.precision)
@@ -85,7 +135,7 @@ class PrecisionPolicy:
                 "precision": self.precision,
                 "first_last_bf16": self.first_last_bf16,
                 "min_features": self.min_features,
-                "name_overrides": [list(kv) for kv in self.name_overrides.items()],
+                "name_overrides": self._sensitive(layers) + [list(kv) for kv in self.name_overrides.items()],
                 "type_overrides": [list(kv) for kv in self.type_overrides.items()],
             },
             "arch": arch or current_arch(),
@@ -94,3 +144,8 @@ class PrecisionPolicy:
         answer = _native.call("policy_decide", request, "deepwell.PrecisionPolicy")
         return [LayerDecision(**d) for d in answer["decisions"]]
 
+    def _sensitive(self, layers: list[LayerInfo]) -> list[list[str]]:
+        """`sensitive_layers` as Rust name overrides to bf16: a role becomes the names of its sites."""
+        roles = {ROLE_ALIASES.get(n, n) for n in self.sensitive_layers} & set(ROLES)
+        globs = [n for n in self.sensitive_layers if ROLE_ALIASES.get(n, n) not in ROLES]
+        return [[layer.name, "bf16"] for layer in layers if layer.role in roles] + [[g, "bf16"] for g in globs]

@@ -6,7 +6,9 @@ guardrails' clip limits, `probe()` and the planner's roles all read them from he
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
@@ -54,6 +56,49 @@ class Recipe:
 
     def __str__(self) -> str:
         return self.name if self.modelled_arch is None else f"{self.name}@{self.modelled_arch}"
+
+
+class Precision(str, Enum):
+    """The recipes by name, for code that prefers an enum to a string (the design documents write
+    `Precision.MXFP8`): each member is its recipe's string, so it goes wherever a precision does.
+    tests/compiler/test_seed_api.py checks the members against the Rust table."""
+
+    AUTO = "auto"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+    FP8_BLOCK = "fp8_block"
+    FP8_TENSOR = "fp8_tensor"
+    BF16 = "bf16"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def precision_name(precision):
+    """A precision as the planner spells it: a `Precision` member's string, anything else as given."""
+    return precision.value if isinstance(precision, Precision) else precision
+
+
+#: "blackwell-sm100", "hopper_sm90", "sm100", "sm_100a": an optional family word and the SM number.
+_ARCH_SPELLING = re.compile(r"^(?:(?P<family>[a-z]+)[-_ ])?sm_?(?P<sm>\d{2,3}[a-z]?)$")
+
+
+def arch_name(text: str | None) -> str | None:
+    """The planner's spelling ("sm_100") of an arch written the design's way ("blackwell-sm100",
+    "blackwell-sm120", "hopper-sm90") or as "sm100"; a family word must match the Rust table's
+    family of that SM (docs/OPS.md "Seed API aliases"). Other text passes through for Rust to judge."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise ValueError(f"deepwell: an arch is a string such as 'sm_100' or 'blackwell-sm100', got {text!r}")
+    m = _ARCH_SPELLING.match(text.strip().lower())
+    if m is None:
+        return text
+    arch = f"sm_{m['sm']}"
+    fam = arch_info(arch)["family"]
+    if m["family"] and m["family"] not in fam.lower():
+        raise ValueError(f"deepwell: arch {text!r}: {arch} is {fam}, not {m['family']}")
+    return arch
 
 
 def family(recipe: str) -> str:

@@ -81,6 +81,25 @@ class Estimate:
     def speedup(self) -> float:
         return self.bf16_step_ms / self.step_ms if self.step_ms else 1.0
 
+    #: The keys `estimate[key]` answers (the design documents read the estimate as a dict):
+    #: rounded figures for printing; the attributes hold the exact ones.
+    KEYS = ("expected_speedup", "memory_gb", "peak_bytes", "step_ms", "bf16_step_ms")
+
+    def __getitem__(self, key: str):
+        if key == "expected_speedup":
+            return round(self.speedup, 2)
+        if key == "memory_gb":
+            return round(self.peak_bytes / 1e9, 2)  # decimal GB, as the key says (str() prints GiB)
+        if key in self.KEYS:
+            return getattr(self, key)
+        raise KeyError(f"deepwell.Estimate has no key {key!r}: {', '.join(self.KEYS)} (its attributes hold the rest)")
+
+    def keys(self) -> tuple[str, ...]:
+        return self.KEYS
+
+    def to_dict(self) -> dict:
+        return {k: self[k] for k in self.KEYS}
+
     def __str__(self) -> str:
         gib = lambda b: f"{b / 2**30:.2f} GiB"  # noqa: E731
         return "\n".join(
@@ -119,7 +138,15 @@ def _saved_codes(engine: Engine) -> dict[str, str]:
 
 
 def dryrun(engine: Engine) -> Estimate:
-    """The estimate for one training step of `engine` on its example inputs' shapes."""
+    """The estimate for one training step of `engine` on its example inputs' shapes. `engine`: a
+    `deepwell.compile` result, or a `deepwell.optimize` one given a training shape (seq_len=,
+    batch_size=), which carries its Engine as `deepwell_engine` (api.py)."""
+    engine = getattr(engine, "deepwell_engine", engine)
+    if not all(hasattr(engine, a) for a in ("model", "plan", "ir", "options")):
+        raise TypeError(
+            f"deepwell.dryrun: expected a deepwell.Engine (deepwell.compile) or a deepwell.optimize(model, seq_len=..., "
+            f"batch_size=...) result, got {type(engine).__name__}; an optimize() result without a training shape plans "
+            "lazily, at its first call, so there is nothing to estimate yet")
     model, plan = engine.model, engine.plan
     weights = nbytes(model.parameters())
     data, tensor = plan.parallelism["data"], plan.parallelism["tensor"]

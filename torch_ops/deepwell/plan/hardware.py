@@ -26,6 +26,25 @@ class DeviceInfo:
     auto_recipe: str
     auto_reason: str
 
+    # The design documents' names (docs/OPS.md "Seed API aliases"). "Supports" means a native GEMM:
+    # every recipe runs on every device, the others as exact emulation.
+    @property
+    def is_blackwell(self) -> bool:
+        return "Blackwell" in self.family
+
+    @property
+    def blackwell_variant(self) -> str | None:
+        """"sm_100 (datacenter Blackwell)", "sm_120 (consumer Blackwell)"; None off Blackwell."""
+        return f"{self.arch} ({self.family})" if self.is_blackwell else None
+
+    @property
+    def supports_mxfp8(self) -> bool:
+        return "mxfp8" in self.native_recipes
+
+    @property
+    def supports_fp4(self) -> bool:
+        return "nvfp4" in self.native_recipes
+
 
 @dataclass
 class Hardware:
@@ -34,6 +53,11 @@ class Hardware:
     links: list[dict] = field(default_factory=list)
     torch_version: str = torch.__version__
     cuda_version: str | None = torch.version.cuda
+
+    @property
+    def gpus(self) -> list[DeviceInfo]:
+        """The design's name for `devices`."""
+        return self.devices
 
     @property
     def arch(self) -> str:
@@ -80,5 +104,6 @@ def probe() -> Hardware:
     return hw
 
 
-def print_hardware_info() -> None:
-    print(probe())
+def print_hardware_info(hw: Hardware | None = None) -> None:
+    """Prints `hw` (default: `probe()`)."""
+    print(hw if hw is not None else probe())

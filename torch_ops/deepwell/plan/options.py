@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..core.policy import PrecisionPolicy
-from ..core.recipes import Recipe, names as recipe_names
+from ..core.recipes import Recipe, arch_name, names as recipe_names, precision_name
 from .sites import Codes, Plan
 
 
@@ -75,6 +75,7 @@ class CompileOptions:
         def fail(name, expected, got):
             raise ValueError(f"deepwell.CompileOptions: '{name}' must be {expected}, got {got!r}")
 
+        object.__setattr__(self, "precision", precision_name(self.precision))  # a deepwell.Precision member
         if not isinstance(self.precision, str) or self.precision not in ("auto", *recipe_names()):
             fail("precision", f"one of {', '.join(('auto', *recipe_names()))}", self.precision)
         if self.policy is not None and not isinstance(self.policy, PrecisionPolicy):
@@ -87,6 +88,7 @@ class CompileOptions:
             fail("fallback", "'safe' or 'error'", self.fallback)
         if self.arch is not None and not isinstance(self.arch, str):
             fail("arch", "an arch name such as 'sm_90' or None", self.arch)
+        object.__setattr__(self, "arch", arch_name(self.arch))  # "blackwell-sm100" -> "sm_100"
         for f in ("verbose", "cudagraphs", "fp8_block_codes", "recompute_codes", "fused_mlp", "graph_ops"):
             if not isinstance(getattr(self, f), bool):
                 fail(f, "a bool", getattr(self, f))

@@ -50,6 +50,13 @@ A batch is a (batch, seq + 1) int64 tensor of token ids (next-token prediction o
 [:, 1:]) unless `loss_fn(engine, batch)` says otherwise. A data source with `state_dict()` /
 `load_state_dict()` (train/data.py TokenBatches) is checkpointed; any other iterable is
 fast-forwarded past the batches already used on resume.
+
+The design documents' spelling (docs/OPS.md "Seed API aliases"): `optimizer="adamw_dw"` is the
+default optimizer (deepwell.train.AdamW); `dataloader=` gives `fit` its training data
+(max_steps default: one pass over it when it has a len()); `elastic=True` is for an external
+launcher that restarts the job with another number of processes (torchrun's elastic mode):
+checkpoints are sharded (torch.distributed.checkpoint, resumable in any number of processes,
+train/sharded.py) and `fit` resumes from `checkpoint_dir`'s latest by default.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ import contextlib
 import gc
 import math
 import os
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterable
@@ -102,6 +110,12 @@ def _positive_int(name: str, v, allow_none: bool = False):
     return v
 
 
+#: `max_steps` when neither it nor a `dataloader` with a len() is given.
+DEFAULT_MAX_STEPS = 1000
+
+#: Optimizer names `from_engine` takes: the design's name for its default (deepwell.train.AdamW).
+OPTIMIZER_NAMES = ("adamw_dw",)
+
 #: Steps between garbage collections under several processes (torchtitan's default gc_freq).
 GC_EVERY = 50
 _END = object()  # what next() returns once the training data runs out
@@ -116,7 +130,7 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         lr_schedule=None,
         grad_accum: int = 1,
-        max_steps: int = 1000,
+        max_steps: int | None = None,
         log_every: int = 10,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
@@ -132,8 +146,24 @@ class Trainer:
         checkpoint_format: str | None = None,
         gc_every: int | None = None,
         wait_every_step: bool = False,
+        dataloader: Iterable | None = None,
+        elastic: bool = False,
     ):
         who = "deepwell.Trainer"
+        if not isinstance(elastic, bool):
+            raise ValueError(f"{who}: elastic must be a bool, got {elastic!r}")
+        if elastic and checkpoint_format not in (None, "sharded"):
+            raise ValueError(f"{who}: elastic=True needs checkpoint_format='sharded' (resumable in any number of "
+                             f"processes), got {checkpoint_format!r}")
+        if elastic and checkpoint_dir is None:
+            warnings.warn(f"{who}: elastic=True without a checkpoint_dir: a restarted job has no checkpoint to resume "
+                          "from", stacklevel=3)
+        #: The training data `fit` uses when given none (the design's `dataloader=`).
+        self.dataloader = dataloader
+        #: Sharded checkpoints and resume by default (module docs).
+        self.elastic = elastic
+        if elastic:
+            checkpoint_format = "sharded"
         self.engine = engine
         self.model: torch.nn.Module = engine.model
         for name, m in self.model.named_modules():
@@ -154,6 +184,9 @@ class Trainer:
         self._tensor = engine.plan.parallelism["tensor"] if getattr(engine, "plan", None) else 1
         self.optimizer = optimizer
         self.grad_accum = _positive_int("grad_accum", grad_accum)
+        if max_steps is None:  # one pass over a `dataloader` of known length, else DEFAULT_MAX_STEPS
+            sized = dataloader is not None and hasattr(dataloader, "__len__")
+            max_steps = max(1, len(dataloader) // max(1, grad_accum)) if sized else DEFAULT_MAX_STEPS
         self.max_steps = _positive_int("max_steps", max_steps)
         self.log_every = _positive_int("log_every", log_every)
         self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every, allow_none=True)
@@ -226,19 +259,24 @@ class Trainer:
         optimizer: torch.optim.Optimizer | Callable | None = None,
         lr_schedule=None,
         grad_accum: int = 1,
-        max_steps: int = 1000,
+        max_steps: int | None = None,
         log_every: int = 10,
         checkpoint_dir: str | os.PathLike | None = None,
         **kwargs,
     ) -> "Trainer":
         """A Trainer for `engine` (a `deepwell.compile` result). `optimizer`: an optimizer on
-        `engine.model`'s parameters, a callable params -> optimizer, or None for AdamW(lr=3e-4,
+        `engine.model`'s parameters, a callable params -> optimizer, or None (or "adamw_dw") for AdamW(lr=3e-4,
         betas=(0.9, 0.95), weight_decay=0.1), fused where torch has the kernel (so a non-finite step
         is skipped on the device: "Waiting for the GPU" in the module docs): deepwell.train.AdamW,
         torch's AdamW stepped on the local shards of a sharded model (train/optim.py says why). Other keyword arguments: see `Trainer`."""
         if not hasattr(engine, "model") or not callable(engine):
             raise ValueError(f"deepwell.Trainer.from_engine: expected a deepwell.Engine (deepwell.compile's result), got {type(engine).__name__}")
         params = list(engine.model.parameters())
+        if isinstance(optimizer, str):
+            if optimizer not in OPTIMIZER_NAMES:
+                raise ValueError(f"deepwell.Trainer.from_engine: unknown optimizer {optimizer!r}: {', '.join(OPTIMIZER_NAMES)} "
+                                 "(the default AdamW), a torch Optimizer or a callable params -> Optimizer")
+            optimizer = None
         if optimizer is None:
             optimizer = AdamW(params, lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fusable(params))
         elif not isinstance(optimizer, torch.optim.Optimizer):
@@ -253,11 +291,13 @@ class Trainer:
     # -----------------------------------------------------------------------------------------
     # The loop
 
-    def fit(self, train_data: Iterable, eval_data: Iterable | None = None, resume: bool | str | os.PathLike = False,
-            trust: bool = False) -> "Trainer":
-        """Trains until `max_steps` on `train_data` (an iterable of batches, `grad_accum` per step),
+    def fit(self, train_data: Iterable | None = None, eval_data: Iterable | None = None,
+            resume: bool | str | os.PathLike | None = None, trust: bool = False) -> "Trainer":
+        """Trains until `max_steps` (or the end of the data) on `train_data` (an iterable of batches,
+        `grad_accum` per step; default: the Trainer's `dataloader`),
         evaluating on `eval_data` (a finite list of batches). `resume`: True continues from `checkpoint_dir`'s latest
         checkpoint when there is one; a path resumes from that checkpoint (an error if unreadable).
+        None: True with `elastic` and a checkpoint_dir, else False.
         `trust`: see `load_checkpoint` (a sharded checkpoint's DCP metadata is a pickle).
         While it runs, the Trainer holds `checkpoint_dir`'s lock: another Trainer on the same
         directory is a CheckpointError (train/dirlock.py).
@@ -265,6 +305,12 @@ class Trainer:
         torch.use_deterministic_algorithms (as Lightning's flag): Inductor's CPU code otherwise
         accumulates the embedding gradient with parallel atomic adds, whose order, and so the
         weights' last bits, changes from run to run."""
+        if train_data is None:
+            train_data = self.dataloader
+        if train_data is None:
+            raise ValueError("deepwell.Trainer.fit: no training data: pass fit(train_data) or Trainer(..., dataloader=...)")
+        if resume is None:
+            resume = self.elastic and self.checkpoint_dir is not None
         was_deterministic, was_collecting = torch.are_deterministic_algorithms_enabled(), gc.isenabled()
         if self.deterministic:
             torch.use_deterministic_algorithms(True)
