@@ -39,6 +39,7 @@ ALLOWED = {
     "nvidia/*/lib/libnvrtc.so.*": "NVRTC in the nvidia wheels torch's CUDA build installs in site-packages",
     "target/release/libdeepwell.so": "cargo's build output (README's development instructions)",
     ".device/libdeepwell.so": "an ignored path where benchmarks/device_run.sh expects a carried build",
+    "deepwell/_deepwell.so": "the library's place in the wheel and the installed package: setup.py builds it, git ignores it",
     "/proc/*": "Linux procfs, read at run time (memory statistics) or used as an unwritable directory",
     "/usr/bin/env": "shebang line",
     "/dev/zero": "Linux's endless device: what the checkpoint trust tests point a manifest at, and a reader must refuse",
