@@ -16,11 +16,13 @@ pub enum Header {
     Moe,
     Sm90,
     Fp8Gemm,
+    Fp8GemmSchedule,
+    Fp8GemmEpilogue,
     Swiglu,
 }
 
 impl Header {
-    pub const ALL: [Header; 12] = [
+    pub const ALL: [Header; 14] = [
         Header::Common,
         Header::Mxfp8,
         Header::Fp8Block,
@@ -32,6 +34,8 @@ impl Header {
         Header::Moe,
         Header::Sm90,
         Header::Fp8Gemm,
+        Header::Fp8GemmSchedule,
+        Header::Fp8GemmEpilogue,
         Header::Swiglu,
     ];
 
@@ -48,6 +52,8 @@ impl Header {
             Header::Moe => "moe.cuh",
             Header::Sm90 => "sm90.cuh",
             Header::Fp8Gemm => "fp8_gemm.cuh",
+            Header::Fp8GemmSchedule => "fp8_gemm_schedule.cuh",
+            Header::Fp8GemmEpilogue => "fp8_gemm_epilogue.cuh",
             Header::Swiglu => "swiglu.cuh",
         }
     }
@@ -65,6 +71,8 @@ impl Header {
             Header::Moe => include_str!("../../../cuda/moe.cuh"),
             Header::Sm90 => include_str!("../../../cuda/sm90.cuh"),
             Header::Fp8Gemm => include_str!("../../../cuda/fp8_gemm.cuh"),
+            Header::Fp8GemmSchedule => include_str!("../../../cuda/fp8_gemm_schedule.cuh"),
+            Header::Fp8GemmEpilogue => include_str!("../../../cuda/fp8_gemm_epilogue.cuh"),
             Header::Swiglu => include_str!("../../../cuda/swiglu.cuh"),
         }
     }
