@@ -390,3 +390,33 @@ def test_a_named_recipe_that_no_site_gets_is_a_warning_with_the_reasons():
         warnings.simplefilter("error", UserWarning)
         _compile(_model(), precision="mxfp8")(_tokens())  # large enough: the recipe runs, nothing to say
         _compile(small)(_tokens())  # "auto" promises no recipe
+
+
+def test_a_graph_with_no_quantized_site_says_why_once(monkeypatch):
+    """precision="auto" on the CPU is bf16: the README's first line compiles a model that runs as
+    before. One notice per process says so, why, and how to see the plan; a named recipe (its own
+    warning) or bf16 asked for says nothing of the kind, and a plan that quantizes nothing is silent
+    after the first notice."""
+    monkeypatch.setitem(dw_backend._NOTICED, "nothing_quantized", False)
+    torch.manual_seed(0)
+    small = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compile(small, precision="bf16")(torch.randn(4, 64))
+    with pytest.warns(dw_backend.NothingQuantized, match=r"none of this graph's 2 GEMM sites is quantized \(auto: bf16, cpu.*"
+                      r"DEEPWELL_PRINT_PLAN=1") as seen:
+        _compile(small)(torch.randn(4, 64))
+    assert len([w for w in seen if issubclass(w.category, dw_backend.NothingQuantized)]) == 1
+    assert not issubclass(dw_backend.NothingQuantized, UserWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compile(torch.nn.Sequential(torch.nn.Linear(32, 32)))(torch.randn(4, 32))  # once per process
+
+
+def test_auto_resolving_to_a_recipe_whose_sites_all_stay_bf16_names_the_reasons(monkeypatch):
+    """auto on a GPU model (modelled on the CPU by its arch) where every site stays bf16: the notice
+    gives the plan's reasons, grouped."""
+    monkeypatch.setitem(dw_backend._NOTICED, "nothing_quantized", False)
+    small = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    with pytest.warns(dw_backend.NothingQuantized, match=r"2 GEMM sites is quantized \(1 site: .*; 1 site: "):
+        _compile(small, arch="sm_90")(torch.randn(4, 64))

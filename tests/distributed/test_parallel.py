@@ -272,7 +272,7 @@ def test_main_job_under_torchrun(tmp_path):
     assert "(2 processes under torchrun)" in out and "parallel: data 2 x tensor 1" in out
     assert "steps 3..4 bit-identical to the first run" in out
     assert out.count("main job:") == 1  # the other rank is silent
-    assert (tmp_path / "run" / "checkpoints" / "step_00000004").is_dir()
+    assert (tmp_path / "run" / "run-1" / "checkpoints" / "step_00000004").is_dir()  # each run its own run-N
 
 
 @pytest.mark.distributed

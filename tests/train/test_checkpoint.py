@@ -135,6 +135,22 @@ def test_keep_prunes_old_checkpoints(tmp_path):
     assert [p.name for p in checkpoint.checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
 
 
+def test_keep_never_prunes_a_later_run_or_what_deepwell_did_not_write(tmp_path):
+    """A directory holding another run's higher steps, and a step_* directory deepwell did not write:
+    keep=1 prunes only this run's own earlier checkpoints. Pruning the newest by number would delete
+    the checkpoint this run just wrote before it resumes from it."""
+    trainer(engine(), 6, checkpoint_dir=tmp_path / "a", checkpoint_every=3, keep_checkpoints=3).fit(batches())
+    (tmp_path / "a" / "step_00000000").mkdir()  # someone else's
+    (tmp_path / "a" / "step_00000000" / "notes.txt").write_text("mine")
+    assert [p.name for p in checkpoint.checkpoints(tmp_path / "a")] == ["step_00000000", "step_00000003", "step_00000006"]
+    (tmp_path / "a" / checkpoint.LATEST).unlink()
+    trainer(engine(), 2, checkpoint_dir=tmp_path / "a", checkpoint_every=1, keep_checkpoints=1).fit(batches())
+    names = [p.name for p in checkpoint.checkpoints(tmp_path / "a")]
+    assert names == ["step_00000000", "step_00000002", "step_00000003", "step_00000006"], names
+    assert (tmp_path / "a" / "step_00000000" / "notes.txt").read_text() == "mine"
+    assert checkpoint.verify(tmp_path / "a" / "step_00000002")
+
+
 def test_resuming_under_another_plan_is_refused(first_half):
     t = trainer(engine("nvfp4"), 4, checkpoint_dir=first_half)
     with pytest.raises(ValueError, match=r"trained with another plan.*layers\.0\.attention\.wk: mxfp8 -> nvfp4"):

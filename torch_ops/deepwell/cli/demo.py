@@ -11,11 +11,14 @@ mxfp8, which runs as exact emulation, to show the quantized path.
 
 from __future__ import annotations
 
+import copy
+import re
 import statistics
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ..artifact.export import export, load, planned_eager
 from ..compiler import backend
@@ -33,16 +36,64 @@ def _mean(values) -> float:
     return sum(values) / len(values)
 
 
+def _steps(n: int) -> str:
+    return f"{n} step{'s' if n != 1 else ''}"
+
+
+#: The job's run directories under --out: run-1, run-2, ...
+_RUN = re.compile(r"run-([0-9]+)")
+
+
+def fresh_run_dir(out: str | Path) -> Path:
+    """A new directory `out`/run-N (N one past the highest there) for this run's outputs. Each run
+    writes its own: checkpoints keep the newest few steps, and an earlier run's higher steps in a
+    shared directory would otherwise be the ones kept, deleting this run's before it resumes from
+    them. Nothing already under `out` is touched. Under torchrun rank 0 creates it and the others
+    use the name it broadcasts."""
+    out = Path(out)
+    path = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        n = max((int(m.group(1)) for p in out.iterdir() if (m := _RUN.fullmatch(p.name))), default=0)
+        while path is None:  # another job may take the number first
+            n += 1
+            try:
+                (out / f"run-{n}").mkdir()
+                path = out / f"run-{n}"
+            except FileExistsError:
+                continue
+    if dist.is_initialized():
+        shared = [str(path) if path is not None else None]
+        dist.broadcast_object_list(shared, src=0)
+        path = Path(shared[0])
+    return path
+
+
+def _relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
+    """||y - reference|| / ||reference|| over all the logits, in float64."""
+    y, reference = y.double(), reference.double()
+    return ((y - reference).norm() / reference.norm()).item()
+
+
+@torch.no_grad()
+def _eager_logits(engine, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The trained model's logits run eagerly in `dtype`, unquantized (a copy: the engine keeps its own)."""
+    model = copy.deepcopy(engine.model).to(dtype).eval()
+    return model(tokens).float()
+
+
 def train_demo(device: torch.device, steps: int = 120, precision: str | None = None, out: str = "deepwell_run",
                parity_steps: int = 40, eval_batches: int = 8, tensor_parallel: int | None = None,
-               fp8_all_gather: bool = False, sequence_parallel: bool = False) -> dict:
+               fp8_all_gather: bool = False, sequence_parallel: bool = False, noise_seeds: int = 3) -> dict:
     """Runs the training part of the main job; returns {"losses", "heldout", "resumed_equal", ...}.
     `tensor_parallel`: the tensor degree under torchrun (None: the planner's); `fp8_all_gather`:
     autoplan's option of that name (FSDP2 gathers fp8_block weights as FP8 codes); `sequence_parallel`
-    too (the residual stream split along the sequence over the tensor ranks)."""
+    too (the residual stream split along the sequence over the tensor ranks). `noise_seeds`: seeds
+    the parity run's bf16 baseline trains at (its spread over seeds judges the recipes' gaps).
+    Outputs go to a fresh `out`/run-N directory (`fresh_run_dir`)."""
     backend.ensure_registered()
     precision = precision or ("auto" if device.type == "cuda" else "mxfp8")
-    out_dir = Path(out)
+    out_dir = fresh_run_dir(out)
     start = time.perf_counter()
     corpus = ByteCorpus.stdlib()
     config = parity.ModelConfig.for_device(device)
@@ -54,7 +105,7 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     engine = parity.build_engine(config, precision, device, seed=0, verbose=True, tensor_parallel=tensor_parallel,
                                  fp8_all_gather=fp8_all_gather, sequence_parallel=sequence_parallel)
     params = sum(p.numel() for p in engine.model.parameters())
-    print(f"{params / 1e6:.2f}M parameters; outputs in {out_dir}/")
+    print(f"{params / 1e6:.2f}M parameters; outputs in {out_dir}/ (each run of the job writes a new run-N directory)")
     heldout = heldout_batches(corpus.heldout, config.batch, config.seq_len, eval_batches)
     deterministic = device.type == "cpu"  # the Trainer's default: deterministic kernels on the CPU
     half = max(steps // 2, 1)
@@ -69,10 +120,11 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     # compile.
     rates = [r["tokens_per_s"] for r in trainer.history if "tokens_per_s" in r and r["step"] > trainer.log_every]
     k = max(steps // 10, 1)
-    print(f"train loss {_mean(list(losses.values())[:k]):.3f} (first {k} steps) -> {_mean(list(losses.values())[-k:]):.3f} (last {k})")
+    print(f"train loss {_mean(list(losses.values())[:k]):.3f} (first {_steps(k)}) -> {_mean(list(losses.values())[-k:]):.3f} (last {_steps(k)})")
     print("held-out loss " + ", ".join(f"step {s}: {v:.3f}" for s, v in evals))
     if rates:
-        print(f"tokens/s: {statistics.median(rates):,.0f} (median over steps {trainer.log_every + 1}..{steps}; the first {trainer.log_every} compile)")
+        compiling = "the first step compiles" if trainer.log_every == 1 else f"the first {trainer.log_every} compile"
+        print(f"tokens/s: {statistics.median(rates):,.0f} (median over steps {trainer.log_every + 1}..{steps}; {compiling})")
 
     # Resume from the middle checkpoint into fresh optimizer and data-loader objects.
     mid = out_dir / "checkpoints" / f"step_{half:08d}"
@@ -94,7 +146,7 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
         return {"losses": losses, "heldout": evals, "resumed_equal": equal, "export_equal": None, "parity": []}
 
     # Export, load, and compare logits on one held-out batch.
-    artifact = export(engine, out_dir / "export", overwrite=True)  # the run directory is the job's own
+    artifact = export(engine, out_dir / "export")  # a fresh run directory: nothing to overwrite
     loaded = load(artifact, device=device)
     tokens = heldout[0][:, :-1].to(device)
     with torch.no_grad():
@@ -103,14 +155,24 @@ def train_demo(device: torch.device, steps: int = 120, precision: str | None = N
     print(
         f"export: {artifact} ({len(loaded.deepwell_artifact['quantized_sites'])} sites pre-quantized); loaded logits "
         + ("bit-identical to" if same else f"differ by up to {(got - want).abs().max().item():.2e} from")
-        + f" the trained model's with its plan run eagerly; max |diff| vs the compiled engine {(got - compiled).abs().max().item():.2e}"
+        + " the trained model's with its plan run eagerly"
     )
+    # Logits reach ~10 in magnitude, so an absolute difference between two low-precision runs says
+    # little; each run's distance from an fp32 forward of the same weights, beside plain bf16's,
+    # says how far it is from exact and whether that is more than bf16 alone costs.
+    exact = _eager_logits(engine, tokens, torch.float32)
+    errors = {"compiled engine": compiled, "its plan run eagerly": want, "loaded export": got,
+              "plain bf16 eager": _eager_logits(engine, tokens, torch.bfloat16)}
+    print("logits vs an fp32 forward of the same weights, relative error ||y - y_fp32|| / ||y_fp32||: "
+          + ", ".join(f"{name} {_relative_error(y, exact):.2e}" for name, y in errors.items()))
 
     results = []
     if parity_steps > 0:
-        print(f"\nparity: the same model per recipe, {parity_steps} steps each, same data and initial weights")
+        more = noise_seeds - 1
+        print(f"\nparity: the same model per recipe, {_steps(parity_steps)} each, same data and initial weights"
+              + (f"; the bf16 recipe also at {more} more seed{'s' if more > 1 else ''}, for the seed noise" if more else ""))
         results = parity.run(corpus, config, parity_steps, device, eval_batches=max(eval_batches // 2, 1),
-                             out_dir=out_dir / "parity", progress=True)
+                             out_dir=out_dir / "parity", progress=True, noise_seeds=noise_seeds)
         print(parity.table(results, device))
     print(f"\nwrote {out_dir}/: train/metrics.jsonl, train/loss.png, checkpoints/, resumed/metrics.jsonl, export/"
           + (", parity/parity.png, parity/parity.md" if results else ""))

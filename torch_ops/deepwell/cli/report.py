@@ -13,6 +13,7 @@ import time
 import torch
 
 from .. import _native
+from ..core import recipes
 from . import launch
 from .demo import train_demo
 from ..plan.hardware import probe
@@ -114,11 +115,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "round trip and a per-recipe parity table.",
     )
     p.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu, cuda or cuda:N")
+    # The recipe table's names, checked here: an unknown one would otherwise fail after the corpus
+    # is read and the model built, with a traceback.
+    choices = ("auto", *recipes.names())
     p.add_argument(
         "--precision",
         default=None,
-        help="the training run's precision: auto, mxfp8, nvfp4, fp8_block or bf16 (default: auto on a GPU, "
-        "mxfp8 emulated on the CPU)",
+        choices=choices,
+        metavar="{" + ",".join(choices) + "}",
+        help="the training run's precision (default: auto on a GPU, mxfp8 emulated on the CPU)",
     )
     p.add_argument("--steps", type=int, default=None, help="training steps (default 120 on the CPU, 400 on a GPU; 20 with --quick)")
     p.add_argument(
@@ -140,8 +145,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with a tensor degree above 1, also split the residual stream and norms along the sequence, with a "
         "vocabulary-parallel embedding and LM head (autoplan's sequence_parallel)",
     )
-    p.add_argument("--out", default="deepwell_run", help="directory for the logs, plots, checkpoints and export (default: deepwell_run/ in the working directory)")
-    p.add_argument("--quick", action="store_true", help="skip the quantization report; 20 training steps, 10 per parity recipe")
+    p.add_argument("--noise-seeds", type=int, default=3,
+                   help="seeds the parity run's bf16 baseline trains at, whose spread marks the recipes' gaps within noise (default 3; 1: none)")
+    p.add_argument("--out", default="deepwell_run",
+                   help="directory for the logs, plots, checkpoints and export: each run writes a new OUT/run-N inside it, "
+                   "leaving earlier runs as they are (default: deepwell_run/ in the working directory)")
+    p.add_argument("--quick", action="store_true", help="skip the quantization report; 20 training steps, 10 per parity run")
     args = p.parse_args(argv)
     gpu = args.device != "cpu" and (args.device.startswith("cuda") or torch.cuda.is_available())
     if args.steps is None:
@@ -150,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.parity_steps = 10 if args.quick else (150 if gpu else 40)
     if args.steps < 2:
         p.error(f"--steps must be at least 2 (the run checkpoints half-way and resumes), got {args.steps}")
+    if args.noise_seeds < 1:
+        p.error(f"--noise-seeds must be 1 or more, got {args.noise_seeds}")
     if args.parity_steps < 0:
         p.error(f"--parity-steps must be 0 or more, got {args.parity_steps}")
     if args.tensor_parallel is not None and args.tensor_parallel < 1:
@@ -163,12 +174,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     with launch.processes(_device(args.device)) as device:
         print(f"deepwell {_native.version()}  library: {_native.library_path()}")
-        print(f"torch {torch.__version__}  device: {_device_line(device)}"
+        print(f"device: {_device_line(device)}"
               + (f"  ({launch.world()} processes under torchrun)" if launch.world() > 1 else ""))
         print(probe())
         if not args.quick:
             quantization_report(device)
         train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps,
                    tensor_parallel=args.tensor_parallel, fp8_all_gather=args.fp8_all_gather,
-                   sequence_parallel=args.sequence_parallel)
+                   sequence_parallel=args.sequence_parallel, noise_seeds=args.noise_seeds)
         print(f"main job: {time.perf_counter() - start:.0f} s")

@@ -38,7 +38,7 @@ from .. import ops  # noqa: F401  (the ops and their fake kernels exist before t
 
 from .. import _env
 from ..core.policy import LayerDecision
-from ..core.recipes import family
+from ..core.recipes import arch_info, family
 from ..nn.moe_hf import SUPPORTED
 from ..nn.weight_cache import allow_reuse
 from ..ops.fp8_tensor import amax_of
@@ -336,6 +336,35 @@ def _warn_unused_precision(plan: Plan, options: CompileOptions) -> None:
                   f"runs it ({why})", stacklevel=2)
 
 
+class NothingQuantized(Warning):
+    """The notice that a compiled graph runs every GEMM unquantized. Not a UserWarning: nothing
+    was asked for that did not happen (precision="auto" promises no recipe); it tells a user who
+    expected FP8 why there is none. Filter it by this category."""
+
+
+#: Whether this process has shown the NothingQuantized notice (once: every graph of a model, and
+#: every model, would say the same).
+_NOTICED = {"nothing_quantized": False}
+
+
+def _notice_nothing_quantized(plan: Plan, options: CompileOptions) -> None:
+    """Under precision="auto", a graph none of whose sites is quantized: one line saying why (auto's
+    choice on this device, or the plan's reasons grouped) and how to see the plan, once per process.
+    A named recipe no site runs is `_warn_unused_precision`'s; bf16 asked for is what it is."""
+    if (_NOTICED["nothing_quantized"] or options.plan is not None or plan.policy.precision != "auto"
+            or not plan.sites or any(s.recipe != "bf16" for s in plan.sites)):
+        return
+    info = arch_info(plan.arch)
+    if info.get("auto") == "bf16":
+        why = f"{info.get('auto_reason') or 'auto resolves to bf16 on ' + plan.arch}; name a recipe (precision='mxfp8', ...) to run one, emulated where not native"
+    else:
+        reasons = Counter(s.decision.reason if s.decision else "not planned" for s in plan.sites)
+        why = "; ".join(f"{n} site{'s' if n > 1 else ''}: {r}" for r, n in reasons.most_common())
+    _NOTICED["nothing_quantized"] = True
+    warnings.warn(f"deepwell backend: none of this graph's {len(plan.sites)} GEMM sites is quantized ({why}); "
+                  "see the plan with options={'verbose': True} or DEEPWELL_PRINT_PLAN=1", NothingQuantized, stacklevel=2)
+
+
 def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None = None) -> tuple[Plan, list]:
     """The plan of one captured graph, each site's strategy included (no rewriting)."""
     options = CompileOptions.of(options)
@@ -359,6 +388,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
     plan, found = plan_graph(gm, options)
     _warn_hf_moe(gm)
     _warn_unused_precision(plan, options)
+    _notice_nothing_quantized(plan, options)
     rewritten = rewrite(gm, found)
     fused = fuse_mlp(gm) if options.fused_mlp else 0
     STATS["graphs"] += 1

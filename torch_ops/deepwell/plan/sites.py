@@ -4,6 +4,7 @@ rust/ops/src/capi.rs) from the sites, the device and the user's policy. Printabl
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -74,16 +75,26 @@ class Plan:
     moe: dict | None = None
 
     def table(self) -> str:
+        """One row per site. A reason that several sites share is printed once, under the table, and
+        its rows name it by a key ([a], [b], ...): a 29-site model repeats one long reason otherwise."""
         rows = [f"deepwell plan for {self.arch} (precision={self.policy.precision}): {len(self.sites)} GEMM sites"]
         if self.sharding:
             rows.append(f"parallel: data {self.parallelism['data']} x tensor {self.parallelism['tensor']}: {self.sharding['reason']}")
+        reasons = [_shown_reason(s) for s in self.sites]
+        counts = Counter(reasons)
+        keys = {}
+        for r in reasons:
+            if counts[r] > 1 and r not in keys:
+                keys[r] = f"[{_key(len(keys))}]"
         rows.append(f"{'site':<36} {'role':<9} {'in x out':>13} {'recipe':<17} {'fprop kernel':<48} reason")
-        for s in self.sites:
+        for s, reason in zip(self.sites, reasons):
             d = s.decision
             fprop = d.gemms.get("fprop", {}).get("backend", "") if d else ""
             emu = " (emulated)" if d and d.emulated else ""
             shape = f"{s.in_features}x{s.out_features}"
-            rows.append(f"{s.name:<36} {s.role:<9} {shape:>13} {s.runs_in + emu:<17} {fprop[:48]:<48} {d.reason if d else ''}")
+            rows.append(f"{s.name:<36} {s.role:<9} {shape:>13} {s.runs_in + emu:<17} {fprop[:48]:<48} {keys.get(reason, reason)}")
+        for reason, key in keys.items():
+            rows.append(f"{key} ({counts[reason]} sites): {reason}")
         return "\n".join(rows)
 
     def __str__(self) -> str:
@@ -116,6 +127,22 @@ class Plan:
                 for s in self.sites
             ],
         }
+
+
+def _key(i: int) -> str:
+    """a, b, ..., z, aa, ab, ...: the keys of the shared reasons in a plan's table."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return letters[i] if i < len(letters) else _key(i // len(letters) - 1) + letters[i % len(letters)]
+
+
+def _shown_reason(site: Site) -> str:
+    """The planner's reason as the table shows it. The planner calls an unquantized site "bf16" (the
+    recipe's name); in an fp32 or fp16 model that site computes in the model's dtype, which the
+    recipe column says ("fp32 (unquantized)"), so the reason says "unquantized" too."""
+    reason = site.decision.reason if site.decision else ""
+    if site.recipe == "bf16" and site.runs_in != "bf16":
+        reason = reason.replace("bf16 by policy", "unquantized by policy")
+    return reason
 
 
 def plan_sites(sites: list[Site], policy: PrecisionPolicy, arch: str | None = None) -> Plan:

@@ -10,7 +10,8 @@ A checkpoint is written into a hidden temporary directory (`.tmp-step_...`), eve
 manifest last, then renamed to its final name (atomic on POSIX) and only then named in `latest`
 (written to a temporary file and renamed over it). A writer that dies leaves a `.tmp-*` directory,
 which no reader looks at and the next writer deletes; `latest` always names a complete checkpoint,
-and older checkpoints are pruned (`keep`) only after the new one is in place. Re-saving a step that
+and older checkpoints are pruned (`keep`) only after the new one is in place: only earlier steps
+than the new one, and only directories with deepwell's manifest (`prunable`). Re-saving a step that
 exists swaps the two directories in one step (Linux renameat2 RENAME_EXCHANGE); where the system
 cannot, the old one is moved aside to `.tmp-old-<name>-<pid>` first, and `recover` (run by the next
 writer, and by a Trainer before it resumes) renames it back if the writer died before the new one
@@ -132,10 +133,30 @@ def save(directory: str | os.PathLike, step: int, parts: dict[str, dict[str, tor
     os.replace(pointer, root / LATEST)
     _fsync_dir(root)
     if keep is not None:
-        for old in checkpoints(root)[:-keep] if keep > 0 else []:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+        for old in prunable(root, step, keep):
+            shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def prunable(directory: str | os.PathLike, step: int, keep: int) -> list[Path]:
+    """The checkpoints that saving `step` with `keep` deletes: of those at `step` or before, all
+    but the newest `keep` (counting `step` itself), and only directories holding a deepwell
+    checkpoint manifest. A checkpoint of a later step is another run's (or one this run will
+    overwrite when it gets there), never a reason to delete this run's own; a step_* directory
+    without deepwell's manifest is not deepwell's to delete."""
+    if keep <= 0:
+        return []
+    upto = [p for p in checkpoints(directory) if int(p.name[len(_PREFIX):]) <= step]
+    return [p for p in upto[:-keep] if _has_our_manifest(p)]
+
+
+def _has_our_manifest(path: Path) -> bool:
+    try:
+        raw = read_bounded(path, MANIFEST, MAX_MANIFEST_BYTES, f"checkpoint {path}", "a manifest")
+        manifest = json.loads(raw)
+    except (CheckpointError, OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def write_atomic(final: Path, parts: dict[str, dict[str, torch.Tensor]], body: dict) -> Path:

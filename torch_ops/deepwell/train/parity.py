@@ -8,6 +8,12 @@ the held-out loss is measured on the same fixed windows. "final train" is the me
 last tenth of the steps (one step's loss is one batch's, noisy); the gap is to bf16's. On the CPU
 every recipe is emulated (exact quantization, fp32 GEMMs) and the "bf16" run of an fp32 model
 computes its unquantized sites in fp32: the table says so.
+
+A gap between two runs is only a difference of recipes when it is larger than what changing the
+seed alone does: `noise_seeds` trains the bf16 baseline at that many seeds (initial weights, batch
+order) and the table prints their held-out losses and marks every gap no larger than their spread
+(max - min) "within noise". On an H200 bf16 alone spans 1.974-2.052 over seeds 0/1/2, wider than
+most recipes' gaps.
 """
 
 from __future__ import annotations
@@ -104,6 +110,14 @@ class RecipeResult:
     losses: list[float] = field(repr=False)
     final_train: float = 0.0
     heldout: float = 0.0
+    #: The held-out loss at each seed (seed, seed + 1, ...; the first is `heldout`): more than one for
+    #: the bf16 baseline of a run with `noise_seeds` > 1.
+    heldout_seeds: list[float] = field(default_factory=list)
+
+    @property
+    def spread(self) -> float | None:
+        """max - min of the held-out loss over seeds (None with one seed)."""
+        return max(self.heldout_seeds) - min(self.heldout_seeds) if len(self.heldout_seeds) > 1 else None
 
 
 def _runs_as(engine) -> str:
@@ -113,37 +127,71 @@ def _runs_as(engine) -> str:
     return f"{quantized[0].recipe} {'emulated' if any(s.decision.emulated for s in quantized) else 'native'}"
 
 
+def _train(corpus: ByteCorpus, config: ModelConfig, steps: int, device: torch.device, recipe: str, seed: int,
+           heldout, progress: bool) -> RecipeResult:
+    engine = build_engine(config, recipe, device, seed)
+    if progress:
+        print(f"parity: {recipe} ({_runs_as(engine)}), seed {seed}, {steps} steps")
+    trainer = make_trainer(engine, steps, log_every=max(steps // 5, 1), progress=progress, seed=seed)
+    trainer.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=seed), heldout)
+    losses = [r["loss"] for r in trainer.history if "loss" in r]
+    tail = losses[-max(len(losses) // 10, 1):]
+    quantized = sum(s.recipe != "bf16" for s in engine.plan.sites)
+    result = RecipeResult(recipe, _runs_as(engine), quantized, len(engine.plan.sites), losses,
+                          sum(tail) / len(tail), trainer.history[-1]["eval_loss"])
+    result.heldout_seeds = [result.heldout]
+    return result
+
+
 def run(corpus: ByteCorpus, config: ModelConfig, steps: int, device: torch.device, recipes=RECIPES, seed: int = 0,
-        eval_batches: int = 4, out_dir: str | os.PathLike | None = None, progress: bool = True) -> list[RecipeResult]:
-    """Trains one model per recipe; writes parity.png, parity.md and parity.json to `out_dir`."""
+        eval_batches: int = 4, out_dir: str | os.PathLike | None = None, progress: bool = True,
+        noise_seeds: int = 1) -> list[RecipeResult]:
+    """Trains one model per recipe at `seed`, and the bf16 baseline also at seeds seed + 1 ..
+    seed + noise_seeds - 1 (its seed spread, against which the table judges the gaps); writes
+    parity.png, parity.md and parity.json to `out_dir`."""
     heldout = heldout_batches(corpus.heldout, config.batch, config.seq_len, eval_batches)
     results = []
     for recipe in recipes:
-        engine = build_engine(config, recipe, device, seed)
-        if progress:
-            print(f"parity: {recipe} ({_runs_as(engine)}), {steps} steps")
-        trainer = make_trainer(engine, steps, log_every=max(steps // 5, 1), progress=progress, seed=seed)
-        trainer.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=seed), heldout)
-        losses = [r["loss"] for r in trainer.history if "loss" in r]
-        tail = losses[-max(len(losses) // 10, 1):]
-        quantized = sum(s.recipe != "bf16" for s in engine.plan.sites)
-        results.append(RecipeResult(recipe, _runs_as(engine), quantized, len(engine.plan.sites), losses,
-                                    sum(tail) / len(tail), trainer.history[-1]["eval_loss"]))
+        result = _train(corpus, config, steps, device, recipe, seed, heldout, progress)
+        if recipe == "bf16":
+            for other in range(seed + 1, seed + noise_seeds):
+                result.heldout_seeds.append(_train(corpus, config, steps, device, recipe, other, heldout, progress).heldout)
+        results.append(result)
     if out_dir is not None:
         write(results, Path(out_dir), device, steps)
     return results
 
 
+def _baseline_name(base: RecipeResult | None) -> str:
+    """What the bf16 recipe's run computes in: "bf16", or "fp32" for an fp32 model (its
+    unquantized GEMMs are the model's own)."""
+    return base.runs_as.split(" ")[0] if base is not None else "bf16"
+
+
 def table(results: list[RecipeResult], device: torch.device) -> str:
-    """The markdown table of final losses and gaps to bf16 (the first bf16 row)."""
+    """The markdown table of final losses and gaps to the bf16 recipe's run (the first bf16 row),
+    each gap marked "within noise" when no larger than that run's spread over seeds."""
     base = next((r for r in results if r.recipe == "bf16"), None)
-    rows = ["| recipe | runs as | quantized sites | final train loss | held-out loss | held-out gap vs bf16 |", "|---|---|---|---|---|---|"]
+    name = _baseline_name(base)
+    spread = base.spread if base is not None else None
+    rows = [f"| recipe | runs as | quantized sites | final train loss | held-out loss | held-out gap vs {name} |", "|---|---|---|---|---|---|"]
     for r in results:
-        gap = "—" if base is None or r is base else f"{r.heldout - base.heldout:+.4f} ({100 * (r.heldout - base.heldout) / base.heldout:+.2f}%)"
+        gap = "—"
+        if base is not None and r is not base:
+            d = r.heldout - base.heldout
+            gap = f"{d:+.4f} ({100 * d / base.heldout:+.2f}%)" + ("" if spread is None else ", within noise" if abs(d) <= spread else ", beyond noise")
         rows.append(f"| {r.recipe} | {r.runs_as} | {r.quantized_sites} of {r.sites} | {r.final_train:.4f} | {r.heldout:.4f} | {gap} |")
+    rows.append("")
+    if spread is not None:
+        seeds = ", ".join(f"{v:.4f}" for v in base.heldout_seeds)
+        rows.append(f"Seed noise: the {name} baseline's held-out loss over {len(base.heldout_seeds)} seeds (initial weights and batch "
+                    f"order) is {seeds}, a spread of {spread:.4f} ({100 * spread / base.heldout:.2f}%); a gap no larger than "
+                    "that is \"within noise\": these steps cannot tell the recipes apart.")
+    elif base is not None:
+        rows.append(f"One seed: the gaps include seed noise of unmeasured size (train the {name} baseline at more seeds to measure it).")
     if device.type == "cpu":
-        rows.append("")
-        rows.append("On the CPU every recipe is emulated (bit-exact quantization, fp32 GEMMs); the bf16 run of this fp32 model computes its GEMMs in fp32.")
+        rows.append(f"On the CPU every recipe is emulated (bit-exact quantization, fp32 GEMMs); the recipe named bf16 leaves this "
+                    f"{name} model's GEMMs unquantized, so the baseline computes in {name}.")
     return "\n".join(rows)
 
 
@@ -165,6 +213,8 @@ def main(argv: list[str] | None = None) -> list[RecipeResult]:
     p.add_argument("--device", default="auto", help="auto (the GPU when there is one), cpu or cuda[:N]")
     p.add_argument("--out", default="deepwell_parity", help="directory for parity.png, parity.md, parity.json")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights, the batch order and stochastic rounding")
+    p.add_argument("--noise-seeds", type=int, default=3,
+                   help="seeds the bf16 baseline trains at (seed, seed+1, ...), whose spread marks gaps within noise (default 3; 1: no spread)")
     args = p.parse_args(argv)
     recipes = tuple(r.strip() for r in args.recipes.split(",") if r.strip())
     unknown = [r for r in recipes if r not in RECIPES]
@@ -176,11 +226,13 @@ def main(argv: list[str] | None = None) -> list[RecipeResult]:
     steps = args.steps if args.steps is not None else (300 if device.type == "cuda" else 100)
     if steps < 1:
         p.error("--steps must be at least 1")
+    if args.noise_seeds < 1:
+        p.error("--noise-seeds must be at least 1")
     backend.ensure_registered()
     corpus = ByteCorpus.stdlib()
     print(corpus)
     config = ModelConfig.for_device(device, args.size)
-    results = run(corpus, config, steps, device, recipes, args.seed, out_dir=args.out)
+    results = run(corpus, config, steps, device, recipes, args.seed, out_dir=args.out, noise_seeds=args.noise_seeds)
     print(table(results, device))
     print(f"wrote {args.out}/parity.png, parity.md, parity.json")
     return results

@@ -366,10 +366,10 @@ class Trainer:
                 if self.gc_every and self.step % self.gc_every == 0:
                     gc.collect(1)
                 self._guardrail_events()
-                bar.update(1)
                 due_eval = bool(eval_batches and self.eval_every and self.step % self.eval_every == 0)
                 due_checkpoint = bool(self.checkpoint_dir and self.checkpoint_every and self.step % self.checkpoint_every == 0)
                 self._read_steps(bar, wait=waited or due_eval or due_checkpoint or self.step == self.max_steps)
+                bar.update(1)  # after the read: the bar's last line shows the last step's loss, not the one before
                 if due_eval:
                     self._evaluate(eval_batches, bar)
                 if due_checkpoint:
