@@ -127,6 +127,17 @@ def spawn(tmp_path, script: str, world: int, tag: str, **env_extra) -> dict:
     return json.loads(out.read_text())
 
 
+def linear_runs(fns, x, w, b, dy) -> list[tuple]:
+    """(y, dx, dw[, db]) of each `fn(x, w, b)` in `fns`, on fresh leaves of the same values: the
+    ways of running one linear layer whose outputs and gradients a test compares."""
+    outs = []
+    for fn in fns:
+        leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+        y = fn(leaves[0], leaves[1], leaves[2] if b is not None else None)
+        outs.append((y, *torch.autograd.grad(y, leaves, dy)))
+    return outs
+
+
 def deepwell_calls(run) -> list[str]:
     """The deepwell ops `run()` calls, in order, by name: `deepwell::<op>` from eager code and
     `deepwell_graph::<op>`, its twin without autograd, from the backend's compiled graphs

@@ -13,7 +13,7 @@ import torch
 
 import deepwell
 from _util import deepwell_calls as _deepwell_calls
-from _util import same_bits, saved_activation_bytes
+from _util import linear_runs, same_bits, saved_activation_bytes
 
 ops = torch.ops.deepwell
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -51,13 +51,8 @@ def _both(x, n, recipe, device, gen, bias=True):
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(x.dtype).to(device)
     b = torch.randn(n, generator=gen).to(x.dtype).to(device) if bias else None
     dy = torch.randn(*x.shape[:-1], n, generator=gen).to(x.dtype).to(device)
-    outs = []
-    for fn in (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_block_linear(*a, recipe),
-               lambda *a: _from_rows(*a, recipe)):
-        leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
-        y = fn(leaves[0], leaves[1], leaves[2] if bias else None)
-        outs.append((y, *torch.autograd.grad(y, leaves, dy)))
-    return outs
+    return linear_runs((lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_block_linear(*a, recipe),
+                        lambda *a: _from_rows(*a, recipe)), x, w, b, dy)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -11,7 +11,7 @@ import torch
 
 import deepwell
 from _util import deepwell_calls as _deepwell_calls
-from _util import same_bits, saved_activation_bytes
+from _util import linear_runs, same_bits, saved_activation_bytes
 
 ops = torch.ops.deepwell
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -33,13 +33,8 @@ def _both(shape, n, recipe, device, gen, dtype=torch.bfloat16, bias=True):
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
     b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
     dy = torch.randn(*shape[:-1], n, generator=gen).to(dtype).to(device)
-    outs = []
-    for fn in (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_tensor_linear(*a, recipe),
-               lambda *a: _from_rows(*a, recipe)):
-        leaves = [t.clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
-        y = fn(leaves[0], leaves[1], leaves[2] if bias else None)
-        outs.append((y, *torch.autograd.grad(y, leaves, dy)))
-    return outs
+    return linear_runs((lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_tensor_linear(*a, recipe),
+                        lambda *a: _from_rows(*a, recipe)), x, w, b, dy)
 
 
 @pytest.mark.parametrize("device", DEVICES)

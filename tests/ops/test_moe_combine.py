@@ -102,9 +102,14 @@ def weights(t, k, seed):
     return torch.rand(t, k, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
-@pytest.mark.parametrize("d", DIMS)
-@pytest.mark.parametrize("dtype", F)
+def every_layout(test):
+    """`test` for every routing layout, width and dtype."""
+    for args in (("dtype", F), ("d", DIMS), ("name", LAYOUTS)):
+        test = pytest.mark.parametrize(*args)(test)
+    return test
+
+
+@every_layout
 def test_sum_slots_is_the_old_k_order_sum(name, d, dtype):
     row_of_slot, slot_of_row = layout(**LAYOUTS[name])
     t, k = row_of_slot.shape
@@ -114,9 +119,7 @@ def test_sum_slots_is_the_old_k_order_sum(name, d, dtype):
     assert same_bits(ops.moe_sum_slots(rows, row_of_slot, None), old_sum_slots(rows, row_of_slot, None).to(dtype))
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
-@pytest.mark.parametrize("d", DIMS)
-@pytest.mark.parametrize("dtype", F)
+@every_layout
 def test_gather_rows_is_the_old_gather(name, d, dtype):
     row_of_slot, slot_of_row = layout(**LAYOUTS[name])
     t, k = row_of_slot.shape
@@ -128,9 +131,7 @@ def test_gather_rows_is_the_old_gather(name, d, dtype):
     assert same_bits(ops.moe_gather_rows(x, slot_of_row, w, k), old_d_rows(x, w, slot_of_row, k, dtype))
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
-@pytest.mark.parametrize("d", DIMS)
-@pytest.mark.parametrize("dtype", F)
+@every_layout
 def test_slot_dots_follow_the_documented_order(name, d, dtype):
     row_of_slot, slot_of_row = layout(**LAYOUTS[name])
     t, k = row_of_slot.shape
