@@ -21,6 +21,8 @@
 #             E64 with deepwell fp8_block beside them)
 #   parallel  benchmarks/bench_parallel.py        (1 vs 2 GPUs through torchrun: FSDP2 and tensor parallel;
 #             needs a 2-GPU kind, nvidia-h200-x2; NVLink multicast stays off)
+#   attention benchmarks/bench_attention.py       (an nn.MultiheadAttention transformer's train step: torch.compile
+#             vs deepwell.optimize's SDPA swap; attention-quick: fewer steps and rounds)
 #   moe-tests the MoE GPU tests (-m gpu; the CPU ones, HF parity included, run in CI against transformers 5.23)
 # Logs and JSON go to $OUT.
 set -uo pipefail
@@ -111,6 +113,11 @@ for step in $steps; do
             python3 benchmarks/bench_parallel.py --configs "${PARALLEL_CONFIGS:-1x4,1x8,2x8,2x4tp}" 2>&1 \
                 | tee "$OUT/bench_parallel.log" | grep -v Warning || status=1
             cp "$RESULTS"/bench_parallel-*.json "$OUT/" 2>/dev/null
+            ;;
+        attention | attention-quick)
+            quick=; [ "$step" = attention-quick ] && quick=--quick
+            python3 benchmarks/bench_attention.py $quick 2>&1 | tee "$OUT/bench_attention.log" || status=1
+            find benchmarks/results -name "bench_attention-*.json" -exec cp {} "$OUT/" \;
             ;;
         moe-tests)
             python3 -m pytest tests/ops/test_moe.py tests/nn/test_moe_module.py tests/ops/test_grouped_linear.py -m gpu \

@@ -38,6 +38,7 @@ from .api import optimize, optimize_for_blackwell
 from .compiler.engine import IR, Engine, autoplan, capture, compile
 from .core.policy import LayerDecision, LayerInfo, MicroscalingConfig, PrecisionPolicy
 from .core.recipes import Precision, Recipe
+from .nn.attention import DeepwellMultiheadAttention, swap_attention
 from .nn.guardrails import GuardrailConfig, format_report, policy_report
 from .nn.linear import Linear
 from .nn.moe import DeepwellMoE, update_expert_biases
@@ -64,6 +65,7 @@ __all__ = [
     "Codes",
     "CompileOptions",
     "DeepwellMoE",
+    "DeepwellMultiheadAttention",
     "Engine",
     "Estimate",
     "GuardrailConfig",
@@ -124,6 +126,7 @@ __all__ = [
     "probe",
     "reduce_gradients",
     "scaled_linear",
+    "swap_attention",
     "swap_hf_moe",
     "swizzle_scales",
     "unswizzle_scales",

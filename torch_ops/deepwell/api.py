@@ -11,6 +11,8 @@ import torch
 from .compiler import backend
 from .compiler.engine import Engine, autoplan, capture
 from .core.policy import PrecisionPolicy
+from .nn.attention import attention_report
+from .nn.attention import swap_attention as swap_attention_modules
 from .nn.moe import DeepwellMoE
 from .nn.moe_model import swap_hf_moe
 from .plan.options import CompileOptions
@@ -22,6 +24,8 @@ def optimize(
     policy: PrecisionPolicy | None = None,
     verbose: bool | None = None,
     swap_moe: bool = True,
+    swap_attention: bool = True,
+    keep_attention_weights: bool = False,
     cudagraphs: bool | None = None,
     fp8_block_codes: bool | None = None,
     fused_mlp: bool | None = None,
@@ -44,6 +48,15 @@ def optimize(
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
     experts run as grouped GEMMs in the options' precision (planned by Rust for the "experts" role).
 
+    With `swap_attention` (default) every `torch.nn.MultiheadAttention` is replaced, in place and
+    sharing its parameters, by `deepwell.nn.DeepwellMultiheadAttention`, which runs
+    `scaled_dot_product_attention` instead of the explicit softmax that training with the default
+    `need_weights=True` computes; and Hugging Face models configured with eager attention are
+    switched to "sdpa" (nn/attention.py). The one behavioural difference: the swapped modules
+    return `(output, None)` unless a call passes `need_weights=True` explicitly;
+    `keep_attention_weights=True` swaps no attention module (`verbose=True` reports what was
+    swapped and what was kept, and why).
+
     A training shape (`seq_len` with `batch_size`, one process's micro-batch, and/or `global_batch`,
     default batch_size) plans the model up front instead of at its first call: `capture` on a
     made-up (batch_size, seq_len) batch of token ids (token-id models: compiler/engine.py
@@ -54,6 +67,12 @@ def optimize(
         precision=precision, policy=policy, verbose=verbose, cudagraphs=cudagraphs, fp8_block_codes=fp8_block_codes,
         fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes)
     swapped = 0
+    if swap_attention and isinstance(model, torch.nn.Module):
+        # Before torch.compile: Dynamo then traces the SDPA branch, not the explicit one.
+        swap_attention_modules(model, keep_attention_weights=keep_attention_weights)
+        if options.verbose:
+            for line in attention_report(model, keep_attention_weights).lines():
+                print(f"deepwell.optimize: attention: {line}")
     if swap_moe and isinstance(model, torch.nn.Module):
         swapped = swap_hf_moe(model, recipe="auto", policy=options.precision_policy(), verbose=options.verbose)
         if options.verbose and swapped:
@@ -70,29 +89,34 @@ def optimize(
         engine = Engine(ir, options.plan, compiled, options)
         compiled.deepwell_engine = engine  # what deepwell.dryrun reads of an optimize() result
         if options.verbose:
-            print(summary(model, options.plan, swapped))
+            print(summary(model, options.plan, swapped, keep_attention_weights))
     if isinstance(compiled, torch.nn.Module) and any(p.dim() == 2 for p in model.parameters()):
-        _warn_if_nothing_is_planned(compiled, model, swapped if options.verbose and engine is None else None)
+        _warn_if_nothing_is_planned(compiled, model, swapped if options.verbose and engine is None else None,
+                                    keep_attention_weights)
     return compiled
 
 
-def summary(model: torch.nn.Module, plan, swapped: int = 0) -> str:
+def summary(model: torch.nn.Module, plan, swapped: int = 0, keep_attention_weights: bool = False) -> str:
     """What `optimize` did to `model`, by kind: GEMM sites by recipe, MoE blocks, attention."""
     recipes = Counter(s.runs_in for s in plan.sites)
     moe = sum(isinstance(m, DeepwellMoE) for m in model.modules())
-    attention = sum(type(m).__name__.endswith(("Attention", "SelfAttention")) for m in model.modules())
+    report = attention_report(model, keep_attention_weights)
+    # nn.MultiheadAttention (and the drop-in, its subclass) are in the report's lines.
+    other = sum(type(m).__name__.endswith(("Attention", "SelfAttention")) and not isinstance(m, torch.nn.MultiheadAttention)
+                for m in model.modules())
     lines = [
         f"deepwell.optimize: {len(plan.sites)} GEMM sites on parameters (nn.Linear, HF Conv1D, matmuls) planned for "
         f"{plan.arch}: " + ", ".join(f"{n} {r}" for r, n in sorted(recipes.items())),
         f"  MoE blocks: {moe} deepwell.DeepwellMoE" + (f" ({swapped} swapped in from Hugging Face)" if swapped else ""),
-        f"  attention: {attention} modules kept (their projections are GEMM sites above; the attention itself "
-        "stays PyTorch's, e.g. scaled_dot_product_attention)",
-    ]
+    ] + [f"  attention: {line}" for line in report.lines()]
+    if other or not report.lines():
+        lines.append(f"  attention: {other} modules kept (their projections are GEMM sites above; the attention itself "
+                     "stays PyTorch's, e.g. scaled_dot_product_attention)")
     return "\n".join(lines)
 
 
 def _warn_if_nothing_is_planned(compiled: torch.nn.Module, model: torch.nn.Module | None = None,
-                               swapped: int | None = None) -> None:
+                               swapped: int | None = None, keep_attention_weights: bool = False) -> None:
     """Warns once if the first call planned no graph: Dynamo skipped the frame (a graph break
     inside a loop makes it run the whole forward eagerly), so no GEMM runs in low precision. The
     backend itself cannot say so: it is never called for a skipped frame. With `swapped` (verbose),
@@ -107,7 +131,7 @@ def _warn_if_nothing_is_planned(compiled: torch.nn.Module, model: torch.nn.Modul
         if swapped is not None and len(backend.PLANS) > handles["plans"]:
             plans = backend.PLANS[handles["plans"]:]
             merged = dataclasses.replace(plans[-1], sites=[s for p in plans for s in p.sites])
-            print(summary(model, merged, swapped))
+            print(summary(model, merged, swapped, keep_attention_weights))
         if backend.STATS["graphs"] == handles["graphs"]:
             warnings.warn(
                 "deepwell.optimize: the first call compiled no graph, so nothing was planned and the model ran "
