@@ -195,7 +195,7 @@ def test_the_main_job_runs_from_the_wheel(venv, tmp_path):
     smallest = ["--quick", "--steps", "4", "--parity-steps", "0"]
     out = _run([str(python), "-m", "deepwell", *smallest, "--out", "run"], env=env, cwd=tmp_path)
     assert "bit-identical to the first run" in out and "export:" in out, out[-3000:]
-    assert (tmp_path / "run" / "train" / "metrics.jsonl").is_file()
+    assert (tmp_path / "run" / "run-1" / "train" / "metrics.jsonl").is_file()
 
 
 def test_a_subset_of_the_fast_tier_passes_against_the_wheel(venv):
