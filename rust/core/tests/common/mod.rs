@@ -94,3 +94,18 @@ pub fn wide_values(seed: u64, n: usize, specials: bool) -> Vec<f32> {
         })
         .collect()
 }
+
+/// The archs the policy tests name, one per family the planner tells apart.
+pub mod archs {
+    use deepwell_core::policy::Arch;
+
+    pub const HOPPER: Arch = Arch::sm(9, 0);
+    pub const B200: Arch = Arch::sm(10, 0);
+    pub const B300: Arch = Arch::sm(10, 3);
+    pub const RTX5090: Arch = Arch::sm(12, 0);
+    pub const SPARK: Arch = Arch::sm(12, 1);
+    pub const ADA: Arch = Arch::sm(8, 9);
+    pub const A100: Arch = Arch::sm(8, 0);
+    pub const THOR: Arch = Arch::sm(11, 0);
+    pub const CPU: Arch = Arch::CPU;
+}
