@@ -118,6 +118,24 @@ def test_explicit_attention_is_flagged_with_the_fix():
     assert site.why in plan.table()
 
 
+class BmmBlock(nn.Module):
+    """nn.MultiheadAttention's explicit path as F.multi_head_attention_forward writes it (heads folded
+    into the batch): baddbmm(mask, q·scale, kᵀ), softmax, dropout, bmm."""
+
+    def forward(self, q, k, v, mask):
+        scores = torch.baddbmm(mask, q * HEAD_DIM**-0.5, k.transpose(-2, -1))
+        return torch.bmm(F.dropout(F.softmax(scores, dim=-1), p=0.1), v)
+
+
+def test_folded_heads_explicit_attention():
+    q, k, v = (torch.randn(B * HEADS, T, HEAD_DIM) for _ in range(3))
+    (site,) = deepwell.capture(BmmBlock(), (q, k, v, torch.zeros(T, T))).attention
+    assert site.form is Form.EXPLICIT and site.masked and site.dropout
+    assert (site.batch, site.heads, site.batch_heads, site.q_len, site.kv_len, site.head_dim) == (
+        None, None, B * HEADS, T, T, HEAD_DIM)
+    assert site.shape == f"({B * HEADS})x{T}x{T}x{HEAD_DIM}"
+
+
 def test_multihead_attention_explicit_then_sdpa_once_swapped():
     """nn.MultiheadAttention under need_weights=True computes attention explicitly (the fix names the
     swap); DeepwellMultiheadAttention runs SDPA, and torch hands it the causal hint."""

@@ -32,11 +32,13 @@ _MHA_ARGS = ("query", "key", "value", "embed_dim_to_check", "num_heads", "in_pro
 _SOFTMAX = (F.softmax, torch.softmax, torch.Tensor.softmax)
 _MATMULS = (operator.matmul, torch.matmul, torch.bmm, torch.Tensor.matmul, torch.Tensor.bmm)
 _MATMUL_METHODS = ("matmul", "bmm", "__matmul__")
-#: Steps between the scores and the softmax, or the softmax and the PV matmul: (function or method
-#: name, whether it applies a tensor mask when its other operand is a tensor).
+#: Elementwise steps between the scores and the softmax (scale, additive or filled mask); one with a
+#: second tensor operand applies a mask.
 _ELEMENTWISE_FNS = (operator.mul, operator.truediv, operator.add, operator.sub, torch.mul, torch.div, torch.add,
                     torch.where, torch.masked_fill)
 _ELEMENTWISE_METHODS = ("mul", "div", "add", "sub", "masked_fill", "__mul__", "__truediv__", "__add__")
+#: Steps between the scores and the softmax or the softmax and the PV matmul that change no value
+#: but the dtype or the layout (and dropout, matched apart).
 _CASTS = ("to", "float", "half", "bfloat16", "type_as", "type", "contiguous")
 _DROPOUTS = (F.dropout, torch.dropout)
 
@@ -176,7 +178,7 @@ def _scores(softmax: torch.fx.Node) -> tuple[torch.fx.Node, bool] | None:
             node = node.args[0]
         elif _is(node, _ELEMENTWISE_FNS, _ELEMENTWISE_METHODS):
             tensors = [a for a in node.args if _value(a) is not None]
-            same = [a for a in tensors if _value(a).shape == shape]
+            same = [a for a in tensors if _value(a).shape == shape and _value(a).is_floating_point()]
             if not same:
                 return None
             masked |= len(tensors) > 1
@@ -187,18 +189,18 @@ def _scores(softmax: torch.fx.Node) -> tuple[torch.fx.Node, bool] | None:
 
 
 def _pv(softmax: torch.fx.Node) -> torch.fx.Node | None:
-    """The matmul reading the probabilities (as its first operand) through casts and dropout."""
+    """The matmul reading the probabilities (as its first operand) through casts and dropout; other
+    readers (the weights a module also returns) are allowed."""
     node = softmax
     for _ in range(6):
         users = list(node.users)
-        if len(users) != 1:
+        pv = next((u for u in users if _is_matmul(u) and u.args[0] is node), None)
+        if pv is not None:
+            return pv
+        steps = [u for u in users if (_is(u, (), _CASTS) or _is(u, _DROPOUTS, ("dropout",))) and u.args[0] is node]
+        if len(steps) != 1:
             return None
-        user = users[0]
-        if _is_matmul(user) and user.args[0] is node:
-            return user
-        if not (_is(user, (), _CASTS) or _is(user, _DROPOUTS, ("dropout",))) or user.args[0] is not node:
-            return None
-        node = user
+        node = steps[0]
     return None
 
 
@@ -231,12 +233,12 @@ def _explicit(softmax: torch.fx.Node) -> AttentionSite | None:
 
 
 def _chain(start: torch.fx.Node, end: torch.fx.Node) -> list[torch.fx.Node]:
-    """The nodes from `start`'s user to `end`'s input along single users."""
-    nodes, node = [], start
-    while node.users and node is not end:
-        node = next(iter(node.users))
-        if node is not end:
-            nodes.append(node)
+    """The nodes between `start` and `end` along the path `_pv` followed (each the first operand of
+    the next)."""
+    nodes, node = [], end.args[0]
+    while isinstance(node, torch.fx.Node) and node is not start:
+        nodes.append(node)
+        node = node.args[0] if node.args else None
     return nodes
 
 
