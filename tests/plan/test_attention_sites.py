@@ -14,7 +14,7 @@ import deepwell
 from deepwell.compiler import backend
 from deepwell.models import Llama
 from deepwell.nn.attention import swap_attention
-from deepwell.plan.attention import AttentionSite, Form, attention_cost, sdpa_rate
+from deepwell.plan.attention import AttentionSite, Form, attention_cost, decide, sdpa_rate
 
 B, T, HEADS, HEAD_DIM = 2, 24, 4, 16
 DIM = HEADS * HEAD_DIM
@@ -240,3 +240,19 @@ def test_autoplan_scales_attention_to_the_training_shape():
     plan = deepwell.autoplan(ir, seq_len=4096, global_batch=8, arch="sm_90")
     assert all((a.batch, a.q_len, a.kv_len, a.batch_heads) == (8, 4096, 4096, 8 * 4) for a in plan.attention)
     assert [(a.q_len, a.batch) for a in ir.attention] == [(32, 2)] * 2  # the IR keeps the captured shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,seq,head_dim", [(16, 2048, 128), (8, 512, 64)])
+def test_gpu_plan_names_the_kernel_torch_picks(heads, seq, head_dim):
+    """On this GPU, for bf16 causal SDPA: the plan's kernel is the one torch's dispatcher selects for
+    the site's shapes (`torch._fused_sdp_choice` on CUDA tensors of those shapes)."""
+    names = {SDPBackend.CUDNN_ATTENTION: "cuDNN", SDPBackend.FLASH_ATTENTION: "flash",
+             SDPBackend.EFFICIENT_ATTENTION: "memory-efficient", SDPBackend.MATH: "math"}
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    q = torch.randn(2, heads, seq, head_dim, device="cuda", dtype=torch.bfloat16)
+    site = AttentionSite("s", "", Form.SDPA, 2 * heads, seq, seq, head_dim, True, "torch.bfloat16", "cuda:0",
+                         batch=2, heads=heads)
+    decide(site, arch)
+    assert site.kernel == names[SDPBackend(torch._fused_sdp_choice(q, q, q, is_causal=True))], site.why
