@@ -97,8 +97,10 @@ def optimize(
 
 
 def summary(model: torch.nn.Module, plan, swapped: int = 0, keep_attention_weights: bool = False) -> str:
-    """What `optimize` did to `model`, by kind: GEMM sites by recipe, MoE blocks, attention."""
+    """What `optimize` did to `model`, by kind: GEMM sites by recipe, MoE blocks, attention (the
+    plan's attention sites by kernel, and the modules swapped or kept)."""
     recipes = Counter(s.runs_in for s in plan.sites)
+    kernels = Counter(a.kernel for a in plan.attention)
     moe = sum(isinstance(m, DeepwellMoE) for m in model.modules())
     report = attention_report(model, keep_attention_weights)
     # nn.MultiheadAttention (and the drop-in, its subclass) are in the report's lines.
@@ -108,6 +110,8 @@ def summary(model: torch.nn.Module, plan, swapped: int = 0, keep_attention_weigh
         f"deepwell.optimize: {len(plan.sites)} GEMM sites on parameters (nn.Linear, HF Conv1D, matmuls) planned for "
         f"{plan.arch}: " + ", ".join(f"{n} {r}" for r, n in sorted(recipes.items())),
         f"  MoE blocks: {moe} deepwell.DeepwellMoE" + (f" ({swapped} swapped in from Hugging Face)" if swapped else ""),
+        f"  attention sites: {len(plan.attention)}" + (" (not rewritten: torch runs them) by kernel: " if kernels else "")
+        + ", ".join(f"{n} {k}" for k, n in sorted(kernels.items())),
     ] + [f"  attention: {line}" for line in report.lines()]
     if other or not report.lines():
         lines.append(f"  attention: {other} modules kept (their projections are GEMM sites above; the attention itself "
@@ -130,7 +134,8 @@ def _warn_if_nothing_is_planned(compiled: torch.nn.Module, model: torch.nn.Modul
             h.remove()
         if swapped is not None and len(backend.PLANS) > handles["plans"]:
             plans = backend.PLANS[handles["plans"]:]
-            merged = dataclasses.replace(plans[-1], sites=[s for p in plans for s in p.sites])
+            merged = dataclasses.replace(plans[-1], sites=[s for p in plans for s in p.sites],
+                                         attention=[a for p in plans for a in p.attention])
             print(summary(model, merged, swapped, keep_attention_weights))
         if backend.STATS["graphs"] == handles["graphs"]:
             warnings.warn(

@@ -7,6 +7,8 @@ without `import deepwell`. For each graph Dynamo captures it
    name and type, role, in/out features and tokens per call;
 2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options)
    and writes each site's strategy into the plan (`Site.codes`, from `CompileOptions.codes_for`);
+   lists the graph's attention in the plan (`Plan.attention`, compiler/attention.py: what torch runs
+   each with, and why; attention is not rewritten);
 3. rewrites the sites whose recipe is not bf16 into the op their strategy names
    (`torch.ops.deepwell.scaled_linear`, or the recipe's `*_linear_from_codes` / `*_linear_from_rows`
    on x's codes; autograd registered: the backward GEMMs follow the same recipe), leaving bf16
@@ -45,6 +47,7 @@ from ..ops.fp8_tensor import amax_of
 from ..plan.memory import partitioner_options
 from ..plan.options import CompileOptions, Fallback
 from ..plan.sites import Codes, Plan, Site, plan_sites, role_of
+from .attention import capture_attention, dotted
 from .fuse_mlp import fuse_mlp
 from .graph_ops import GraphOps
 
@@ -154,16 +157,8 @@ def hf_moe_blocks(gm: torch.fx.GraphModule) -> list[str]:
     for node in gm.graph.nodes:
         for fqn, kind in node.meta.get("nn_module_stack", {}).values():
             if getattr(kind, "__name__", str(kind).rsplit(".", 1)[-1]) in SUPPORTED:
-                found[_dotted(fqn)] = None
+                found[dotted(fqn)] = None
     return list(found)
-
-
-def _dotted(fqn: str) -> str:
-    """"layers.0.moe" from Dynamo's module path (`L['self'].layers[0].moe`,
-    `L['self']._modules['layers']._modules['0']...`)."""
-    path = re.sub(r"^L\['[^']*'\]\.?", "", fqn)
-    path = re.sub(r"\.?_modules\['([^']+)'\]|\['([^']+)'\]|\[(\d+)\]", lambda m: "." + next(g for g in m.groups() if g), path)
-    return path.lstrip(".")
 
 
 def _warn_hf_moe(gm: torch.fx.GraphModule) -> None:
@@ -375,6 +370,7 @@ def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None =
         plan = plan_sites([g.site for g in found], options.precision_policy(), options.arch)
     for g in found:
         g.site.codes = _codes(g, options)
+    plan.attention = capture_attention(gm, plan.arch)
     return plan, found
 
 

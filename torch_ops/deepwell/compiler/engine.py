@@ -32,6 +32,8 @@ from ..plan.options import CompileOptions
 from ..plan.parallel import check_tensor_degree, plan_parallelism, with_tensor_share
 from ..plan.sites import Plan, Site, plan_sites, role_of
 from . import backend
+from ..plan.attention import AttentionSite, Form, decide
+from .attention import capture_attention
 from .backend import capture_sites
 
 #: The token-id batch `capture` makes up when given no example inputs: (DEFAULT_BATCH, DEFAULT_SEQ),
@@ -51,16 +53,19 @@ class ModuleInfo:
 @dataclass
 class IR:
     """What the planner sees of a model: its GEMM sites in graph order (from the same Dynamo capture
-    the backend uses) and its modules with parameters, each tagged with a role."""
+    the backend uses), its attention sites (kernels decided for the model's device) and its modules
+    with parameters, each tagged with a role."""
 
     model: torch.nn.Module = field(repr=False)
     example_inputs: tuple = field(repr=False)
     sites: list[Site] = field(default_factory=list)
     modules: list[ModuleInfo] = field(default_factory=list)
     graphs: int = 0
+    attention: list[AttentionSite] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"IR: {len(self.sites)} GEMM sites in {self.graphs} graph(s), {len(self.modules)} modules with parameters"]
+        lines = [f"IR: {len(self.sites)} GEMM sites and {len(self.attention)} attention sites in {self.graphs} graph(s), "
+                 f"{len(self.modules)} modules with parameters"]
         lines.append(f"{'site':<36} {'role':<9} {'type':<10} {'in':>6} {'out':>6} {'tokens':>7}")
         for s in self.sites:
             lines.append(f"{s.name:<36} {s.role:<9} {s.module_type:<10} {s.in_features:>6} {s.out_features:>6} {s.tokens:>7}")
@@ -68,6 +73,8 @@ class IR:
         for m in self.modules:
             shapes = ", ".join(f"{k} {list(v[0])}" for k, v in m.params.items())
             lines.append(f"{m.name:<36} {m.role:<9} {m.type:<14} {shapes}")
+        for a in self.attention:
+            lines.append(f"attention {a.name or '<model>'}: {a.form.value} {a.shape}{' causal' if a.causal else ''} {a.dtype}")
         return "\n".join(lines)
 
 
@@ -102,10 +109,13 @@ def capture(model: torch.nn.Module, example_inputs: tuple | None = None, *, seq_
     elif seq_len is not None or batch_size is not None:
         raise ValueError("deepwell.capture: seq_len / batch_size shape made-up inputs: give them or example_inputs, not both")
     ir = IR(model, tuple(example_inputs))
+    params = list(model.parameters())
+    arch = device_arch(params[0].device) if params else "cpu"
 
     def recorder(gm, inputs, **kw):
         ir.graphs += 1
         ir.sites.extend(g.site for g in capture_sites(gm))
+        ir.attention.extend(capture_attention(gm, arch))
         return gm.forward
 
     torch._dynamo.reset()
@@ -185,7 +195,29 @@ def autoplan(
         plan.sharding["reason"] += f"; {why}"
     plan.moe = moe_plan
     plan.seq_len, plan.global_batch = seq_len, global_batch
+    plan.attention = _attention_at(ir, plan.arch, seq_len, global_batch)
     return plan
+
+
+def _captured_shape(example_inputs: tuple) -> tuple[int, int] | None:
+    """(batch, sequence) of the captured call: the first tensor input's first two sizes (token ids
+    (B, T), or activations (B, T, D))."""
+    first = next((x for x in example_inputs if isinstance(x, torch.Tensor)), None)
+    return (int(first.shape[0]), int(first.shape[1])) if first is not None and first.dim() >= 2 else None
+
+
+def _attention_at(ir: IR, arch: str, seq_len: int | None, global_batch: int | None) -> list[AttentionSite]:
+    """The IR's attention sites for a plan on `arch`: at the training shape (seq_len, global_batch)
+    where given (`AttentionSite.at_shape`, as the GEMMs' tokens), SDPA kernels decided for `arch`."""
+    captured = _captured_shape(ir.example_inputs)
+    sites = []
+    for s in ir.attention:
+        if seq_len and global_batch and captured:
+            s = s.at_shape(captured, (global_batch, seq_len))
+        else:
+            s = dataclasses.replace(s)
+        sites.append(decide(s, arch) if s.form is Form.SDPA else s)
+    return sites
 
 
 def _moe_plan(model: torch.nn.Module, moe: Mapping | None) -> dict | None:

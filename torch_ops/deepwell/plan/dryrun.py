@@ -34,7 +34,11 @@ recipes at their block-scaled rates, emulated ones as bf16 GEMMs plus dequantiza
 quantizers' bytes (activations, gradients, and the weight twice: for fprop and for dgrad) and
 everything else approximated as the memory traffic of the saved activations (read once, written
 once) at copy bandwidth. Rates: measured on an H100 for Hopper, the B200 datasheet for Blackwell,
-Hopper's (labelled as borrowed) elsewhere.
+Hopper's (labelled as borrowed) elsewhere. Attention (the plan's attention sites, plan/attention.py
+`attention_cost`): a fused site's FLOPs at torch SDPA's rate measured on an H200 (Hopper's, borrowed,
+elsewhere), an explicit one's matmuls as bf16 GEMMs plus its probabilities' traffic; the same in
+both plans (attention stays torch's). Its saved tensors (outputs and logsumexp; an explicit site's
+probabilities) are part of the measured activations; the estimate shows their share, not added again.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from .. import _native
 from ..distributed.copy_engine import staging_bytes, unit_params
 from ..distributed.fp8_all_gather import gathered_bytes
 from ..distributed.units import nbytes, plan_units
+from .attention import attention_cost
 from .memory import codes_of, saved_activation_bytes
 
 if TYPE_CHECKING:  # the engine is the compiler's, a layer above: only its type is read here
@@ -71,6 +76,12 @@ class Estimate:
     loss: int = 0
     #: The copy-engine collectives' staging buffers (0 on the process group's collectives).
     staging: int = 0
+    #: The attention sites' time (in step_ms and bf16_step_ms both), their count, what they save for
+    #: the backward (part of `activations`) and where their rates come from.
+    attention_ms: float = 0.0
+    attention_sites: int = 0
+    attention_bytes: int = 0
+    attention_from: str = ""
 
     @property
     def peak_bytes(self) -> int:
@@ -111,7 +122,15 @@ class Estimate:
                 + (f", copy-engine staging {gib(self.staging)}" if self.staging else ""),
                 f"predicted step {self.step_ms:.2f} ms vs {self.bf16_step_ms:.2f} ms in bf16: {self.speedup:.2f}x ({self.rates_from})",
             ]
+            + ([f"attention: {self.attention_sites} sites, {self.attention_ms:.2f} ms of the step "
+                f"({100 * self.attention_share:.1f}%), {gib(self.attention_bytes)} of the activations ({self.attention_from})"]
+               if self.attention_sites else [])
         )
+
+    @property
+    def attention_share(self) -> float:
+        """Attention's fraction of the predicted step."""
+        return self.attention_ms / self.step_ms if self.step_ms else 0.0
 
 
 def _local(p):
@@ -191,6 +210,10 @@ def dryrun(engine: Engine) -> Estimate:
         for s in plan.sites
     ]
     cost = _native.call("step_cost", {"arch": plan.arch, "sites": sites, "other_bytes": 2 * activations}, "deepwell.dryrun")
+    attention = attention_cost(plan.attention, plan.arch)
+    # Saved bytes at the captured micro-batch's shapes, as the activations are measured; one rank's
+    # heads under tensor parallelism.
+    attention_bytes = sum(a.saved_bytes() for a in getattr(engine.ir, "attention", [])) // tensor
     return Estimate(
         weights=share,
         gradients=share,
@@ -199,10 +222,14 @@ def dryrun(engine: Engine) -> Estimate:
         quantized_weights=quantized,
         transient=2 * largest,
         loss=_loss_bytes(output),
-        step_ms=cost["step_ms"],
-        bf16_step_ms=cost["bf16_step_ms"],
+        step_ms=cost["step_ms"] + attention.ms,
+        bf16_step_ms=cost["bf16_step_ms"] + attention.ms,
         rates_from=f"{cost['rates_from']}; plan for {plan.arch}",
         gathered=gathered,
         ranks=ranks,
         staging=staging,
+        attention_ms=attention.ms,
+        attention_sites=attention.sites,
+        attention_bytes=attention_bytes,
+        attention_from=attention.rates_from,
     )

@@ -1,6 +1,8 @@
 """The plan: one decision per GEMM site of a captured graph (recipe, each pass's GEMM kernel, and
 why), made by the Rust planner (rust/core/src/policy, through the `policy_decide` entry of
-rust/ops/src/capi.rs) from the sites, the device and the user's policy. Printable as a table (`verbose=True` or DEEPWELL_PRINT_PLAN=1)."""
+rust/ops/src/capi.rs) from the sites, the device and the user's policy, and the graph's attention
+sites with the kernel torch runs each with (plan/attention.py; listed, not rewritten). Printable as
+a table (`verbose=True` or DEEPWELL_PRINT_PLAN=1)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from enum import Enum
 
 from ..core.policy import LayerDecision, LayerInfo, PrecisionPolicy
 from ..core.recipes import current_arch, device_arch, role_of  # noqa: F401  (role_of: the planner's roles)
+from .attention import AttentionSite
 
 
 class Codes(str, Enum):
@@ -65,6 +68,8 @@ class Plan:
     arch: str
     policy: PrecisionPolicy
     sites: list[Site] = field(default_factory=list)
+    #: The graphs' attention, in graph order: what torch runs each with (not rewritten).
+    attention: list[AttentionSite] = field(default_factory=list)
     #: Parallel degrees (single GPU: all 1) and the training shape the plan was made for.
     parallelism: dict = field(default_factory=lambda: {"data": 1, "tensor": 1, "pipeline": 1, "expert": 1})
     #: How the degrees are applied: {fsdp, reshard_after_forward, sm_carveout, unit_blocks,
@@ -77,13 +82,15 @@ class Plan:
     def table(self) -> str:
         """One row per site. A reason that several sites share is printed once, under the table, and
         its rows name it by a key ([a], [b], ...): a 29-site model repeats one long reason otherwise."""
-        rows = [f"deepwell plan for {self.arch} (precision={self.policy.precision}): {len(self.sites)} GEMM sites"]
+        rows = [f"deepwell plan for {self.arch} (precision={self.policy.precision}): {len(self.sites)} GEMM sites"
+                + (f", {len(self.attention)} attention sites" if self.attention else "")]
         if self.sharding:
             rows.append(f"parallel: data {self.parallelism['data']} x tensor {self.parallelism['tensor']}: {self.sharding['reason']}")
         reasons = [_shown_reason(s) for s in self.sites]
-        counts = Counter(reasons)
+        whys = [a.why for a in self.attention]
+        counts = Counter(reasons + whys)
         keys = {}
-        for r in reasons:
+        for r in reasons + whys:
             if counts[r] > 1 and r not in keys:
                 keys[r] = f"[{_key(len(keys))}]"
         rows.append(f"{'site':<36} {'role':<9} {'in x out':>13} {'recipe':<17} {'fprop kernel':<48} reason")
@@ -93,6 +100,11 @@ class Plan:
             emu = " (emulated)" if d and d.emulated else ""
             shape = f"{s.in_features}x{s.out_features}"
             rows.append(f"{s.name:<36} {s.role:<9} {shape:>13} {s.runs_in + emu:<17} {fprop[:48]:<48} {keys.get(reason, reason)}")
+        if self.attention:
+            rows.append(f"{'attention site':<36} {'causal':<6} {'B x H x Tq x Tk x D':>22} {'dtype':<9} {'kernel':<36} why")
+        for a in self.attention:
+            dtype = a.dtype.replace("torch.", "")
+            rows.append(f"{a.name or '<model>':<36} {'yes' if a.causal else 'no':<6} {a.shape:>22} {dtype:<9} {a.kernel[:36]:<36} {keys.get(a.why, a.why)}")
         for reason, key in keys.items():
             rows.append(f"{key} ({counts[reason]} sites): {reason}")
         return "\n".join(rows)
@@ -126,6 +138,7 @@ class Plan:
                 }
                 for s in self.sites
             ],
+            "attention": [a.to_dict() for a in self.attention],
         }
 
 
