@@ -22,16 +22,30 @@ from enum import Enum
 
 from ..core.policy import PrecisionPolicy
 from ..core.recipes import Recipe, arch_name, names as recipe_names, precision_name
+from ..nn.guardrails import GuardrailConfig
 from .sites import Codes, Plan
 
 
 class Fallback(str, Enum):
-    """What a fixed plan does for a GEMM site it does not name."""
+    """What happens to a GEMM site that cannot run its planned recipe: one a fixed plan does not
+    name (found when compiling), or a quantized one whose guardrail sees a non-finite input or
+    output, or an amax of NaN or Inf (found while training: the run-time guard of
+    compiler/guard.py, every `CompileOptions.guardrails.interval` calls, without a host sync).
 
-    #: the site runs bf16 (the model's own GEMM).
+    | fallback | a site the fixed plan lacks | a site whose guardrail trips |
+    |---|---|---|
+    | "safe" (default) | runs bf16 | runs bf16 from then on, with a warning and its record |
+    | "error" | compiling raises | the call reading its statistics raises RuntimeError |
+    | "none" | compiling raises | nothing is watched: no statistics, no cost |
+    """
+
+    #: the site runs bf16 (the model's own GEMM); a tripped guardrail falls back to bf16, as the
+    #: policy promises (docs/DESIGN.md "Precision policy").
     SAFE = "safe"
-    #: compiling the graph raises.
+    #: compiling the graph raises; a tripped guardrail raises.
     ERROR = "error"
+    #: compiling the graph raises; no run-time guardrail (the sites run as planned, whatever their values).
+    NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -46,8 +60,13 @@ class CompileOptions:
     policy: PrecisionPolicy | None = None
     #: a fixed plan (`deepwell.autoplan`): sites are looked up by name instead of planned.
     plan: Plan | None = None
-    #: what a fixed plan does for a site it lacks.
+    #: what a site that cannot run its recipe does: one a fixed plan lacks, or one whose run-time
+    #: guardrail trips (`Fallback`: "safe" bf16, "error" raise, "none" no guardrail).
     fallback: Fallback = Fallback.SAFE
+    #: the run-time guardrails' statistics interval (calls of a graph between two observed calls;
+    #: default 16) and saturation threshold, when `fallback` is not "none" (a dict of its fields is
+    #: taken too). The observed call costs one reduction of each quantized site's input and output.
+    guardrails: GuardrailConfig = dataclasses.field(default_factory=GuardrailConfig)
     #: plan for this arch ("sm_90", "sm_100", "cpu") instead of the weights' device's.
     arch: str | None = None
     #: print each graph's plan (also DEEPWELL_PRINT_PLAN=1).
@@ -85,7 +104,11 @@ class CompileOptions:
         try:
             object.__setattr__(self, "fallback", Fallback(self.fallback))
         except ValueError:
-            fail("fallback", "'safe' or 'error'", self.fallback)
+            fail("fallback", "'safe', 'error' or 'none'", self.fallback)
+        if isinstance(self.guardrails, Mapping):
+            object.__setattr__(self, "guardrails", GuardrailConfig(**self.guardrails))
+        if not isinstance(self.guardrails, GuardrailConfig):
+            fail("guardrails", "a deepwell.GuardrailConfig (or a dict of its fields)", self.guardrails)
         if self.arch is not None and not isinstance(self.arch, str):
             fail("arch", "an arch name such as 'sm_90' or None", self.arch)
         object.__setattr__(self, "arch", arch_name(self.arch))  # "blackwell-sm100" -> "sm_100"
