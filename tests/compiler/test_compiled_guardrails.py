@@ -213,3 +213,27 @@ def test_the_default_is_the_guarded_safe_fallback():
     assert opts.fallback.value == "safe" and opts.guardrails == deepwell.GuardrailConfig(interval=16)
     assert deepwell.CompileOptions(guardrails=deepwell.GuardrailConfig(interval=4)).guardrails.interval == 4
     assert dw_backend.CompileOptions.of({"fallback": "none"}).fallback.value == "none"
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_statistics_reach_pinned_memory_behind_an_event():
+    torch.manual_seed(7)
+    net = Net().cuda().to(torch.bfloat16)
+    model = _compiled(net, guardrails={"interval": 2})
+    x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
+    model(x), model(x)  # call 2 observed
+    (g,) = guard.graphs_of(net)
+    call, host, event, rows = g._pending
+    assert call == 2 and host.device.type == "cpu" and host.is_pinned() and event is not None and rows == ["a", "b"]
+    torch.cuda.synchronize()
+    assert g.poll() == [] and g._pending is None
+    with torch.no_grad():
+        net.a.weight[0, 0] = math.inf
+    with pytest.warns(UserWarning, match="'a' falls back"):
+        for _ in range(4):  # calls 3-6: 4 observes the inf, 6 reads it
+            model(x)
+            torch.cuda.synchronize()
+    assert _running(net) == {"a.weight": "bf16", "b.weight": "mxfp8"}
+    with torch.no_grad():
+        net.a.weight[0, 0] = 0.0
+    assert torch.isfinite(model(x)).all()

@@ -14,7 +14,11 @@ without `import deepwell`. For each graph Dynamo captures it
    `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
    letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
-   the backward instead of saving them (`plan.memory.partitioner_options`).
+   the backward instead of saving them (`plan.memory.partitioner_options`);
+5. under `fallback="safe"` or `"error"` (option `guardrails`: the interval), returns for a graph
+   with quantized sites a `compiler.guard.GuardedGraph` around that compilation: statistics of the
+   sites every N calls from an observed twin compiled at the first of them, a per-site fallback to
+   bf16 (or an error) when the Rust rule trips, the graph then planned and compiled again.
 
 Options: a `deepwell.CompileOptions` (plan/options.py: each option, its default and why), or a
 dict of its fields, as `torch.compile(..., options=...)` or through `deepwell.optimize(model, ...)`.

@@ -57,6 +57,11 @@ _VERSION = [0]
 GRAPHS: weakref.WeakSet = weakref.WeakSet()
 
 
+def version() -> int:
+    """Changes whenever a compiled site's running recipe changes (a fallback, a restored checkpoint)."""
+    return _VERSION[0]
+
+
 def site_stats(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """float64 [input_nonfinite, output_nonfinite, amax_input, amax_output] of one site's call (a
     graph node of the observed variant; amax NaN-propagating, as the rule expects)."""
@@ -156,7 +161,7 @@ class GuardedGraph:
         self.poll()
         if self.version != _VERSION[0]:
             self._sync()
-        if not self.watching:
+        if not self.watching or self._pending is not None:  # statistics still on their way: read them next time
             return self.plain(*args)
         if self.observed is None:
             _, self.observed, _, self.rows = self._build(True)

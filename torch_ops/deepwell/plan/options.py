@@ -11,6 +11,11 @@ Each site's strategy (`Codes`: does its input reach the backward as x, as saved 
 codes the backward makes again) follows from the site's recipe and tokens and these options by one
 rule, `CompileOptions.codes_for`; the backend writes it into the plan (`Site.codes`) before
 rewriting, and the FX rewrite and dryrun only read it.
+
+`fallback` also decides the run-time guardrails of the compiled quantized sites (compiler/guard.py):
+"safe", the default, watches every quantized site every `guardrails.interval` calls and runs a site
+whose input or output goes non-finite in bf16 from then on, which is what the precision policy
+promises (docs/DESIGN.md "Precision policy"); "none" compiles with no guard at all.
 """
 
 from __future__ import annotations
@@ -63,9 +68,12 @@ class CompileOptions:
     #: what a site that cannot run its recipe does: one a fixed plan lacks, or one whose run-time
     #: guardrail trips (`Fallback`: "safe" bf16, "error" raise, "none" no guardrail).
     fallback: Fallback = Fallback.SAFE
-    #: the run-time guardrails' statistics interval (calls of a graph between two observed calls;
-    #: default 16) and saturation threshold, when `fallback` is not "none" (a dict of its fields is
-    #: taken too). The observed call costs one reduction of each quantized site's input and output.
+    #: the run-time guardrails' statistics interval, when `fallback` is not "none": a graph's
+    #: quantized sites are observed every `interval` calls of it (default 16; a dict of the fields
+    #: is taken too). An observed call costs one reduction of each quantized site's input and
+    #: output; the calls between cost nothing measurable. Its `saturation_threshold` is
+    #: deepwell.Linear's: the backend's recipes derive each scale from the current amax, so no
+    #: compiled site clips (compiler/guard.py).
     guardrails: GuardrailConfig = dataclasses.field(default_factory=GuardrailConfig)
     #: plan for this arch ("sm_90", "sm_100", "cpu") instead of the weights' device's.
     arch: str | None = None
@@ -106,6 +114,9 @@ class CompileOptions:
         except ValueError:
             fail("fallback", "'safe', 'error' or 'none'", self.fallback)
         if isinstance(self.guardrails, Mapping):
+            known = {f.name for f in dataclasses.fields(GuardrailConfig)}
+            if set(self.guardrails) - known:
+                fail("guardrails", f"a deepwell.GuardrailConfig (or a dict of {', '.join(sorted(known))})", self.guardrails)
             object.__setattr__(self, "guardrails", GuardrailConfig(**self.guardrails))
         if not isinstance(self.guardrails, GuardrailConfig):
             fail("guardrails", "a deepwell.GuardrailConfig (or a dict of its fields)", self.guardrails)
