@@ -237,3 +237,26 @@ def test_on_the_gpu_the_statistics_reach_pinned_memory_behind_an_event():
     with torch.no_grad():
         net.a.weight[0, 0] = 0.0
     assert torch.isfinite(model(x)).all()
+
+
+def test_a_graph_with_symbolic_shapes_stays_symbolic_after_a_fallback():
+    """The later compilations run on the graph's fake inputs in Dynamo's tracing context: the
+    re-planned graph serves every token count, without recompiling."""
+    torch.manual_seed(8)
+    net = Net()
+    torch._dynamo.reset()
+    model = torch.compile(net, backend="deepwell", dynamic=True, options={"policy": POLICY, "guardrails": {"interval": 1}})
+    with torch.no_grad():
+        net.a.weight[0, 0] = math.inf
+        with pytest.warns(UserWarning, match="'a' falls back"):
+            for rows in (32, 64):
+                model(torch.randn(rows, D))
+        net.a.weight[0, 0] = 0.0
+        (g,) = guard.graphs_of(net)
+        plain = g.plain
+        for rows in (32, 96, 160):
+            x = torch.randn(rows, D)
+            h = torch.relu(net.inp(x))
+            want = net.out(net.a(h) + torch.ops.deepwell.scaled_linear(h, net.b.weight, net.b.bias, "mxfp8", None))
+            torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+    assert guard.graphs_of(net) == [g] and g.plain is plain and g.forced == {"a"}
