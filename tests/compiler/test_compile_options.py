@@ -33,7 +33,9 @@ def test_defaults_live_in_one_place():
         ("precision", "fp9", "one of auto, mxfp8"),
         ("precision", "fp8_block@sm_90", "one of auto"),
         ("precision", 8, "one of auto"),
-        ("fallback", "maybe", "'safe' or 'error'"),
+        ("fallback", "maybe", "'safe', 'error' or 'none'"),
+        ("guardrails", {"intervall": 2}, "a deepwell.GuardrailConfig"),
+        ("guardrails", None, "a deepwell.GuardrailConfig"),
         ("fused_mlp", 1, "a bool"),
         ("cudagraphs", "yes", "a bool"),
         ("policy", {"precision": "mxfp8"}, "a deepwell.PrecisionPolicy"),
@@ -55,6 +57,7 @@ def test_unknown_keys_are_refused_with_the_known_ones():
 
 def test_fallback_takes_its_spelling():
     assert CompileOptions(fallback="error").fallback is Fallback.ERROR
+    assert CompileOptions(fallback="none").fallback is Fallback.NONE
 
 
 def test_replace_keeps_what_is_none():

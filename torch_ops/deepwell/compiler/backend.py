@@ -16,7 +16,11 @@ without `import deepwell`. For each graph Dynamo captures it
    `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
    letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
-   the backward instead of saving them (`plan.memory.partitioner_options`).
+   the backward instead of saving them (`plan.memory.partitioner_options`);
+5. under `fallback="safe"` or `"error"` (option `guardrails`: the interval), returns for a graph
+   with quantized sites a `compiler.guard.GuardedGraph` around that compilation: statistics of the
+   sites every N calls from an observed twin compiled at the first of them, a per-site fallback to
+   bf16 (or an error) when the Rust rule trips, the graph then planned and compiled again.
 
 Options: a `deepwell.CompileOptions` (plan/options.py: each option, its default and why), or a
 dict of its fields, as `torch.compile(..., options=...)` or through `deepwell.optimize(model, ...)`.
@@ -25,12 +29,15 @@ A graph break splits the model into graphs planned separately (each has its own 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 import re
 import time
 import warnings
+import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +54,7 @@ from ..ops.fp8_tensor import amax_of
 from ..plan.memory import partitioner_options
 from ..plan.options import CompileOptions, Fallback
 from ..plan.sites import Codes, Plan, Site, plan_sites, role_of
+from . import guard
 from .attention import capture_attention, dotted
 from .fuse_mlp import fuse_mlp
 from .graph_ops import GraphOps
@@ -71,6 +79,8 @@ class Gemm:
     bias: object
     #: the parameter is (in, out) (`x @ w`): scaled_linear gets its transpose.
     weight_is_k_by_n: bool = False
+    #: (x, y): the nodes of the site's input and of the deepwell op computing it, once rewritten.
+    rewritten: tuple | None = None
 
 
 def _module_path(source_name: str) -> tuple[str, str] | None:
@@ -266,6 +276,7 @@ def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
                 codes = codes_of[key]
             new = _linear_call(gm.graph, g, x, w, bias, codes)
         new.meta = dict(g.node.meta)
+        g.rewritten = (x, new)
         g.node.replace_all_uses_with(new)
         replaced[g.node] = new
         operands = list(g.node.args)
@@ -360,8 +371,10 @@ def _notice_nothing_quantized(plan: Plan, options: CompileOptions) -> None:
                   "see the plan with options={'verbose': True} or DEEPWELL_PRINT_PLAN=1", NothingQuantized, stacklevel=2)
 
 
-def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None = None) -> tuple[Plan, list]:
-    """The plan of one captured graph, each site's strategy included (no rewriting)."""
+def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None = None,
+               forced: Callable[[Gemm], LayerDecision | None] | None = None) -> tuple[Plan, list]:
+    """The plan of one captured graph, each site's strategy included (no rewriting). `forced(g)`,
+    called on each planned site, may replace its decision (the guardrails' fallbacks)."""
     options = CompileOptions.of(options)
     found = capture_sites(gm)
     if options.plan is not None:
@@ -369,31 +382,19 @@ def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None =
     else:
         plan = plan_sites([g.site for g in found], options.precision_policy(), options.arch)
     for g in found:
+        decision = forced(g) if forced is not None else None
+        if decision is not None:
+            g.site.decision = decision
         g.site.codes = _codes(g, options)
     plan.attention = capture_attention(gm, plan.arch)
     return plan, found
 
 
-def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | dict | None = None, **kwargs):
-    """The Dynamo backend (see the module docs)."""
+def _compile_fx(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions, rewritten: int):
+    """Inductor on the rewritten graph, with the options' Inductor settings."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    options = CompileOptions.of(options)
-    start = time.perf_counter()
-    plan, found = plan_graph(gm, options)
-    _warn_hf_moe(gm)
-    _warn_unused_precision(plan, options)
-    _notice_nothing_quantized(plan, options)
-    rewritten = rewrite(gm, found)
-    fused = fuse_mlp(gm) if options.fused_mlp else 0
-    STATS["graphs"] += 1
-    STATS["planning_s"] += time.perf_counter() - start
-    STATS["fused_mlps"] += fused
-    PLANS.append(plan)
-    if options.verbose or _env.print_plan():
-        print(plan.table())
-        print(f"deepwell backend: {rewritten} GEMM sites rewritten; {fused} SwiGLU MLP(s) fused into fp8_block_swiglu_mlp")
     # CUDA graphs take away the host's cost per op (deepwell's ops cost 21-87 us each on the host;
     # docs/DESIGN.md "Data flow of"). Their warm-up runs
     # allocate from the graphs' private pool, where a weight cache entry would be a live tensor the
@@ -405,6 +406,71 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
         inductor["post_grad_custom_post_pass"] = GraphOps(inductor_config.post_grad_custom_post_pass)
     with torch._functorch.config.patch(partitioner_options(rewritten)):
         return compile_fx(gm, example_inputs, config_patches=inductor)
+
+
+def _report(plan: Plan, rewritten: int, fused: int, options: CompileOptions) -> None:
+    PLANS.append(plan)
+    if options.verbose or _env.print_plan():
+        print(plan.table())
+        print(f"deepwell backend: {rewritten} GEMM sites rewritten; {fused} SwiGLU MLP(s) fused into fp8_block_swiglu_mlp")
+
+
+def _guard_hook(gm: torch.fx.GraphModule, example_inputs, records: dict) -> Callable:
+    """`plan_graph`'s `forced` for a guarded graph: each quantized site's record (by its weight
+    parameter, held weakly), into `records`, and bf16 for the sites whose guardrail fell back."""
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    weights = {name: weakref.ref(t) for name, t in zip(placeholders, example_inputs) if isinstance(t, torch.Tensor)}
+
+    def forced(g: Gemm) -> LayerDecision | None:
+        ref = weights.get(g.weight.name) if isinstance(g.weight, torch.fx.Node) else None
+        record = guard.record_for(ref() if ref is not None else None, g.site.name, g.site.decision or LayerDecision("bf16", False, "", ""))
+        if record is None:
+            return None
+        records[g.site.name] = record
+        return guard.fallback_decision(record) if guard.fallen_back(record) else None
+
+    return forced
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | dict | None = None, **kwargs):
+    """The Dynamo backend (see the module docs)."""
+    options = CompileOptions.of(options)
+    start = time.perf_counter()
+    guarded = options.fallback is not Fallback.NONE
+    original = copy.deepcopy(gm) if guarded else None  # what a guarded graph's later compilations start from
+    records: dict = {}
+    forced = _guard_hook(gm, example_inputs, records) if guarded else None
+    plan, found = plan_graph(gm, options, forced)
+    _warn_hf_moe(gm)
+    _warn_unused_precision(plan, options)
+    _notice_nothing_quantized(plan, options)
+    rewritten = rewrite(gm, found)
+    fused = fuse_mlp(gm) if options.fused_mlp else 0
+    STATS["graphs"] += 1
+    STATS["planning_s"] += time.perf_counter() - start
+    STATS["fused_mlps"] += fused
+    _report(plan, rewritten, fused, options)
+    compiled = _compile_fx(gm, example_inputs, options, rewritten)
+    if not records:
+        return compiled
+    context = torch._guards.TracingContext.try_get()
+
+    def build(observed: bool) -> tuple:
+        """A variant compiled later (compiler/guard.py "Compiling later")."""
+        g = copy.deepcopy(original)
+        fakes = [n.meta["example_value"] for n in g.graph.nodes if n.op == "placeholder"]
+        now: dict = {}
+        plan, found = plan_graph(g, options, _guard_hook(original, [w() for w in weights], now))
+        n = rewrite(g, found)
+        fused = fuse_mlp(g) if options.fused_mlp else 0
+        rows = guard.add_stats_output(g, [(f.site.name, *f.rewritten) for f in found if f.rewritten]) if observed else []
+        if not observed:
+            _report(plan, n, fused, options)
+        with torch._guards.tracing(context):
+            return plan, _compile_fx(g, fakes, options, n), now, rows
+
+    weights = [weakref.ref(t) if isinstance(t, torch.Tensor) else (lambda: None) for t in example_inputs]
+    return guard.GuardedGraph(build, options.fallback, options.guardrails, (plan, compiled, records, []))
 
 
 def last_plan() -> Plan | None:

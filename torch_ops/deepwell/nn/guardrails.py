@@ -107,8 +107,15 @@ class LayerRecord:
 _REPORT: dict[str, LayerRecord] = {}
 
 
+def register(record: LayerRecord) -> None:
+    """Lists `record` in `policy_report()` (a deepwell.Linear's, or a compiled GEMM site's:
+    compiler/guard.py), replacing an earlier one of the same name."""
+    _REPORT[record.name] = record
+
+
 def policy_report() -> list[LayerRecord]:
-    """Every guarded layer: its planned recipe and why, the recipe it runs now, and each fallback."""
+    """Every guarded layer and compiled GEMM site: its planned recipe and why, the recipe it runs
+    now, and each fallback."""
     return list(_REPORT.values())
 
 
@@ -129,7 +136,7 @@ class Guardrail:
         self.calls = 0
         self._pending: tuple[int, torch.Tensor, torch.cuda.Event | None] | None = None
         self.record = LayerRecord(name, recipe, reason, recipe)
-        _REPORT[name] = self.record
+        register(self.record)
 
     @property
     def recipe(self) -> str:

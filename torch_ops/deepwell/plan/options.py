@@ -11,6 +11,11 @@ Each site's strategy (`Codes`: does its input reach the backward as x, as saved 
 codes the backward makes again) follows from the site's recipe and tokens and these options by one
 rule, `CompileOptions.codes_for`; the backend writes it into the plan (`Site.codes`) before
 rewriting, and the FX rewrite and dryrun only read it.
+
+`fallback` also decides the run-time guardrails of the compiled quantized sites (compiler/guard.py):
+"safe", the default, watches every quantized site every `guardrails.interval` calls and runs a site
+whose input or output goes non-finite in bf16 from then on, which is what the precision policy
+promises (docs/DESIGN.md "Precision policy"); "none" compiles with no guard at all.
 """
 
 from __future__ import annotations
@@ -22,16 +27,30 @@ from enum import Enum
 
 from ..core.policy import PrecisionPolicy
 from ..core.recipes import Recipe, arch_name, names as recipe_names, precision_name
+from ..nn.guardrails import GuardrailConfig
 from .sites import Codes, Plan
 
 
 class Fallback(str, Enum):
-    """What a fixed plan does for a GEMM site it does not name."""
+    """What happens to a GEMM site that cannot run its planned recipe: one a fixed plan does not
+    name (found when compiling), or a quantized one whose guardrail sees a non-finite input or
+    output, or an amax of NaN or Inf (found while training: the run-time guard of
+    compiler/guard.py, every `CompileOptions.guardrails.interval` calls, without a host sync).
 
-    #: the site runs bf16 (the model's own GEMM).
+    | fallback | a site the fixed plan lacks | a site whose guardrail trips |
+    |---|---|---|
+    | "safe" (default) | runs bf16 | runs bf16 from then on, with a warning and its record |
+    | "error" | compiling raises | the call reading its statistics raises RuntimeError |
+    | "none" | compiling raises | nothing is watched: no statistics, no cost |
+    """
+
+    #: the site runs bf16 (the model's own GEMM); a tripped guardrail falls back to bf16, as the
+    #: policy promises (docs/DESIGN.md "Precision policy").
     SAFE = "safe"
-    #: compiling the graph raises.
+    #: compiling the graph raises; a tripped guardrail raises.
     ERROR = "error"
+    #: compiling the graph raises; no run-time guardrail (the sites run as planned, whatever their values).
+    NONE = "none"
 
 
 @dataclass(frozen=True)
@@ -46,8 +65,16 @@ class CompileOptions:
     policy: PrecisionPolicy | None = None
     #: a fixed plan (`deepwell.autoplan`): sites are looked up by name instead of planned.
     plan: Plan | None = None
-    #: what a fixed plan does for a site it lacks.
+    #: what a site that cannot run its recipe does: one a fixed plan lacks, or one whose run-time
+    #: guardrail trips (`Fallback`: "safe" bf16, "error" raise, "none" no guardrail).
     fallback: Fallback = Fallback.SAFE
+    #: the run-time guardrails' statistics interval, when `fallback` is not "none": a graph's
+    #: quantized sites are observed every `interval` calls of it (default 16; a dict of the fields
+    #: is taken too). An observed call costs one reduction of each quantized site's input and
+    #: output; the calls between cost nothing measurable. Its `saturation_threshold` is
+    #: deepwell.Linear's: the backend's recipes derive each scale from the current amax, so no
+    #: compiled site clips (compiler/guard.py).
+    guardrails: GuardrailConfig = dataclasses.field(default_factory=GuardrailConfig)
     #: plan for this arch ("sm_90", "sm_100", "cpu") instead of the weights' device's.
     arch: str | None = None
     #: print each graph's plan (also DEEPWELL_PRINT_PLAN=1).
@@ -85,7 +112,14 @@ class CompileOptions:
         try:
             object.__setattr__(self, "fallback", Fallback(self.fallback))
         except ValueError:
-            fail("fallback", "'safe' or 'error'", self.fallback)
+            fail("fallback", "'safe', 'error' or 'none'", self.fallback)
+        if isinstance(self.guardrails, Mapping):
+            known = {f.name for f in dataclasses.fields(GuardrailConfig)}
+            if set(self.guardrails) - known:
+                fail("guardrails", f"a deepwell.GuardrailConfig (or a dict of {', '.join(sorted(known))})", self.guardrails)
+            object.__setattr__(self, "guardrails", GuardrailConfig(**self.guardrails))
+        if not isinstance(self.guardrails, GuardrailConfig):
+            fail("guardrails", "a deepwell.GuardrailConfig (or a dict of its fields)", self.guardrails)
         if self.arch is not None and not isinstance(self.arch, str):
             fail("arch", "an arch name such as 'sm_90' or None", self.arch)
         object.__setattr__(self, "arch", arch_name(self.arch))  # "blackwell-sm100" -> "sm_100"

@@ -15,7 +15,7 @@ the model's deepwell.DeepwellMoE blocks built with `expert_bias=True` move towar
 step's token counts (`update_expert_biases`, summed over the processes; torchtitan's optimizer
 hook). Logged to metrics.jsonl every
 `log_every` steps (loss, grad norm, lr, tokens/s), held-out loss every `eval_every` steps and at the
-end, fallbacks of deepwell.Linear guardrails as they happen; checkpoints every `checkpoint_every`
+end, guardrail fallbacks (deepwell.Linear's, compiled sites') as they happen; checkpoints every `checkpoint_every`
 steps and at the end (train/checkpoint.py); loss.png at the end (train/plots.py).
 
 Under torchrun (several processes, the model sharded by deepwell.compile's plan) every batch is a
@@ -73,6 +73,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _native
+from ..compiler import guard
 from ..nn.moe import DeepwellMoE, update_expert_biases
 from ..nn.weight_cache import microbatches
 from . import checkpoint, distributed, plots, sharded, state
@@ -249,6 +250,7 @@ class Trainer(TrainerCheckpoints):
         self.progress = self.progress and main
         self.plot = self.plot and main
         self._events_seen = {}
+        self._sites_version = -1  # compiler/guard.py's _VERSION when the compiled sites' events were last logged
         self.last_checkpoint: Path | None = None
         #: Held while this Trainer runs or saves (rank 0): one writer per checkpoint_dir (train/dirlock.py).
         self._lock = DirectoryLock(self.checkpoint_dir) if self.checkpoint_dir is not None and main else None
@@ -525,9 +527,20 @@ class Trainer(TrainerCheckpoints):
             bar.write(f"step {self.step}: held-out loss {value:.4f}")
 
     def _guardrail_events(self) -> None:
-        """Logs every deepwell.Linear guardrail fallback that happened since the last step."""
+        """Logs every guardrail fallback that happened since the last step: of deepwell.Linear
+        layers, and of compiled GEMM sites (compiler/guard.py; looked for only when a site's
+        running recipe changed in this process)."""
         for name, g in (self._guarded if self._guarded is not None else state.guarded_layers(self.model)).items():
             seen = self._events_seen.get(name, 0)
             for event in g.record.events[seen:]:
                 self.log.write({"step": self.step, "event": "guardrail_fallback", "layer": name, "detail": event, "running": g.recipe})
             self._events_seen[name] = len(g.record.events)
+        if self._sites_version == guard.version():
+            return
+        self._sites_version = guard.version()
+        for name, r in guard.records_of(self.model).items():
+            seen = self._events_seen.get(f"site:{name}", 0)
+            for event in r.events[seen:]:
+                self.log.write({"step": self.step, "event": "guardrail_fallback", "site": r.name, "weight": name, "detail": event,
+                                "running": r.active_recipe})
+            self._events_seen[f"site:{name}"] = len(r.events)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import _native
+from ..compiler import guard
 from . import checkpoint, distributed, sharded, state
 from .schedule import WarmupCosine
 
@@ -34,7 +35,11 @@ class TrainerCheckpoints:
         return parts, meta
 
     def _meta(self, guard_meta: dict) -> dict:
-        """The JSON state both formats share: everything but the model, optimizer and RNG."""
+        """The JSON state both formats share: everything but the model, optimizer and RNG. The
+        compiled sites' guardrail statistics still on their way are read first (the host waits for
+        them), so the fallen-back sites saved are all those the run has seen."""
+        if guard.poll_model(self.model):
+            self._guardrail_events()  # logged at this step, before the checkpoint's record
         plan = getattr(self.engine, "plan", None)
         loader = getattr(self, "_loader", None)
         return {
@@ -52,6 +57,8 @@ class TrainerCheckpoints:
                 "scales": "current scaling: recomputed from each tensor's amax at every call, nothing cached across steps",
                 "sites": {s.name: {"recipe": s.recipe, "runs_in": s.runs_in, "emulated": bool(s.decision and s.decision.emulated)} for s in plan.sites} if plan is not None else {},
                 "guarded_layers": guard_meta,
+                # compiled sites whose guardrail fell back (compiler/guard.py), by weight parameter
+                "site_fallbacks": guard.fallback_state(self.model),
             },
             "versions": {"torch": torch.__version__, "deepwell": _native.version()},
         }
@@ -96,6 +103,10 @@ class TrainerCheckpoints:
         meta = manifest["state"]
         self._check_plan(meta, target)
         state.check_guardrail_state(self.model, meta["quantization"]["guarded_layers"], target)
+        site_fallbacks = meta["quantization"].get("site_fallbacks", {})  # none in a checkpoint from before compiled guardrails
+        if not isinstance(site_fallbacks, dict):
+            raise checkpoint.CheckpointError(f"checkpoint {target}: the manifest's state.quantization.site_fallbacks must be an object: the manifest was edited")
+        guard.restore_fallbacks(self.model, site_fallbacks, f"deepwell.Trainer: checkpoint {target}")
         if meta.get("checkpoint_format", "full") == "sharded":
             parts, rng_meta = sharded.load(self.model, self.optimizer, target, manifest, trust)
         else:
@@ -109,6 +120,7 @@ class TrainerCheckpoints:
         state.load_rng_state(parts["rng"], rng_meta)
         state.load_guardrail_state(self.model, parts.get("guardrails", {}), meta["quantization"]["guarded_layers"], target)
         self._events_seen = {n: len(g.record.events) for n, g in state.guarded_layers(self.model).items()}
+        self._events_seen.update({f"site:{n}": len(r.events) for n, r in guard.records_of(self.model).items()})
         self.step, self.batches_used, self.tokens_seen = meta["step"], meta["batches_used"], meta["tokens_seen"]
         self.history = meta["history"]
         if meta["loader"] is not None and train_data is not None and hasattr(train_data, "load_state_dict"):
