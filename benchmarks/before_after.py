@@ -30,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,7 +80,8 @@ def main() -> None:
     p.add_argument("--before", default=os.path.join(ROOT, ".device", "before"),
                    help="the before tree: torch_ops/, libdeepwell.so, optionally benchmarks/")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/deepwell-out"), help="logs and JSON go here")
+    out = os.environ.get("OUT") or os.path.join(tempfile.gettempdir(), "deepwell-out")  # as device_run.sh's
+    p.add_argument("--out", default=out, help="logs and JSON go here")
     argv = sys.argv[1:]
     ours, args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     a = p.parse_args(ours)  # after '--': the script's arguments
