@@ -185,7 +185,7 @@ def main() -> None:
         # Its forward from codes made beforehand (the backend's layers sharing one input's quantization).
         xr, xc, xs = ops.fp8_tensor_quantize_rowcol(x.detach(), "e4m3")
         with torch.no_grad():
-            fwd = time_ms(lambda: ops.fp8_tensor_linear_from_codes(x, xr, xc, xs, w, None, "fp8_tensor"))
+            fwd = time_ms(lambda: ops.fp8_tensor_linear(x, w, None, "fp8_tensor", xr, xs, xc))
         print(f"{shape:>20} {'fp8_tensor':>10} forward from shared codes: {fwd:.3f} ms")
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_tensor", "fwd_from_codes_ms": fwd})
         _, codes, scale = ops.fp8_tensor_linear(x.detach(), w.detach(), None, "fp8_tensor")
@@ -201,7 +201,7 @@ def main() -> None:
         rows.append({"m": m, "k": k, "n": n, "recipe": "fp8_block_linear", "step_ms": ms, "speedup": base_step / ms})
         codes = ops.fp8_block_quantize_rowcol(x.detach(), True, True)
         with torch.no_grad():
-            fwd = time_ms(lambda: ops.fp8_block_linear_from_codes(x, *codes, w, None, "fp8_block"))
+            fwd = time_ms(lambda: ops.fp8_block_linear(x, w, None, "fp8_block", *codes))
         bwd = time_ms(lambda: ops.fp8_block_linear_backward(dy, codes[2], codes[3], w, "fp8_block", True, True))
         print(f"{shape:>20} {'fp8_block':>10} forward from shared codes: {fwd:.3f} ms, "
               f"backward from the saved codes alone: {bwd:.3f} ms")
@@ -213,17 +213,17 @@ def main() -> None:
         def rows_step(recipe):
             if recipe == "fp8_block":
                 codes, scales = ops.fp8_block_quantize_rowcol(x.detach(), True, True, "rows")[:2]
-                y = ops.fp8_block_linear_from_rows(x, codes, scales, w, None, recipe)
+                y = ops.fp8_block_linear(x, w, None, recipe, codes, scales)[0]
             else:
                 amax = amax_of(x.detach())
                 codes, _, scale = ops.fp8_tensor_quantize_rowcol(x.detach(), "e4m3", amax, "rows")
-                y = ops.fp8_tensor_linear_from_rows(x, codes, scale, w, None, recipe, None, amax)
+                y = ops.fp8_tensor_linear(x, w, None, recipe, codes, scale, x_amax=amax)[0]
             return torch.autograd.grad(y, (x, w), dy)
 
         for recipe in ("fp8_block", "fp8_tensor"):
             ms = time_ms(lambda: rows_step(recipe))
-            print(f"{shape:>20} {recipe + '_linear_from_rows':>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
-            rows.append({"m": m, "k": k, "n": n, "recipe": f"{recipe}_linear_from_rows", "step_ms": ms,
+            print(f"{shape:>20} {recipe + '_linear (row copy)':>36}: {ms:.3f} ms ({base_step / ms:.2f}x bf16)")
+            rows.append({"m": m, "k": k, "n": n, "recipe": f"{recipe}_linear (row copy)", "step_ms": ms,
                          "speedup": base_step / ms})
         # The backward op alone (dgrad + wgrad, the weight quantized in it), for the breakdown.
         bwd = time_ms(lambda: ops.scaled_linear_backward(dy, x, w, "fp8_block", None, True, True))

@@ -81,13 +81,13 @@ def layer_cases(device: str) -> list[tuple[str, object]]:
     tensor = "fp8_tensor" if device == "cuda" else "fp8_tensor@sm_90"
     return [
         ("fp8_tensor_quantize_rowcol", lambda: ops.fp8_tensor_quantize_rowcol(x, "e4m3", x_amax)),
-        ("fp8_tensor_linear_from_codes",
-         lambda: ops.fp8_tensor_linear_from_codes(x, *codes, w, None, tensor)),
+        ("fp8_tensor_linear (codes given)",
+         lambda: ops.fp8_tensor_linear(x, w, None, tensor, codes[0], codes[2], codes[1])),
         ("fp8_tensor_linear_backward", lambda: ops.fp8_tensor_linear_backward(
             dy, codes_t, codes[2], w, tensor, True, True, dy_amax)),
         ("scaled_linear fp8_block", lambda: ops.scaled_linear(x, w, None, block, None)),
         ("scaled_linear_backward fp8_block",
-         lambda: ops.scaled_linear_backward(dy, x, w, block, True, True, None)),
+         lambda: ops.scaled_linear_backward(dy, x, w, block, None, True, True)),
     ]
 
 

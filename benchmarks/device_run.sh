@@ -23,6 +23,9 @@
 #             needs a 2-GPU kind, nvidia-h200-x2; NVLink multicast stays off)
 #   attention benchmarks/bench_attention.py       (an nn.MultiheadAttention transformer's train step: torch.compile
 #             vs deepwell.optimize's SDPA swap; attention-quick: fewer steps and rounds)
+#   before-after-linear / before-after-train  benchmarks/before_after.py: bench_linear.py (--shape 3) or
+#             bench_train_step.py (--quick, no torchao) under .device/before/ (another commit's torch_ops/,
+#             libdeepwell.so and benchmarks/) and this tree, interleaved, 2 rounds each; ~5 / ~8 min
 #   moe-tests the MoE GPU tests (-m gpu; the CPU ones, HF parity included, run in CI against transformers 5.23)
 # Logs and JSON go to $OUT.
 set -uo pipefail
@@ -63,6 +66,9 @@ for step in $steps; do
             quick=; [ "$step" = gemm-quick ] && quick=--quick
             python3 benchmarks/bench_gemm.py $quick 2>&1 | tee "$OUT/bench_gemm.log" || status=1
             cp "$RESULTS"/bench_gemm*.json "$OUT/" 2>/dev/null
+            ;;
+        before-after-linear | before-after-train)
+            python3 benchmarks/before_after.py "${step#before-after-}" --out "$OUT" 2>&1 | tee "$OUT/$step.log" || status=1
             ;;
         gemm-tests)
             python3 -m pytest tests/ops/test_fp8_gemm.py -m gpu -p no:cacheprovider -x -rf 2>&1 | tee "$OUT/gemm_tests.log" | tail -40 || status=1

@@ -70,7 +70,7 @@ def test_the_rewritten_graph_calls_deepwell_ops():
             plan, found = plan_graph(g, {"precision": "fp8_block", "fp8_block_codes": codes})
             rewrite(g, found)
             targets = [n.target for n in g.graph.nodes]
-            seen.append((targets.count(ops.scaled_linear.default), targets.count(ops.fp8_block_linear_from_codes.default)))
+            seen.append((targets.count(ops.scaled_linear.default), targets.count(ops.fp8_block_linear.default)))
         return gm.forward
 
     torch._dynamo.reset()

@@ -82,7 +82,7 @@ def _graph_counts(model, x, **options) -> dict:
         targets = [n.target for n in gm.graph.nodes]
         counts.update(
             mlp=targets.count(ops.fp8_block_swiglu_mlp.default),
-            from_codes=targets.count(ops.fp8_block_linear_from_codes.default),
+            sites=targets.count(ops.fp8_block_linear.default),
             rowcol=targets.count(ops.fp8_block_quantize_rowcol.default),
             silu=targets.count(torch.nn.functional.silu),
         )
@@ -134,12 +134,12 @@ def test_each_mlp_is_one_fused_op_within_fp8_noise_of_the_unfused_graph(gen, mon
     torch._dynamo.reset()
 
     unfused, fused = graphs.values()
-    assert unfused.count(ops.fp8_block_swiglu_mlp.default) == 0 and unfused.count(ops.fp8_block_linear_from_codes.default) == 6
-    assert fused.count(ops.fp8_block_swiglu_mlp.default) == 2 and fused.count(ops.fp8_block_linear_from_codes.default) == 0
+    assert unfused.count(ops.fp8_block_swiglu_mlp.default) == 0 and unfused.count(ops.fp8_block_linear.default) == 6
+    assert fused.count(ops.fp8_block_swiglu_mlp.default) == 2 and fused.count(ops.fp8_block_linear.default) == 0
     assert fused.count(ops.fp8_block_quantize_rowcol.default) == 2 and unfused.count(ops.fp8_block_quantize_rowcol.default) == 4
     assert torch.nn.functional.silu not in fused
     assert calls[True].count("fp8_block_swiglu_mlp") == 2 and calls[True].count("fp8_block_swiglu_mlp_backward") == 2
-    assert "fp8_block_linear_from_codes" not in calls[True] and "fp8_block_swiglu_mlp" not in calls[False]
+    assert "fp8_block_linear" not in calls[True] and "fp8_block_swiglu_mlp" not in calls[False]
 
     names = ["y", "dx", *(n for n, _ in reference.named_parameters())]
     for name, f, u, w in zip(names, got[True], got[False], want):
@@ -149,7 +149,7 @@ def test_each_mlp_is_one_fused_op_within_fp8_noise_of_the_unfused_graph(gen, mon
 
 def test_the_llama_mlps_are_fused_and_their_nodes_erased():
     """deepwell.models.Llama under the plan's defaults (first and last site bf16: neither is an MLP's):
-    one fused op per layer, its three from-codes sites and h's rowcol gone, the attention's kept."""
+    one fused op per layer, its three sites on codes and h's rowcol gone, the attention's kept."""
     torch.manual_seed(0)
     model = Llama(1000, D, 2, 4, FFN, max_seq=128)
     tokens = torch.randint(0, 1000, (2, 128))
@@ -157,7 +157,7 @@ def test_the_llama_mlps_are_fused_and_their_nodes_erased():
     on = _graph_counts(model, tokens, policy=policy)
     off = _graph_counts(model, tokens, policy=policy, fused_mlp=False)
     assert on["fused"] == on["mlp"] == 2 and off["mlp"] == 0
-    assert off["from_codes"] - on["from_codes"] == 3 * 2 and off["rowcol"] - on["rowcol"] == 2
+    assert off["sites"] - on["sites"] == 3 * 2 and off["rowcol"] - on["rowcol"] == 2
     assert on["silu"] == 0 and off["silu"] == 2
 
 
@@ -170,7 +170,7 @@ def test_only_the_pattern_the_op_computes_is_fused(case, gen):
     counts = _graph_counts(model, x)
     fusable = case == "plain"
     assert counts["mlp"] == counts["fused"] == int(fusable)
-    assert counts["from_codes"] == (0 if fusable else 3)
+    assert counts["sites"] == (0 if fusable else 3)
     codes = {"w1": "fp8_block", "w3": "fp8_block", "w2": "fp8_block"}
     assert fused_mlps(model, (x,), codes) == ({("w1", "w3", "w2")} if fusable else set())
 

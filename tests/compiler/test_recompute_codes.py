@@ -162,7 +162,7 @@ def test_optimize_and_compile_pass_the_option_and_the_backend_checks_its_name(mo
 
 
 def test_fused_mlp_leaves_the_row_copy_sites_alone():
-    """`fused_mlp` fuses MLPs whose sites save x's codes (`fp8_block_linear_from_codes`); with
+    """`fused_mlp` fuses MLPs whose sites save x's codes (`fp8_block_linear` given both copies); with
     `recompute_codes` the sites run on row copies and the fused op, which saves its codes, would
     undo the option: nothing is fused (dryrun's `_saved_codes`, empty with the option, fuses none
     either)."""
@@ -172,5 +172,5 @@ def test_fused_mlp_leaves_the_row_copy_sites_alone():
     model = _model("cpu")
     calls = deepwell_calls(lambda: _compiled(model, "fp8_block", recompute_codes=True, fused_mlp=True)(_tokens("cpu")))
     assert backend.STATS["fused_mlps"] == before
-    assert "fp8_block_swiglu_mlp" not in calls and "fp8_block_linear_from_rows" in calls
+    assert "fp8_block_swiglu_mlp" not in calls and "fp8_block_linear" in calls
     torch._dynamo.reset()

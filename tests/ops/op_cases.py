@@ -26,17 +26,23 @@ def _fb(x, *block):
 
 
 def _fbc(x):
-    """x's fp8_block rowcol codes with M-major scales, as fp8_block_linear_from_codes takes them."""
+    """x's fp8_block rowcol codes with M-major scales, as fp8_block_linear takes them (both copies)."""
     return torch.ops.deepwell.fp8_block_quantize_rowcol(x, True, True)
 
 
 def _fbr(x):
-    """x's fp8_block row codes alone, M-major scales, as fp8_block_linear_from_rows takes them."""
+    """x's fp8_block row codes alone, M-major scales, as fp8_block_linear takes them (rows only)."""
     return torch.ops.deepwell.fp8_block_quantize_rowcol(x, True, True, "rows")[:2]
 
 
+def _ftc(x, amax=None):
+    """x's fp8_tensor codes, scale and transposed codes, as fp8_tensor_linear takes them."""
+    rows, cols, scale = torch.ops.deepwell.fp8_tensor_quantize_rowcol(x, "e4m3", amax)
+    return rows, scale, cols
+
+
 def _ftr(x, amax=None):
-    """x's fp8_tensor row codes alone and the scale, as fp8_tensor_linear_from_rows takes them."""
+    """x's fp8_tensor row codes alone and the scale, as fp8_tensor_linear takes them (rows only)."""
     rows, _, scale = torch.ops.deepwell.fp8_tensor_quantize_rowcol(x, "e4m3", amax, "rows")
     return rows, scale
 
@@ -156,23 +162,22 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(3, 64), _x(32, 64, seed=1), None, "mxfp8"), {}),
             ((_p(2, 40, 48), _p(32, 48, seed=1), _p(32, seed=2), "fp8_tensor"), {}),
         ],
+        # Every combination of given operands: none (the op quantizes x), both copies, the row copy
+        # alone; with and without W's and x's amax.
         "fp8_tensor_linear": [
             ((_p(2, 40, 48), _p(32, 48, seed=1), _p(32, seed=2)), {}),
             ((_p(64, 64, dtype=torch.float32), _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90"), {}),
-        ],
-        "fp8_tensor_linear_from_codes": [
-            ((_p(2, 40, 48), *torch.ops.deepwell.fp8_tensor_quantize_rowcol(_x(80, 48)), _p(32, 48, seed=1), _p(32, seed=2)), {}),
-            ((_p(64, 64, dtype=torch.float32), *torch.ops.deepwell.fp8_tensor_quantize_rowcol(_x(64, 64, dtype=torch.float32)),
-              _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90"), {}),
-            ((_p(64, 64, dtype=torch.float32), *torch.ops.deepwell.fp8_tensor_quantize_rowcol(_x(64, 64, dtype=torch.float32)),
-              _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90",
-              amax_of(_x(32, 64, seed=1, dtype=torch.float32))), {}),
-        ],
-        "fp8_tensor_linear_from_rows": [
-            ((_p(2, 40, 48), *_ftr(_x(80, 48)), _p(32, 48, seed=1), _p(32, seed=2)), {}),
-            ((_p(64, 64, dtype=torch.float32), *_ftr(_x(64, 64, dtype=torch.float32), amax_of(_x(64, 64, dtype=torch.float32))),
-              _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90",
-              amax_of(_x(32, 64, seed=1, dtype=torch.float32)), amax_of(_x(64, 64, dtype=torch.float32))), {}),
+            ((_p(64, 64, dtype=torch.float32), _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90"),
+             {"weight_amax": amax_of(_x(32, 64, seed=1, dtype=torch.float32)),
+              "x_amax": amax_of(_x(64, 64, dtype=torch.float32))}),
+            ((_p(2, 40, 48), _p(32, 48, seed=1), _p(32, seed=2), "fp8_tensor", *_ftc(_x(80, 48))), {}),
+            ((_p(64, 64, dtype=torch.float32), _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90",
+              *_ftc(_x(64, 64, dtype=torch.float32)), amax_of(_x(32, 64, seed=1, dtype=torch.float32))), {}),
+            ((_p(2, 40, 48), _p(32, 48, seed=1), _p(32, seed=2), "fp8_tensor", *_ftr(_x(80, 48))), {}),
+            ((_p(64, 64, dtype=torch.float32), _p(32, 64, seed=1, dtype=torch.float32), None, "fp8_tensor@sm_90",
+              *_ftr(_x(64, 64, dtype=torch.float32), amax_of(_x(64, 64, dtype=torch.float32)))),
+             {"weight_amax": amax_of(_x(32, 64, seed=1, dtype=torch.float32)),
+              "x_amax": amax_of(_x(64, 64, dtype=torch.float32))}),
         ],
         "fp8_tensor_linear_backward": [
             ((_x(2, 40, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(2, 40, 48), _x(32, 48, seed=1), None)[1:],
@@ -182,15 +187,16 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(64, 32), *torch.ops.deepwell.fp8_tensor_linear(_x(64, 48), _x(32, 48, seed=2), None)[1:],
               _x(32, 48, seed=2), "fp8_tensor@sm_90", True, True, amax_of(_x(64, 32)), amax_of(_x(32, 48, seed=2))), {}),
         ],
-        "fp8_block_linear_from_codes": [
-            ((_p(2, 128, 256), *_fbc(_x(256, 256)), _p(128, 256, seed=1), _p(128, seed=2)), {}),
-            ((_p(128, 128, dtype=torch.float32), *_fbc(_x(128, 128, dtype=torch.float32)),
-              _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90"), {}),
-        ],
-        "fp8_block_linear_from_rows": [
-            ((_p(2, 128, 256), *_fbr(_x(256, 256)), _p(128, 256, seed=1), _p(128, seed=2)), {}),
-            ((_p(128, 128, dtype=torch.float32), *_fbr(_x(128, 128, dtype=torch.float32)),
-              _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90"), {}),
+        # Every combination of given operands: none (the op quantizes x), both copies, the row copy alone.
+        "fp8_block_linear": [
+            ((_p(2, 128, 256), _p(128, 256, seed=1), _p(128, seed=2)), {}),
+            ((_p(128, 128, dtype=torch.float32), _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90"), {}),
+            ((_p(2, 128, 256), _p(128, 256, seed=1), _p(128, seed=2), "fp8_block", *_fbc(_x(256, 256))), {}),
+            ((_p(128, 128, dtype=torch.float32), _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90",
+              *_fbc(_x(128, 128, dtype=torch.float32))), {}),
+            ((_p(2, 128, 256), _p(128, 256, seed=1), _p(128, seed=2), "fp8_block", *_fbr(_x(256, 256))), {}),
+            ((_p(128, 128, dtype=torch.float32), _p(256, 128, seed=1, dtype=torch.float32), None, "fp8_block@sm_90"),
+             dict(zip(("x_codes", "x_scale_inv"), _fbr(_x(128, 128, dtype=torch.float32))))),
         ],
         "fp8_block_linear_backward": [
             ((_x(2, 128, 128), *_fbc(_x(256, 256))[2:], _x(128, 256, seed=1), "fp8_block", True, True), {}),

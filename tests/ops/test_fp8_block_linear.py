@@ -1,7 +1,8 @@
-"""deepwell.fp8_block_linear / fp8_block_linear_from_codes: scaled_linear in fp8_block on x's two FP8
-copies made by one `fp8_block_quantize_rowcol` pass, saving x's column copy for the backward instead
-of x. Every output and gradient must be bit-identical to scaled_linear(..., "fp8_block") and its
-backward, on every path (emulated, sm_90's native arguments through the CPU model, the GPU), for
+"""deepwell.fp8_block_linear: scaled_linear in fp8_block on x's two FP8 copies made by one
+`fp8_block_quantize_rowcol` pass (by the op, or given; or the row copy alone, the backward making
+the column copy), saving x's column copy for the backward instead of x. Every output and gradient
+must be bit-identical to scaled_linear(..., "fp8_block") and its backward, whichever copies arrive
+made, on every path (emulated, sm_90's native arguments through the CPU model, the GPU), for
 ordinary and extreme inputs; autograd must keep the column codes and their scales, not x; layers
 sharing one quantization must equal separate layers; the backend's `fp8_block_codes` option must
 run its sites that way, each shared input quantized once, and give the eager layers' bits."""
@@ -37,22 +38,24 @@ def _x(shape, case, gen, dtype=torch.bfloat16):
     return x.to(dtype)
 
 
-def _from_rows(x, w, b, recipe):
-    """fp8_block_linear_from_rows on x's row copy (the backward makes the column copy from x)."""
-    rows = ops.fp8_block_quantize_rowcol(x.detach().reshape(-1, x.shape[-1]), True, True, "rows")
-    return ops.fp8_block_linear_from_rows(x, *rows[:2], w, b, recipe)
+def _given(x, w, b, recipe, copies):
+    """fp8_block_linear given x's copies made beforehand: "both", or "rows" (the backward makes the
+    column copy from x)."""
+    codes = ops.fp8_block_quantize_rowcol(x.detach().reshape(-1, x.shape[-1]), True, True, copies)
+    return ops.fp8_block_linear(x, w, b, recipe, *(codes if copies == "both" else codes[:2]))[0]
 
 
 def _both(x, n, recipe, device, gen, bias=True):
-    """(y, dx, dW[, db]) of scaled_linear, of fp8_block_linear and of fp8_block_linear_from_rows,
-    same inputs."""
+    """(y, dx, dW[, db]) of scaled_linear, then of fp8_block_linear quantizing x itself, given both
+    copies and given the row copy alone, same inputs."""
     k = x.shape[-1]
     x = x.to(device)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(x.dtype).to(device)
     b = torch.randn(n, generator=gen).to(x.dtype).to(device) if bias else None
     dy = torch.randn(*x.shape[:-1], n, generator=gen).to(x.dtype).to(device)
-    return linear_runs((lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_block_linear(*a, recipe),
-                        lambda *a: _from_rows(*a, recipe)), x, w, b, dy)
+    runs = (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_block_linear(*a, recipe),
+            lambda *a: _given(*a, recipe, "both"), lambda *a: _given(*a, recipe, "rows"))
+    return linear_runs(runs, x, w, b, dy)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -92,7 +95,7 @@ def test_autograd_keeps_the_column_codes_not_x(gen):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_layers_sharing_one_quantization(device, gen):
-    """Two layers reading one x through fp8_block_linear_from_codes on one rowcol of x: outputs and
+    """Two layers reading one x through fp8_block_linear on one rowcol of x: outputs and
     every gradient (dx summed over both) bit-identical to two scaled_linear calls."""
     x = torch.randn(3, 128, 256, generator=gen).bfloat16().to(device)
     ws = [(torch.randn(n, 256, generator=gen) / 16).bfloat16().to(device) for n in (384, 128)]
@@ -103,7 +106,7 @@ def test_layers_sharing_one_quantization(device, gen):
         wl = [w.clone().requires_grad_() for w in ws]
         if shared:
             codes = ops.fp8_block_quantize_rowcol(xl.detach().reshape(-1, 256), True, True)
-            ys = [ops.fp8_block_linear_from_codes(xl, *codes, w, None) for w in wl]
+            ys = [ops.fp8_block_linear(xl, w, None, "fp8_block", *codes)[0] for w in wl]
         else:
             ys = [ops.scaled_linear(xl, w, None, "fp8_block", None) for w in wl]
         grads = torch.autograd.grad(ys, [xl, *wl], dys)
@@ -166,10 +169,10 @@ def _compiled(model, codes: bool | None):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_backend_is_bit_identical_to_the_eager_layers(device, gen):
-    """With `fp8_block_codes`, the compiled model against fp8_block_linear_from_codes called eagerly
-    on one quantization per shared input: y and every gradient bit for bit, and its deepwell calls
-    are the rowcol passes (a and b share x's; c has its own), the three from-codes forwards and
-    their backwards, no scaled_linear."""
+    """With `fp8_block_codes`, the compiled model against fp8_block_linear called eagerly on one
+    quantization per shared input: y and every gradient bit for bit, and its deepwell calls are the
+    rowcol passes (a and b share x's; c has its own), the three forwards on the codes and their
+    backwards, no scaled_linear."""
     model = _TwoHeads().to(device, torch.bfloat16)
     x = torch.randn(2, 128, 256, generator=gen).to(device, torch.bfloat16).requires_grad_()
     dy = torch.randn(2, 128, 256, generator=gen).to(device, torch.bfloat16)
@@ -180,12 +183,12 @@ def test_the_backend_is_bit_identical_to_the_eager_layers(device, gen):
     assert [s.recipe for s in deepwell.last_plan().sites] == ["fp8_block"] * 3
     calls = _deepwell_calls(lambda: torch.autograd.grad(compiled(x), leaves, dy))
     assert calls.count("fp8_block_quantize_rowcol") == 2
-    assert calls.count("fp8_block_linear_from_codes") == 3 and calls.count("fp8_block_linear_backward") == 3
+    assert calls.count("fp8_block_linear") == 3 and calls.count("fp8_block_linear_backward") == 3
     assert "scaled_linear" not in calls and "scaled_linear_backward" not in calls
 
     codes = ops.fp8_block_quantize_rowcol(x.detach().reshape(-1, 256), True, True)
-    a = ops.fp8_block_linear_from_codes(x, *codes, model.a.weight, model.a.bias)
-    b = ops.fp8_block_linear_from_codes(x, *codes, model.b.weight, model.b.bias)
+    a = ops.fp8_block_linear(x, model.a.weight, model.a.bias, "fp8_block", *codes)[0]
+    b = ops.fp8_block_linear(x, model.b.weight, model.b.bias, "fp8_block", *codes)[0]
     want = deepwell.fp8_block_linear(a + b, model.c.weight, model.c.bias)
     want = (want, *torch.autograd.grad(want, leaves, dy))
     for i, (p, q) in enumerate(zip(got, want)):
@@ -203,7 +206,7 @@ def test_the_backend_option_off_keeps_scaled_linear(gen):
         compiled = _compiled(model, codes)
         compiled(x).float().sum().backward()
         calls = _deepwell_calls(lambda: ys.append(compiled(x)) or ys[-1].float().sum().backward())
-        assert ("scaled_linear" in calls) != codes and ("fp8_block_linear_from_codes" in calls) == codes
+        assert ("scaled_linear" in calls) != codes and ("fp8_block_linear" in calls) == codes
     torch._dynamo.reset()
     assert ((ys[0].float() - ys[1].float()).norm() / ys[1].float().norm()).item() < 1e-2
 
@@ -230,7 +233,7 @@ def test_the_backend_skips_token_counts_the_column_blocks_do_not_divide(gen):
     x = torch.randn(200, 256, generator=gen).bfloat16()
     compiled(x)
     calls = _deepwell_calls(lambda: compiled(x))
-    assert calls.count("scaled_linear") == 2 and "fp8_block_linear_from_codes" not in calls
+    assert calls.count("scaled_linear") == 2 and "fp8_block_linear" not in calls
     torch._dynamo.reset()
 
 
@@ -238,26 +241,22 @@ def test_errors_name_the_op_and_argument(gen):
     x, w = torch.randn(256, 128), torch.randn(128, 128)
     codes = ops.fp8_block_quantize_rowcol(x, True, True)
     rows, rows_s, cols, cols_s = codes
-    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_codes: argument 'recipe' must be 'fp8_block'.*\"fp8_tensor\""):
-        ops.fp8_block_linear_from_codes(x, *codes, w, None, "fp8_tensor")
-    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_codes: argument 'x_scale_inv' must have shape \[1, 256\]"):
-        ops.fp8_block_linear_from_codes(x, rows, rows_s.t(), cols, cols_s, w, None)
-    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_codes: argument 'x_codes_t' must have shape \[128, 256\]"):
-        ops.fp8_block_linear_from_codes(x, rows, rows_s, rows, cols_s, w, None)
-    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_codes: argument 'x' must have a token count"):
-        short = torch.randn(200, 128)
-        ops.fp8_block_linear_from_codes(short, rows[:200], rows_s[:, :200], cols[:, :200], cols_s[:1], w, None)
-    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x_scale_inv' must have shape \[1, 256\]"):
-        ops.fp8_block_linear_from_rows(x, rows, rows_s.t(), w, None)
-    bad_scales = rows_s.t().contiguous()
-    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the fake kernel says the same
-        fake = [mode.from_tensor(t) for t in (x, rows, bad_scales, w)]
-        with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x_scale_inv' must have shape"):
-            ops.fp8_block_linear_from_rows(*fake, None)
-    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x' must have a token count"):
-        ops.fp8_block_linear_from_rows(torch.randn(200, 128), rows[:200], rows_s[:, :200], w, None)
-    with pytest.raises(RuntimeError, match=r"fp8_block_linear_from_rows: argument 'x_codes' must have dtype"):
-        ops.fp8_block_linear_from_rows(x, rows.float(), rows_s, w, None)
+    op = ops.fp8_block_linear
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear: argument 'recipe' must be 'fp8_block'.*\"fp8_tensor\""):
+        op(x, w, None, "fp8_tensor", *codes)
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear: argument 'recipe' must be 'fp8_block'.*\"fp8_tensor\""):
+        op(x, w, None, "fp8_tensor")
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear: argument 'x_scale_inv' must have shape \[1, 256\]"):
+        op(x, w, None, "fp8_block", rows, rows_s.t(), cols, cols_s)
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear: argument 'x_codes_t' must have shape \[128, 256\]"):
+        op(x, w, None, "fp8_block", rows, rows_s, rows, cols_s)
+    for given in ((rows[:200], rows_s[:, :200], cols[:, :200], cols_s[:1]), (rows[:200], rows_s[:, :200]), ()):
+        with pytest.raises(RuntimeError, match=r"fp8_block_linear: argument 'x' must have a token count"):
+            op(torch.randn(200, 128), w, None, "fp8_block", *given)
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear: argument 'x_scale_inv' must have shape \[1, 256\]"):
+        op(x, w, None, "fp8_block", rows, rows_s.t())
+    with pytest.raises(RuntimeError, match=r"fp8_block_linear: argument 'x_codes' must have dtype"):
+        op(x, w, None, "fp8_block", rows.float(), rows_s)
     dy = torch.randn(256, 128)
     with pytest.raises(RuntimeError, match=r"fp8_block_linear_backward: argument 'x_scale_inv_t' must have shape \[2, 128\]"):
         ops.fp8_block_linear_backward(dy, cols, cols_s.t(), w, "fp8_block", True, True)
@@ -267,3 +266,34 @@ def test_errors_name_the_op_and_argument(gen):
         ops.fp8_block_linear_backward(torch.randn(128, 128), cols, cols_s, torch.randn(64, 128), "fp8_block", True, True)
     with pytest.raises(RuntimeError, match=r"fp8_block_quantize_rowcol: argument 'x' must"):
         ops.fp8_block_quantize_rowcol(torch.randn(200, 128), True, True)
+
+
+@pytest.mark.parametrize("given,missing", [
+    ({"x_codes": 0}, "x_scale_inv"),
+    ({"x_scale_inv": 1}, "x_codes"),
+    ({"x_codes": 0, "x_scale_inv": 1, "x_codes_t": 2}, "x_scale_inv_t"),
+    ({"x_codes": 0, "x_scale_inv": 1, "x_scale_inv_t": 3}, "x_codes_t"),
+    ({"x_codes_t": 2, "x_scale_inv_t": 3}, "x_codes"),
+])
+def test_a_copy_of_x_comes_whole_and_the_columns_with_the_rows(given, missing):
+    """Each copy of x is its codes and their scales together, and the column copy comes only with
+    the row copy: any other combination of the optional operands raises, naming one that is missing."""
+    x, w = torch.randn(256, 128), torch.randn(128, 128)
+    codes = ops.fp8_block_quantize_rowcol(x, True, True)
+    kwargs = {name: codes[i] for name, i in given.items()}
+    with pytest.raises(RuntimeError, match=rf"deepwell.fp8_block_linear: argument '{missing}' must be given with"):
+        ops.fp8_block_linear(x, w, None, "fp8_block", **kwargs)
+
+
+@pytest.mark.parametrize("copies", ["none", "both", "rows"])
+def test_the_fake_kernel_gives_the_real_outputs_shapes(copies, gen):
+    """Traced on fake tensors, every combination of given copies returns y and outputs 1-2 of the
+    real call's shapes and dtypes (the column copy the op made, or empty tensors)."""
+    x, w = torch.randn(2, 128, 256, generator=gen), torch.randn(384, 256, generator=gen)
+    codes = ops.fp8_block_quantize_rowcol(x.reshape(-1, 256), True, True)
+    given = {"none": (), "both": codes, "rows": codes[:2]}[copies]
+    real = ops.fp8_block_linear(x, w, None, "fp8_block", *given)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = ops.fp8_block_linear(*(mode.from_tensor(t) for t in (x, w)), None, "fp8_block",
+                                    *(mode.from_tensor(t) for t in given))
+    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]

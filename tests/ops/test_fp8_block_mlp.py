@@ -29,8 +29,8 @@ def _weights(k, f, d, dtype, device, gen):
 def _unfused(x, w_gate, w_up, w_down, recipe):
     """The three layers on one quantization of x, deepwell's swiglu between them."""
     codes = ops.fp8_block_quantize_rowcol(x.detach().reshape(-1, x.shape[-1]), True, True)
-    a = ops.fp8_block_linear_from_codes(x, *codes, w_gate, None, recipe)
-    b = ops.fp8_block_linear_from_codes(x, *codes, w_up, None, recipe)
+    a = ops.fp8_block_linear(x, w_gate, None, recipe, *codes)[0]
+    b = ops.fp8_block_linear(x, w_up, None, recipe, *codes)[0]
     gate_up = torch.cat([a, b], -1)
     h = deepwell.ops.swiglu(gate_up.reshape(-1, gate_up.shape[-1])).reshape(*a.shape)
     return deepwell.fp8_block_linear(h, w_down, None, recipe)

@@ -1,6 +1,7 @@
-"""deepwell.fp8_tensor_linear: scaled_linear in fp8_tensor that saves x's FP8 codes instead of x.
+"""deepwell.fp8_tensor_linear: scaled_linear in fp8_tensor that saves x's FP8 codes instead of x
+(made by the op, or given; or the row codes alone, the backward making the transposed codes).
 Every output and gradient must be bit-identical to scaled_linear(..., "fp8_tensor") and its
-backward, on every path (emulated, sm_90's native arguments through the CPU model, the GPU), for
+backward, whichever codes arrive made, on every path (emulated, sm_90's native arguments through the CPU model, the GPU), for
 any shape; autograd must keep the codes (1 byte per element), not x; the backend and
 deepwell.Linear must use it for fp8_tensor sites."""
 
@@ -17,24 +18,28 @@ ops = torch.ops.deepwell
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-def _from_rows(x, w, b, recipe):
-    """fp8_tensor_linear_from_rows on x's row codes (the backward makes the transposed codes from x
-    and the forward's amax)."""
+def _given(x, w, b, recipe, copies):
+    """fp8_tensor_linear given x's codes made beforehand from its amax: "both", or "rows" (the
+    backward makes the transposed codes from x and the forward's amax)."""
     x2 = x.detach().reshape(-1, x.shape[-1])
     amax = deepwell.ops.fp8_tensor.amax_of(x2)
-    codes, _, scale = ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax, "rows")
-    return ops.fp8_tensor_linear_from_rows(x, codes, scale, w, b, recipe, None, amax)
+    codes, codes_t, scale = ops.fp8_tensor_quantize_rowcol(x2, "e4m3", amax, copies)
+    if copies == "both":
+        return ops.fp8_tensor_linear(x, w, b, recipe, codes, scale, codes_t)[0]
+    return ops.fp8_tensor_linear(x, w, b, recipe, codes, scale, x_amax=amax)[0]
 
 
 def _both(shape, n, recipe, device, gen, dtype=torch.bfloat16, bias=True):
-    """(y, dx, dW[, db]) of scaled_linear, of fp8_tensor_linear and of fp8_tensor_linear_from_rows."""
+    """(y, dx, dW[, db]) of scaled_linear, then of fp8_tensor_linear quantizing x itself, given both
+    copies and given the row codes alone."""
     k = shape[-1]
     x = torch.randn(shape, generator=gen).to(dtype).to(device)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype).to(device)
     b = torch.randn(n, generator=gen).to(dtype).to(device) if bias else None
     dy = torch.randn(*shape[:-1], n, generator=gen).to(dtype).to(device)
-    return linear_runs((lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_tensor_linear(*a, recipe),
-                        lambda *a: _from_rows(*a, recipe)), x, w, b, dy)
+    runs = (lambda *a: ops.scaled_linear(*a, recipe, None), lambda *a: deepwell.fp8_tensor_linear(*a, recipe),
+            lambda *a: _given(*a, recipe, "both"), lambda *a: _given(*a, recipe, "rows"))
+    return linear_runs(runs, x, w, b, dy)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -88,7 +93,7 @@ def test_the_memory_trace_runs_code_saving_sites_as_the_backend_does(recipe):
         assert codes_of(plan, deepwell.CompileOptions(fp8_block_codes=False)) == {}
     codes = codes_of(plan, deepwell.CompileOptions(fp8_block_codes=True))
     assert len(codes) == 7 * layers
-    quantize, linear = f"{recipe}_quantize_rowcol", f"{recipe}_linear_from_codes"
+    quantize, linear = f"{recipe}_quantize_rowcol", f"{recipe}_linear"
     with saved_codes(model, codes):
         calls = _deepwell_calls(lambda: model(tokens))
         got = model(tokens)
@@ -124,8 +129,8 @@ def test_deepwell_linear_and_backend_use_it(gen):
     calls = _deepwell_calls(lambda: out.append(compiled(x)) or out[0].float().sum().backward())
     y = out[0]
     assert [s.recipe for s in deepwell.last_plan().sites] == ["fp8_tensor", "fp8_tensor"]
-    assert calls.count("fp8_tensor_quantize_rowcol") == 2 and calls.count("fp8_tensor_linear_from_codes") == 2
-    assert "scaled_linear" not in calls and "fp8_tensor_linear" not in calls
+    assert calls.count("fp8_tensor_quantize_rowcol") == 2 and calls.count("fp8_tensor_linear") == 2
+    assert "scaled_linear" not in calls
     assert calls.count("fp8_tensor_linear_backward") == 2
     h = torch.nn.functional.gelu(ops.scaled_linear(x.detach(), model[0].weight, model[0].bias, "fp8_tensor", None))
     ref = ops.scaled_linear(h, model[2].weight, model[2].bias, "fp8_tensor", None)
@@ -176,7 +181,7 @@ def test_errors_name_the_op_and_argument(gen):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_layers_sharing_one_quantization(device, gen):
-    """Two layers reading one x through fp8_tensor_linear_from_codes on one quantization of x:
+    """Two layers reading one x through fp8_tensor_linear on one quantization of x:
     outputs and every gradient (dx summed over both) bit-identical to two scaled_linear calls."""
     x = torch.randn(3, 40, 64, generator=gen).bfloat16().to(device)
     ws = [(torch.randn(n, 64, generator=gen) / 8).bfloat16().to(device) for n in (48, 32)]
@@ -186,8 +191,8 @@ def test_layers_sharing_one_quantization(device, gen):
         xl = x.clone().requires_grad_()
         wl = [w.clone().requires_grad_() for w in ws]
         if shared:
-            codes = ops.fp8_tensor_quantize_rowcol(xl.detach().reshape(-1, 64), "e4m3")
-            ys = [ops.fp8_tensor_linear_from_codes(xl, *codes, w, None) for w in wl]
+            codes, codes_t, scale = ops.fp8_tensor_quantize_rowcol(xl.detach().reshape(-1, 64), "e4m3")
+            ys = [ops.fp8_tensor_linear(xl, w, None, "fp8_tensor", codes, scale, codes_t)[0] for w in wl]
         else:
             ys = [ops.scaled_linear(xl, w, None, "fp8_tensor", None) for w in wl]
         grads = torch.autograd.grad(ys, [xl, *wl], dys)
@@ -213,7 +218,7 @@ def test_backend_quantizes_a_shared_input_once(gen):
     out = []
     calls = _deepwell_calls(lambda: out.append(compiled(x)) or out[0].float().sum().backward())
     assert calls.count("fp8_tensor_quantize_rowcol") == 2  # a and b share x's codes; c has its own
-    assert calls.count("fp8_tensor_linear_from_codes") == 3 and calls.count("fp8_tensor_linear") == 0
+    assert calls.count("fp8_tensor_linear") == 3
     assert calls.count("fp8_tensor_linear_backward") == 3
     want = ops.scaled_linear(
         ops.scaled_linear(x, model.a.weight, model.a.bias, "fp8_tensor", None)
@@ -235,18 +240,21 @@ def _weight_cases(n, k, gen):
     return {"ordinary": w, "zeros": torch.zeros_like(w), "outlier": outlier, "inf": inf, "nan": nan}
 
 
-def _from_codes_run(x, w, dy, recipe, weight_amax):
-    """y, dx, dW of one fp8_tensor_linear_from_codes layer given W's amax (or None)."""
+def _weight_amax_run(x, w, dy, recipe, weight_amax, copies):
+    """y, dx, dW of one fp8_tensor_linear layer given W's amax (or None), and x's codes as `copies`
+    says: "none" (the op quantizes x), "both" or "rows"."""
     xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
-    codes = ops.fp8_tensor_quantize_rowcol(xl.detach().reshape(-1, x.shape[-1]), "e4m3")
-    y = ops.fp8_tensor_linear_from_codes(xl, *codes, wl, None, recipe, weight_amax)
+    codes, codes_t, scale = ops.fp8_tensor_quantize_rowcol(xl.detach().reshape(-1, x.shape[-1]), "e4m3")
+    given = {"none": (), "both": (codes, scale, codes_t), "rows": (codes, scale)}[copies]
+    y = ops.fp8_tensor_linear(xl, wl, None, recipe, *given, weight_amax=weight_amax)[0]
     return (y, *torch.autograd.grad(y, (xl, wl), dy))
 
 
 @pytest.mark.parametrize("device,recipe", [("cpu", "fp8_tensor@sm_90"),
                                            pytest.param("cuda", "fp8_tensor", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("case", ["ordinary", "zeros", "outlier", "inf", "nan"])
-def test_a_given_weight_amax_gives_the_ops_own_results(device, recipe, case, gen):
+@pytest.mark.parametrize("copies", ["none", "both", "rows"])
+def test_a_given_weight_amax_gives_the_ops_own_results(device, recipe, case, copies, gen):
     """`weight_amax` = amax_of(W), as the backend's graph gives it: y, dx and dW bit-identical to the
     layer reducing W's amax itself, on the paths that read it (sm_90's native arguments through the
     CPU model, the GPU). Teeth: the argument is really read. A wrong amax (an eighth of W's: the
@@ -256,30 +264,64 @@ def test_a_given_weight_amax_gives_the_ops_own_results(device, recipe, case, gen
     w = _weight_cases(48, 64, gen)[case].to(device)
     x = torch.randn(2, 40, 64, generator=gen).bfloat16().to(device)
     dy = torch.randn(2, 40, 48, generator=gen).bfloat16().to(device)
-    own = _from_codes_run(x, w, dy, recipe, None)
-    given = _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w))
+    own = _weight_amax_run(x, w, dy, recipe, None, copies)
+    given = _weight_amax_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w), copies)
     for i, (a, b) in enumerate(zip(own, given)):
         assert same_bits(a.cpu(), b.cpu()), i
     if case == "ordinary" and device == "cpu":
         with pytest.raises(RuntimeError, match=r"argument 'weight_amax' must be the amax of 'weight'"):
-            _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w) / 8)
+            _weight_amax_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w) / 8, copies)
     elif case == "ordinary":
-        wrong = _from_codes_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w) / 8)
+        wrong = _weight_amax_run(x, w, dy, recipe, deepwell.ops.fp8_tensor.amax_of(w) / 8, copies)
         assert not same_bits(own[0].cpu(), wrong[0].cpu())
 
 
 def test_weight_amax_errors_name_the_op_and_argument(gen):
     x, w = torch.randn(4, 32), torch.randn(16, 32)
-    codes = ops.fp8_tensor_quantize_rowcol(x, "e4m3")
-    _, codes_t, scale = codes
+    codes, codes_t, scale = ops.fp8_tensor_quantize_rowcol(x, "e4m3")
     for bad, match in ((torch.ones(1), r"'weight_amax' must have shape \[\]"),
                        (torch.ones((), dtype=torch.float64), r"'weight_amax' must have dtype torch.float32")):
-        with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_from_codes: argument " + match):
-            ops.fp8_tensor_linear_from_codes(x, *codes, w, None, "fp8_tensor", bad)
+        for given in ((), (codes, scale), (codes, scale, codes_t)):
+            with pytest.raises(RuntimeError, match=r"fp8_tensor_linear: argument " + match):
+                ops.fp8_tensor_linear(x, w, None, "fp8_tensor", *given, weight_amax=bad)
+            with pytest.raises(RuntimeError, match=r"fp8_tensor_linear: argument " + match.replace("weight", "x")):
+                ops.fp8_tensor_linear(x, w, None, "fp8_tensor", *given, x_amax=bad)
         with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_backward: argument " + match):
             ops.fp8_tensor_linear_backward(torch.randn(4, 16), codes_t.view(torch.uint8), scale, w, "fp8_tensor",
                                            True, True, None, bad)
-        with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_from_rows: argument " + match.replace("weight", "x")):
-            ops.fp8_tensor_linear_from_rows(x, codes[0], scale, w, None, "fp8_tensor", None, bad)
-    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear_from_rows: argument 'x_codes' must have shape \[4, 32\]"):
-        ops.fp8_tensor_linear_from_rows(x, codes_t, scale, w, None)
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear: argument 'x_codes' must have shape \[4, 32\]"):
+        ops.fp8_tensor_linear(x, w, None, "fp8_tensor", codes_t, scale)
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear: argument 'x_codes_t' must have shape \[32, 4\]"):
+        ops.fp8_tensor_linear(x, w, None, "fp8_tensor", codes, scale, codes)
+    with pytest.raises(RuntimeError, match=r"fp8_tensor_linear: argument 'x_scale_inv' must have shape \[\]"):
+        ops.fp8_tensor_linear(x, w, None, "fp8_tensor", codes, scale.reshape(1))
+
+
+@pytest.mark.parametrize("given,missing", [
+    ({"x_codes": 0}, "x_scale_inv"),
+    ({"x_scale_inv": 2}, "x_codes"),
+    ({"x_codes_t": 1}, "x_codes"),
+    ({"x_scale_inv": 2, "x_codes_t": 1}, "x_codes"),
+])
+def test_the_codes_come_with_their_scale_and_the_columns_with_the_rows(given, missing):
+    """x's row codes come with the scale, and the transposed codes only with the row codes: any other
+    combination of the optional operands raises, naming one that is missing."""
+    x, w = torch.randn(4, 32), torch.randn(16, 32)
+    codes = ops.fp8_tensor_quantize_rowcol(x, "e4m3")
+    kwargs = {name: codes[i] for name, i in given.items()}
+    with pytest.raises(RuntimeError, match=rf"deepwell.fp8_tensor_linear: argument '{missing}' must be given with"):
+        ops.fp8_tensor_linear(x, w, None, "fp8_tensor", **kwargs)
+
+
+@pytest.mark.parametrize("copies", ["none", "both", "rows"])
+def test_the_fake_kernel_gives_the_real_outputs_shapes(copies, gen):
+    """Traced on fake tensors, every combination of given codes returns y and outputs 1-2 of the real
+    call's shapes and dtypes (the transposed codes and scale the op made, or empty tensors)."""
+    x, w = torch.randn(2, 40, 48, generator=gen), torch.randn(32, 48, generator=gen)
+    codes, codes_t, scale = ops.fp8_tensor_quantize_rowcol(x.reshape(-1, 48), "e4m3")
+    given = {"none": (), "both": (codes, scale, codes_t), "rows": (codes, scale)}[copies]
+    real = ops.fp8_tensor_linear(x, w, None, "fp8_tensor", *given)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = ops.fp8_tensor_linear(*(mode.from_tensor(t) for t in (x, w)), None, "fp8_tensor",
+                                     *(mode.from_tensor(t) for t in given))
+    assert [(t.shape, t.dtype) for t in fake] == [(t.shape, t.dtype) for t in real]

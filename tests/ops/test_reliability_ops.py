@@ -174,8 +174,8 @@ def _rows(x):
 
 @pytest.mark.parametrize("arg", ["weight_amax", "x_amax"])
 @pytest.mark.parametrize("wrong", ["an-eighth", "ten-times", "nan", "negative", "zero"])
-def test_from_rows_refuses_an_amax_that_is_not_the_tensors(arg, wrong, gen):
-    """from_rows quantized W with whatever amax it was given (an eighth saturates W's largest
+def test_the_row_copy_layer_refuses_an_amax_that_is_not_the_tensors(arg, wrong, gen):
+    """fp8_tensor_linear on x's row codes quantized W with whatever amax it was given (an eighth saturates W's largest
     values; NaN quantizes with scale 1) and its backward x the same way; on CPU tensors the amax is
     now checked against the tensor."""
     x, w = torch.randn(4, 32, generator=gen).bfloat16(), torch.randn(16, 32, generator=gen).bfloat16()
@@ -185,22 +185,22 @@ def test_from_rows_refuses_an_amax_that_is_not_the_tensors(arg, wrong, gen):
            "negative": -true, "zero": torch.zeros(())}[wrong]
     amaxes = {"weight_amax": amax_of(w), "x_amax": amax_of(x), arg: bad}
     name = arg.removesuffix("_amax")
-    with pytest.raises(RuntimeError, match=rf"deepwell.fp8_tensor_linear_from_rows: argument '{arg}' must be the amax "
+    with pytest.raises(RuntimeError, match=rf"deepwell.fp8_tensor_linear: argument '{arg}' must be the amax "
                                            rf"of '{name}' \(NaN-propagating max \|{name}\| = "):
-        ops.fp8_tensor_linear_from_rows(x, *_rows(x), w, None, "fp8_tensor", amaxes["weight_amax"], amaxes["x_amax"])
+        ops.fp8_tensor_linear(x, w, None, "fp8_tensor", *_rows(x), None, amaxes["weight_amax"], amaxes["x_amax"])
 
 
-def test_from_rows_takes_the_true_amax_nan_and_inf_included(gen):
+def test_the_row_copy_layer_takes_the_true_amax_nan_and_inf_included(gen):
     """What the backend gives (amax_of of the tensor) passes, NaN for a tensor holding a NaN too,
     and the result is the op's own."""
     x, w = torch.randn(4, 32, generator=gen).bfloat16(), torch.randn(16, 32, generator=gen).bfloat16()
-    own = ops.fp8_tensor_linear_from_rows(x, *_rows(x), w, None, "fp8_tensor", None, None)
-    given = ops.fp8_tensor_linear_from_rows(x, *_rows(x), w, None, "fp8_tensor", amax_of(w), amax_of(x))
+    own = ops.fp8_tensor_linear(x, w, None, "fp8_tensor", *_rows(x), None, None, None)[0]
+    given = ops.fp8_tensor_linear(x, w, None, "fp8_tensor", *_rows(x), None, amax_of(w), amax_of(x))[0]
     assert torch.equal(own, given)
     for special in (math.nan, math.inf):
         w2 = w.clone()
         w2[3, 5] = special
-        ops.fp8_tensor_linear_from_rows(x, *_rows(x), w2, None, "fp8_tensor", amax_of(w2), amax_of(x))
+        ops.fp8_tensor_linear(x, w2, None, "fp8_tensor", *_rows(x), None, amax_of(w2), amax_of(x))
 
 
 def test_the_other_amax_arguments_are_checked_alike(gen):

@@ -10,8 +10,8 @@ without `import deepwell`. For each graph Dynamo captures it
    lists the graph's attention in the plan (`Plan.attention`, compiler/attention.py: what torch runs
    each with, and why; attention is not rewritten);
 3. rewrites the sites whose recipe is not bf16 into the op their strategy names
-   (`torch.ops.deepwell.scaled_linear`, or the recipe's `*_linear_from_codes` / `*_linear_from_rows`
-   on x's codes; autograd registered: the backward GEMMs follow the same recipe), leaving bf16
+   (`torch.ops.deepwell.scaled_linear`, or the recipe's `fp8_*_linear` on x's codes made once per
+   input: both copies, or the row copy alone; autograd registered: the backward GEMMs follow the same recipe), leaving bf16
    sites as they are, then (option `fused_mlp`) fuses each fp8_block SwiGLU MLP's three sites into one
    `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
@@ -196,60 +196,64 @@ def _codes(g: Gemm, options: CompileOptions) -> Codes:
 def _quantize_once(graph: torch.fx.Graph, x: torch.fx.Node, k: int, recipe: str, rows_only: bool = False) -> tuple:
     """Nodes of x's FP8 codes from one quantizing pass over x seen as (tokens, k), which every site
     of the recipe family that reads x (q/k/v, gate/up) shares, its column copy saved once for their
-    backwards.
-    fp8_tensor (`fp8_tensor_quantize_rowcol`): the codes, the codes transposed and the scale; x's
-    amax is a torch reduction in the graph, which Inductor fuses into x's producer (RMSNorm,
-    SwiGLU), so the quantizer reads x once instead of twice. fp8_block
-    (`fp8_block_quantize_rowcol`, scales M-major): the row copy and its scales, the column copy
-    (x^T in 1x128 blocks along the tokens) and its scales.
+    backwards. As the family's `fp8_*_linear` takes them after its recipe, in its argument order:
+    fp8_block (`fp8_block_quantize_rowcol`, scales M-major): (x_codes, x_scale_inv, x_codes_t,
+    x_scale_inv_t), the row copy and its scales, the column copy (x^T in 1x128 blocks along the
+    tokens) and its scales. fp8_tensor (`fp8_tensor_quantize_rowcol`): (x_codes, x_scale_inv,
+    x_codes_t, x_amax), the codes, the scale, the codes transposed and x's amax; the amax is a
+    torch reduction in the graph, which Inductor fuses into x's producer (RMSNorm, SwiGLU), so the
+    quantizer reads x once instead of twice.
 
     `rows_only` (`Codes.RECOMPUTED`, the `recompute_codes` option): the row copy alone
-    (`copies="rows"`), which the sites' `fp8_*_linear_from_rows` read; fp8_block: (codes, scales), fp8_tensor: (codes, scale,
-    amax), the amax for the backward's copy. Their backwards make the column copy from x. In the
-    joint graph AOTAutograd traces, those calls depend on x alone, and the layers reading one x make
-    the same call: its CSE merges them into one. Its min-cut partitioner then either saves that
-    call's output or runs it in the backward from tensors it keeps, whichever saves fewer bytes. For
-    a norm's or SwiGLU's output (recomputed from the residual stream, or from gate and up) and for
-    attention's output (kept for attention's backward), running it again saves nothing more: it runs
-    in the backward (tests/compiler/test_recompute_codes.py checks both graphs)."""
+    (`copies="rows"`), x_codes_t (and x_scale_inv_t) None; fp8_tensor passes the amax, for the
+    backward's copy. The sites' backwards make the column copy from x. In the joint graph
+    AOTAutograd traces, those calls depend on x alone, and the layers reading one x make the same
+    call: its CSE merges them into one. Its min-cut partitioner then either saves that call's
+    output or runs it in the backward from tensors it keeps, whichever saves fewer bytes. For a
+    norm's or SwiGLU's output (recomputed from the residual stream, or from gate and up) and for
+    attention's output (kept for attention's backward), running it again saves nothing more: it
+    runs in the backward (tests/compiler/test_recompute_codes.py checks both graphs). With both
+    copies fp8_tensor's amax is left out (None): the quantizer read it already."""
     # Detached: the codes carry no gradient; x's comes back through the sites' own backwards.
     x2 = graph.call_method("reshape", (graph.call_method("detach", (x,)), -1, k))
     copies = "rows" if rows_only else "both"
+
+    def items(q, indices):
+        return tuple(None if i is None else graph.call_function(operator.getitem, (q, i)) for i in indices)
+
     if recipe == "fp8_block":
         q = graph.call_function(torch.ops.deepwell.fp8_block_quantize_rowcol.default, (x2, True, True, copies))
-        return tuple(graph.call_function(operator.getitem, (q, i)) for i in ((0, 1) if rows_only else range(4)))
+        return items(q, (0, 1, None, None) if rows_only else (0, 1, 2, 3))
     amax = graph.call_function(amax_of, (x2,))
     q = graph.call_function(torch.ops.deepwell.fp8_tensor_quantize_rowcol.default, (x2, "e4m3", amax, copies))
     if rows_only:
-        return graph.call_function(operator.getitem, (q, 0)), graph.call_function(operator.getitem, (q, 2)), amax
-    return tuple(graph.call_function(operator.getitem, (q, i)) for i in range(3))
+        return (*items(q, (0, 2, None)), amax)
+    return (*items(q, (0, 2, 1)), None)
 
 
 def _linear_call(graph: torch.fx.Graph, g: Gemm, x, w, bias, codes=None) -> torch.fx.Node:
-    """The node computing the site's y in its recipe (`codes`: x's codes from `_quantize_once`, the
-    row copy alone where the site's strategy is `Codes.RECOMPUTED`). An fp8_tensor site also gets W's amax as a graph node
-    (`weight_amax`): reduced once per step, read by both the forward's cast of W and the backward's
-    transposing cast, where each would reduce W again."""
-    rows_only = g.site.codes is Codes.RECOMPUTED
+    """The node computing the site's y in its recipe: `scaled_linear`, or (`codes`: x's codes from
+    `_quantize_once`) its family's `fp8_*_linear` on them, positional, and y its output 0. An
+    fp8_tensor site also gets W's amax as a graph node (`weight_amax`): reduced once per step, read
+    by both the forward's cast of W and the backward's transposing cast, where each would reduce W
+    again."""
     ops = torch.ops.deepwell
-    if codes is not None and family(g.site.recipe) == "fp8_block":
-        op = ops.fp8_block_linear_from_rows if rows_only else ops.fp8_block_linear_from_codes
-        return graph.call_function(op.default, (x, *codes, w, bias, g.site.recipe))
-    if codes is not None:
+    if codes is None:
+        return graph.call_function(ops.scaled_linear.default, (x, w, bias, g.site.recipe, None))
+    if family(g.site.recipe) == "fp8_block":
+        node = graph.call_function(ops.fp8_block_linear.default, (x, w, bias, g.site.recipe, *codes))
+    else:
+        x_codes, x_scale, x_codes_t, x_amax = codes
         w_amax = graph.call_function(amax_of, (graph.call_method("detach", (w,)),))
-        if rows_only:
-            x_codes, x_scale, x_amax = codes
-            args = (x, x_codes, x_scale, w, bias, g.site.recipe, w_amax, x_amax)
-            return graph.call_function(ops.fp8_tensor_linear_from_rows.default, args)
-        args = (x, *codes, w, bias, g.site.recipe, w_amax)
-        return graph.call_function(ops.fp8_tensor_linear_from_codes.default, args)
-    return graph.call_function(ops.scaled_linear.default, (x, w, bias, g.site.recipe, None))
+        args = (x, w, bias, g.site.recipe, x_codes, x_scale, x_codes_t, w_amax, x_amax)
+        node = graph.call_function(ops.fp8_tensor_linear.default, args)
+    return graph.call_function(operator.getitem, (node, 0))
 
 
 def rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> int:
     """Replaces every non-bf16 site by its op, as its strategy (`Site.codes`, which `plan_graph`
-    writes) says: `scaled_linear`, or the recipe's `*_linear_from_codes` / `*_linear_from_rows` on
-    x's codes made once per input (`_quantize_once`); returns how many. A site's operands may be
+    writes) says: `scaled_linear`, or the recipe's `fp8_*_linear` on x's codes made once per input
+    (`_quantize_once`: both copies, or the row copy alone); returns how many. A site's operands may be
     earlier sites (a stack of linears): they are read through `replaced`, never from the erased
     nodes the sites were captured with."""
     replaced: dict[torch.fx.Node, torch.fx.Node] = {}

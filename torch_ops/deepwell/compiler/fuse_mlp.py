@@ -1,7 +1,7 @@
 """The deepwell backend's SwiGLU MLP fusion, run on the graph `rewrite` leaves (compiler/backend.py).
 
-There an fp8_block MLP `w_down(silu(w_gate(x)) * w_up(x))` is three `fp8_block_linear_from_codes`
-calls: gate and up on x's shared codes, down on h = silu(a) * b quantized by its own rowcol pass
+There an fp8_block MLP `w_down(silu(w_gate(x)) * w_up(x))` is three `fp8_block_linear` calls on
+x's codes (both copies): gate and up on x's shared codes, down on h = silu(a) * b quantized by its own rowcol pass
 (`_quantize_once(h)`). `fp8_block_swiglu_mlp` computes the same in one op: gate and up as one GEMM,
 SwiGLU written straight into the down projection's FP8 operands (h never goes to memory in x's
 dtype nor is read again to be quantized), and the mirror of that in the backward. Its numerics are
@@ -10,7 +10,8 @@ deepwell's exact-fp32 one, not Inductor's).
 
 Fused only where the op computes everything the graph reads: nothing but the MLP reads a, b,
 silu(a) or h, whose values the op keeps to itself. Never with the backend's `recompute_codes`,
-whose sites run on row copies (`fp8_block_linear_from_rows`): the fused op saves its codes.
+whose sites run on row copies alone (`fp8_block_linear` without x's column copy): the fused op
+saves its codes.
 """
 
 from __future__ import annotations
@@ -33,9 +34,16 @@ def _method(node, name: str) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_method" and node.target == name
 
 
-def _from_codes(node) -> bool:
-    """An fp8_block site as `rewrite` writes it: (x, 4 codes, weight, bias, recipe), positional."""
-    return _call(node, (torch.ops.deepwell.fp8_block_linear_from_codes.default,)) and len(node.args) == 8
+def _site(y) -> torch.fx.Node | None:
+    """The `fp8_block_linear` call whose output 0 is `y`, as `rewrite` writes an fp8_block site on
+    both of x's copies: (x, weight, bias, recipe, 4 codes), positional, y its only reader; else
+    None."""
+    if not (_call(y, (operator.getitem,)) and y.args[1] == 0):
+        return None
+    site = y.args[0]
+    if not (_call(site, (torch.ops.deepwell.fp8_block_linear.default,)) and len(site.args) == 8):
+        return None
+    return site if site.args[6] is not None and set(site.users) == {y} else None
 
 
 def _silu(node) -> bool:
@@ -47,9 +55,9 @@ def _mul(node) -> bool:
 
 
 def _h_quantization(down: torch.fx.Node, h: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The nodes of `_quantize_once(h)` (getitems, rowcol, reshape, detach) when down alone reads
-    them, else None: the fused op makes h's codes itself, these go."""
-    items = list(down.args[1:5])
+    """The nodes of `_quantize_once(h)` (getitems, rowcol, reshape, detach) when the down site
+    `down` alone reads them, else None: the fused op makes h's codes itself, these go."""
+    items = list(down.args[4:8])
     if not all(_call(i, (operator.getitem,)) and set(i.users) == {down} for i in items):
         return None
     q = items[0].args[0]
@@ -72,23 +80,27 @@ def _shape(node: torch.fx.Node):
 
 
 def _match(down: torch.fx.Node):
-    """(a, b, silu, h, h's quantization) when `down` is the down projection of a fusable MLP."""
-    if not _from_codes(down) or down.args[6] is not None or family(down.args[7]) != "fp8_block":
+    """(a, b, silu, h, h's quantization) when `down` is the y of a fusable MLP's down projection;
+    a, b and `down` are sites' outputs 0 (`_site`)."""
+    down_site = _site(down)
+    if down_site is None or down_site.args[2] is not None or family(down_site.args[3]) != "fp8_block":
         return None
-    h = down.args[0]
+    h = down_site.args[0]
     if not _mul(h):
         return None
-    quantization = _h_quantization(down, h)
-    if quantization is None or set(h.users) != {down, quantization[-1]}:
+    quantization = _h_quantization(down_site, h)
+    if quantization is None or set(h.users) != {down_site, quantization[-1]}:
         return None
     for s, b in (h.args, h.args[::-1]):  # silu(a) * b or b * silu(a)
-        if _silu(s) and _from_codes(s.args[0]) and _from_codes(b) and s.args[0] is not b:
+        if _silu(s) and _site(s.args[0]) and _site(b) and s.args[0] is not b:
             a = s.args[0]
             break
     else:
         return None
-    same_input = all(p is q for p, q in zip(a.args[:5], b.args[:5]))  # x and its codes nodes
-    if not (same_input and a.args[6] is None and b.args[6] is None and a.args[7] == b.args[7] == down.args[7]):
+    gate, up = _site(a), _site(b)
+    same_input = all(p is q for p, q in zip((gate.args[0], *gate.args[4:]), (up.args[0], *up.args[4:])))
+    no_bias = gate.args[2] is None and up.args[2] is None
+    if not (same_input and no_bias and gate.args[3] == up.args[3] == down_site.args[3]):
         return None
     if _shape(a) is None or _shape(a) != _shape(b):  # w_gate and w_up of one shape
         return None
@@ -107,15 +119,16 @@ def fuse_mlp(gm: torch.fx.GraphModule) -> int:
         if match is None:
             continue
         a, b, s, h, quantization = match
-        x_and_codes, recipe = a.args[:5], down.args[7]
-        with gm.graph.inserting_before(down):
-            args = (*x_and_codes, a.args[5], b.args[5], down.args[5], recipe)
+        gate, up, down_site = _site(a), _site(b), _site(down)
+        x_and_codes, recipe = (gate.args[0], *gate.args[4:]), down_site.args[3]
+        with gm.graph.inserting_before(down_site):
+            args = (*x_and_codes, gate.args[1], up.args[1], down_site.args[1], recipe)
             fused = gm.graph.call_function(torch.ops.deepwell.fp8_block_swiglu_mlp.default, args)
             y = gm.graph.call_function(operator.getitem, (fused, 0))
         fused.meta = {k: v for k, v in down.meta.items() if k not in ("example_value", "val", "tensor_meta")}
         y.meta = dict(down.meta)
         down.replace_all_uses_with(y)
-        for node in (down, *quantization, h, s, a, b):  # each one's readers erased before it
+        for node in (down, down_site, *quantization, h, s, a, gate, b, up):  # each one's readers erased before it
             gm.graph.erase_node(node)
         n += 1
     if n:

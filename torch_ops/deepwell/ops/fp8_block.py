@@ -131,10 +131,10 @@ def fp8_block_quantize_rowcol(
     Returns:
         (row_data (m, k), row_scale_inv (m, k/128), col_data (k, m), col_scale_inv (k, m/128)); with
         `m_major_scales` each scale tensor is stored transposed, (k/128, m) and (m/128, k): the layout
-        Hopper's block-scaled GEMMs read (`fp8_block_linear_from_codes` takes them so). `copies`:
+        Hopper's block-scaled GEMMs read (`fp8_block_linear` takes them so). `copies`:
         "both", or "rows" / "cols" to write one copy, the same codes for half the bytes written (the
         other copy's two tensors come back empty, shape (0,)): a layer whose backward makes the
-        wgrad copy from x again (`fp8_block_linear_from_rows`).
+        wgrad copy from x again (`fp8_block_linear` given the row copy alone).
     """
     return torch.ops.deepwell.fp8_block_quantize_rowcol(x, pow2, m_major_scales, copies)
 

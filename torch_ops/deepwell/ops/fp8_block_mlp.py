@@ -1,9 +1,9 @@
 """`fp8_block_swiglu_mlp(x, x_codes, x_scale_inv, x_codes_t, x_scale_inv_t, w_gate, w_up, w_down)`:
 a LLaMA MLP, `w_down(silu(w_gate(x)) * w_up(x))` without biases, in the fp8_block recipe, with
 SwiGLU fused into the FP8 quantizers on both sides of it. x's codes are
-`fp8_block_quantize_rowcol(x, m_major_scales=True)`'s, as for `fp8_block_linear_from_codes`.
+`fp8_block_quantize_rowcol(x, m_major_scales=True)`'s, as `fp8_block_linear` takes them.
 
-| pass | three `fp8_block_linear_from_codes` layers | this op |
+| pass | three `fp8_block_linear` layers on x's codes | this op |
 |---|---|---|
 | forward | gate and up GEMMs; SwiGLU writes h (bf16); rowcol reads h | one GEMM for [w_gate; w_up]; `fp8_block_swiglu_quantize_rowcol(gate_up)` writes h's two FP8 copies |
 | backward | SwiGLU's backward writes d_gate, d_up (bf16); each layer's backward reads its own to quantize it; two dx added | `fp8_block_swiglu_backward_quantize_rowcol(gate_up, dh)` writes d_gate_up's two FP8 copies; one dgrad GEMM (K = 2f, dx rounded once) and one wgrad GEMM for both weights |
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _nondiff
+from . import _nondiff
 from ._library import define
-from .fp8_block_linear import _check_cols, _check_recipe, _check_tokens, check_from_codes
+from .fp8_block_linear import column_copy
 
 define(
     "fp8_block_swiglu_mlp(Tensor x, Tensor x_codes, Tensor x_scale_inv, Tensor x_codes_t, Tensor x_scale_inv_t, "
@@ -35,73 +35,25 @@ define(
     "bool need_input, bool need_weight) -> (Tensor grad_input, Tensor grad_gate_up, Tensor grad_down)"
 )
 
-_BLOCK = 128
-
-
-def _check_weights(op: str, w_gate, w_up, w_down) -> int:
-    """Mirrors `check_weights` in rust/ops/src/ops/linear/fp8_block_mlp.rs; returns f."""
-    for arg, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
-        _checks.dtype_in(op, arg, w, _checks.FLOAT_INPUTS)
-        if w.dim() != 2:
-            _checks.fail(op, arg, "be 2-d (out_features, in_features)", f"a {w.dim()}-d tensor")
-        _checks.non_empty(op, arg, w, 2)
-    if w_up.shape != w_gate.shape:
-        raise RuntimeError(
-            f"deepwell.{op}: w_up has shape {_checks.shape_str(w_up.shape)} but w_gate has "
-            f"{_checks.shape_str(w_gate.shape)}: gate and up project x to the same width"
-        )
-    if w_down.shape[1] != w_gate.shape[0]:
-        raise RuntimeError(
-            f"deepwell.{op}: w_down has in_features {w_down.shape[1]} (shape {_checks.shape_str(w_down.shape)}) "
-            f"but w_gate has out_features {w_gate.shape[0]} (shape {_checks.shape_str(w_gate.shape)})"
-        )
-    why = "fp8_block quantizes W along in_features and W^T along out_features in 128x128 tiles"
-    for arg, w, dim in (("w_gate", w_gate, 0), ("w_gate", w_gate, 1), ("w_down", w_down, 0)):
-        _checks.divisible(op, arg, w, dim, _BLOCK, why)
-    return w_gate.shape[0]
+# The fake kernels give the outputs' shapes and dtypes only: the kernels check the arguments at
+# dispatch (rust/ops/src/ops/linear/fp8_block_mlp.rs) and raise the errors.
 
 
 @torch.library.register_fake("deepwell::fp8_block_swiglu_mlp")
 def _mlp_fake(x, x_codes, x_scale_inv, x_codes_t, x_scale_inv_t, w_gate, w_up, w_down, recipe="fp8_block"):
-    op = "fp8_block_swiglu_mlp"
-    _check_recipe(op, recipe)
-    f = _check_weights(op, w_gate, w_up, w_down)
-    _checks.features(op, "x", x, "w_gate", w_gate, "in_features", w_gate.shape[1])
-    _checks.same_device(op, ("x", x), ("w_up", w_up), ("w_down", w_down))
-    # x against w_gate and x's codes, as fp8_block_linear_from_codes checks them.
-    check_from_codes(op, x, (x_codes, x_scale_inv, x_codes_t, x_scale_inv_t), w_gate, None, recipe)
-    m = x.numel() // x.shape[-1]
+    f = w_gate.shape[0]
     y = x.new_empty((*x.shape[:-1], w_down.shape[0]))
     gate_up = x.new_empty((*x.shape[:-1], 2 * f))
-    h_codes_t = x_codes.new_empty((f, m), dtype=torch.uint8)
-    return y, gate_up, h_codes_t, x_scale_inv_t.new_empty((m // _BLOCK, f))
+    return y, gate_up, *column_copy(x, x.numel() // x.shape[-1], f)  # h's
 
 
 @torch.library.register_fake("deepwell::fp8_block_swiglu_mlp_backward")
 def _mlp_backward_fake(grad_out, x_codes_t, x_scale_inv_t, gate_up, h_codes_t, h_scale_inv_t, w_gate, w_up, w_down,
                        recipe, need_input, need_weight):
-    op = "fp8_block_swiglu_mlp_backward"
-    _check_recipe(op, recipe)
-    f = _check_weights(op, w_gate, w_up, w_down)
-    _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
-    _checks.non_empty(op, "grad_out", grad_out, 1)
-    _checks.features(op, "grad_out", grad_out, "w_down", w_down, "out_features", w_down.shape[0])
-    _checks.same_device(op, ("grad_out", grad_out), ("x_codes_t", x_codes_t), ("x_scale_inv_t", x_scale_inv_t),
-                        ("gate_up", gate_up), ("h_codes_t", h_codes_t), ("h_scale_inv_t", h_scale_inv_t),
-                        ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down))
-    m, k = grad_out.numel() // grad_out.shape[-1], w_gate.shape[1]
-    _check_tokens(op, "grad_out", m)
-    _checks.dtype_in(op, "h_codes_t", h_codes_t, (torch.float8_e4m3fn, torch.uint8))
-    _checks.shape_eq(op, "h_codes_t", h_codes_t, [f, m])
-    _checks.dtype_in(op, "h_scale_inv_t", h_scale_inv_t, (torch.float32,))
-    _checks.shape_eq(op, "h_scale_inv_t", h_scale_inv_t, [m // _BLOCK, f])
-    _checks.dtype_in(op, "gate_up", gate_up, _checks.FLOAT_INPUTS)
-    _checks.shape_eq(op, "gate_up", gate_up, [*grad_out.shape[:-1], 2 * f])
-    _check_cols(op, x_codes_t, x_scale_inv_t, k, m)
-    dx = gate_up.new_empty((*grad_out.shape[:-1], k)) if need_input else gate_up.new_empty((0,))
-    d_gate_up = w_gate.new_empty((2 * f, k)) if need_weight else w_gate.new_empty((0,))
-    d_down = w_down.new_empty(w_down.shape) if need_weight else w_down.new_empty((0,))
-    return dx, d_gate_up, d_down
+    f, k = w_gate.shape
+    dx = gate_up.new_empty((*grad_out.shape[:-1], k) if need_input else (0,))
+    d_gate_up = w_gate.new_empty((2 * f, k) if need_weight else (0,))
+    return dx, d_gate_up, w_down.new_empty(w_down.shape if need_weight else (0,))
 
 
 def _mlp_setup(ctx, inputs, output):

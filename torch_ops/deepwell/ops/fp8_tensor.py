@@ -105,7 +105,7 @@ def fp8_tensor_quantize_rowcol(
 
     `copies`: "both", or "rows" / "cols" to write one copy (the other is returned empty, shape (0,)),
     the same codes for half the bytes written: a layer whose backward makes the wgrad copy from x
-    again (`fp8_tensor_linear_from_rows`).
+    again (`fp8_tensor_linear` given the row codes alone).
 
     Returns:
         (row_data (m, k), col_data (k, m), scale_inv (0-d)).

@@ -84,29 +84,6 @@ def _check_layer(op: str, x, weight, recipe_arg: str, others=()) -> list[int]:
     return [*x.shape[:-1], n]
 
 
-def check_saved_layer(op: str, grad_out, x_codes_t, scale: tuple, weight, scale_shape) -> tuple[int, int, int]:
-    """Mirrors `saved_layer` in rust/ops/src/ops/linear/mod.rs: a backward from x's saved transposed
-    codes (k, m) and their fp32 scales (`scale`: (argument name, tensor) of shape
-    `scale_shape(m, k)`) against the weight (n, k) and grad_out (..., n); returns (m, k, n)."""
-    scale_arg, scale_t = scale
-    _checks.dtype_in(op, "grad_out", grad_out, _checks.FLOAT_INPUTS)
-    _checks.dtype_in(op, "weight", weight, _checks.FLOAT_INPUTS)
-    _checks.dtype_in(op, "x_codes_t", x_codes_t, (torch.uint8, torch.float8_e4m3fn))
-    _checks.dtype_in(op, scale_arg, scale_t, (torch.float32,))
-    _checks.same_device(op, ("grad_out", grad_out), ("x_codes_t", x_codes_t), scale, ("weight", weight))
-    for arg, t in (("weight", weight), ("x_codes_t", x_codes_t)):
-        if t.dim() != 2:
-            _checks.fail(op, arg, "be 2-d", f"a {t.dim()}-d tensor")
-    _checks.non_empty(op, "weight", weight, 2)
-    _checks.non_empty(op, "grad_out", grad_out, 1)
-    n, k = weight.shape
-    _checks.features(op, "grad_out", grad_out, "weight", weight, "out_features", n)
-    m = grad_out.numel() // n
-    _checks.shape_eq(op, "x_codes_t", x_codes_t, [k, m])
-    _checks.shape_eq(op, scale_arg, scale_t, scale_shape(m, k))
-    return m, k, n
-
-
 def _check_bias(op: str, bias, x, n: int) -> None:
     if bias is None:
         return

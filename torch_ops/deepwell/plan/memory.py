@@ -220,7 +220,7 @@ def saved_codes(model: torch.nn.Module, codes: dict[str, str], mlps: set[tuple[s
     """The code-saving sites' forwards as the backend rewrites them (compiler/backend.py `rewrite`): each
     input tensor quantized once per recipe family however many sites read it (q/k/v, gate/up), by
     `fp8_tensor_quantize_rowcol` (from its amax) or `fp8_block_quantize_rowcol`, the sites' GEMMs the
-    family's `*_linear_from_codes`, whose backward keeps the transposed codes and their scales
+    family's `fp8_*_linear` on both copies, whose backward keeps the transposed codes and their scales
     instead of x. The MLPs of `mlps` ((gate, up, down) names, `fused_mlps`) as the backend fuses
     them: down's forward returns `fp8_block_swiglu_mlp` on gate's input and codes, which saves gate
     and up's output (one tensor), h's column codes and their scales; gate's, up's, the silu's and
@@ -250,8 +250,9 @@ def saved_codes(model: torch.nn.Module, codes: dict[str, str], mlps: set[tuple[s
             if any(name == gate for gate, _ in gates.values()):
                 gate_inputs[name] = quantized[key]
             if kind == "fp8_block":
-                return ops.fp8_block_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
-            return ops.fp8_tensor_linear_from_codes(x, *quantized[key][1], m.weight, m.bias, recipe)
+                return ops.fp8_block_linear(x, m.weight, m.bias, recipe, *quantized[key][1])[0]
+            x_codes, x_codes_t, x_scale = quantized[key][1]
+            return ops.fp8_tensor_linear(x, m.weight, m.bias, recipe, x_codes, x_scale, x_codes_t)[0]
 
         return forward
 

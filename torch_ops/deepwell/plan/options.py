@@ -83,12 +83,12 @@ class CompileOptions:
     #: `mode="reduce-overhead"` gives torch.compile, which takes a mode or options, not both).
     cudagraphs: bool = False
     #: fp8_block sites quantize each input once, both copies, for all the sites reading it, and save
-    #: its column copy for their backwards (`fp8_block_linear_from_codes`); False: `scaled_linear`
+    #: its column copy for their backwards (`fp8_block_linear` given both copies); False: `scaled_linear`
     #: per site, x recomputed in the backward. Measured faster with the copies, in one process and
     #: under FSDP2 alike (docs/BASELINES.md).
     fp8_block_codes: bool = True
     #: the code-saving sites keep quantizing x once for all its readers, but the forward writes
-    #: only the row copy and the backward makes the column copy from x (`fp8_*_linear_from_rows`):
+    #: only the row copy and the backward makes the column copy from x (`fp8_*_linear` given the row copy):
     #: torchao's memory for a second pass over x (docs/BASELINES.md "deepwell on the H200").
     recompute_codes: bool = False
     #: `w_down(silu(w_gate(x)) * w_up(x))` with its three sites fp8_block on x's codes runs as one
@@ -153,7 +153,7 @@ class CompileOptions:
 
     def codes_for(self, recipe: str | Recipe, tokens: int) -> Codes:
         """How a site of `recipe` with `tokens` rows per call gets x into its backward:
-        fp8_tensor sites always run on x's codes (`fp8_tensor_linear_from_codes`); fp8_block ones
+        fp8_tensor sites always run on x's codes (`fp8_tensor_linear` given them); fp8_block ones
         with `fp8_block_codes` when the tokens fill whole 1x128 blocks of the column copy (blocks run
         along the tokens); either way the codes are saved, or with `recompute_codes` remade in the
         backward. Every other recipe: `scaled_linear`, which keeps x."""

@@ -22,10 +22,10 @@ class Codes(str, Enum):
     #: x itself is kept: `scaled_linear` quantizes it again in the backward (bf16 sites: the model's GEMM).
     X = "x"
     #: x quantized once for all the sites reading it, its column copy saved for their backwards
-    #: (`fp8_*_linear_from_codes`).
+    #: (`fp8_*_linear` given both copies).
     SAVED = "saved"
     #: x quantized once, row copy only; the backward makes the column copy from x
-    #: (`fp8_*_linear_from_rows`).
+    #: (`fp8_*_linear` given the row copy alone).
     RECOMPUTED = "recomputed"
 
 

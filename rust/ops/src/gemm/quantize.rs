@@ -261,7 +261,7 @@ pub fn fp8_tensor_cols_from_codes(op: Op, form: Form, codes_t: Tensor, scale: Te
 
 /// fp8_block's operand of x (m, k) along K from `fp8_block_quantize_rowcol(x, m_major_scales=True)`'s
 /// row codes `data` (m, k) and their scales stored M-major, (k/128, m): exactly what
-/// `along_k(Fp8Block, form, Role::Activation, x)` makes from x (`fp8_block_linear_from_codes`).
+/// `along_k(Fp8Block, form, Role::Activation, x)` makes from x (`fp8_block_linear` given them).
 pub fn fp8_block_rows_from_codes(op: Op, form: Form, data: Tensor, scale: Tensor) -> Result<Operand> {
     match form {
         Form::Blockwise(scaling @ ScalingType::BlockWise1x128) => {

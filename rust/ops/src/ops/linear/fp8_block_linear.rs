@@ -1,33 +1,32 @@
-//! `deepwell.fp8_block_linear_from_codes` and `deepwell.fp8_block_linear_backward`: `scaled_linear`
-//! in the fp8_block recipe on x's FP8 operands made beforehand, with x's wgrad operand saved for the
-//! backward instead of x. Schemas, fake kernels and the autograd formula:
-//! torch_ops/deepwell/ops/fp8_block_linear.py.
+//! `deepwell.fp8_block_linear` and `deepwell.fp8_block_linear_backward`: `scaled_linear` in the
+//! fp8_block recipe with x's wgrad operand saved for the backward instead of x. Schemas, fake
+//! kernels and the autograd formula: torch_ops/deepwell/ops/fp8_block_linear.py.
 //!
 //! fp8_block quantizes x twice per step: along K in 1x128 blocks for fprop, and along the tokens
 //! (x^T in 1x128 blocks) for wgrad (docs/NUMERICS.md "FP8 block"; the two copies differ, a 1x128
 //! block's scale depending on its orientation). `fp8_block_quantize_rowcol(x, m_major_scales=True)`
-//! writes both from one read of x; this forward runs fprop on the row copy and autograd keeps the
+//! writes both from one read of x; the forward runs fprop on the row copy and autograd keeps the
 //! column copy (1 byte per element and a scale per 128) for the backward, which then never reads x.
-//! Layers that read one x (q/k/v, gate/up) share one quantization and one saved copy (compiler/backend.py
-//! groups them), where `scaled_linear` quantizes x once per layer in the forward and again in each
-//! layer's backward. Every output is bit-identical to `scaled_linear(x, w, b, "fp8_block")` and its
-//! backward (tests/ops/test_fp8_block_linear.py): the same operands reach the same GEMMs
-//! (`quantize::fp8_block_rows_from_codes`, `fp8_block_cols_from_codes`), and the weight's through
-//! the same weight cache.
 //!
-//! `fp8_block_linear_from_rows` is the same forward on the row copy alone
-//! (`fp8_block_quantize_rowcol(x, copies="rows")`): its autograd formula makes the column copy in the
-//! backward, from x, for a forward that writes half the bytes and saves none of x's codes (the
-//! backend's `recompute_codes`).
+//! x's operands arrive as the optional arguments say (`Given`): none (the forward makes both copies
+//! itself and returns the column copy, its codes as uint8, for autograd to keep), both (made once
+//! for the layers that read one x, q/k/v or gate/up: compiler/backend.py groups them; outputs 1-2
+//! empty), or the row copy alone (`copies="rows"`: the autograd formula makes the column copy in
+//! the backward from x, for a forward that writes half the bytes and saves none of x's codes, the
+//! backend's `recompute_codes`; outputs 1-2 empty). Every output is bit-identical to
+//! `scaled_linear(x, w, b, "fp8_block")` and its backward (tests/ops/test_fp8_block_linear.py): the
+//! same operands reach the same GEMMs (`quantize::fp8_block_rows_from_codes`,
+//! `fp8_block_cols_from_codes`), and the weight's through the same weight cache.
 
 use deepwell_core::policy::{Pass, Recipe};
 
 use super::weight_cache::Want;
-use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, Layer};
+use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, unused, Given, Layer};
 use crate::aten;
 use crate::check;
 use crate::dtype::DType;
 use crate::error::{Error, Op, Result};
+use crate::gemm::quantizers::{self, ScaleLayout};
 use crate::gemm::{self, quantize, Form, Operand};
 use crate::kernel::{one_body, Kernel};
 use crate::stack::{Args, Kind, OpSpec};
@@ -36,33 +35,24 @@ use crate::tensor::Tensor;
 /// fp8_block's 1x128 block.
 const BLOCK: i64 = 128;
 
-pub static FROM_CODES: OpSpec = OpSpec {
-    name: "fp8_block_linear_from_codes",
+pub static FORWARD: OpSpec = OpSpec {
+    name: "fp8_block_linear",
     args: &[
         ("x", Kind::Tensor),
-        ("x_codes", Kind::Tensor),
-        ("x_scale_inv", Kind::Tensor),
-        ("x_codes_t", Kind::Tensor),
-        ("x_scale_inv_t", Kind::Tensor),
         ("weight", Kind::Tensor),
         ("bias", Kind::OptTensor),
         ("recipe", Kind::Str),
+        ("x_codes", Kind::OptTensor),
+        ("x_scale_inv", Kind::OptTensor),
+        ("x_codes_t", Kind::OptTensor),
+        ("x_scale_inv_t", Kind::OptTensor),
     ],
-    returns: 1,
+    returns: 3,
 };
 
-pub static FROM_ROWS: OpSpec = OpSpec {
-    name: "fp8_block_linear_from_rows",
-    args: &[
-        ("x", Kind::Tensor),
-        ("x_codes", Kind::Tensor),
-        ("x_scale_inv", Kind::Tensor),
-        ("weight", Kind::Tensor),
-        ("bias", Kind::OptTensor),
-        ("recipe", Kind::Str),
-    ],
-    returns: 1,
-};
+/// The optional arguments of x's row copy and of its column copy.
+const ROWS: [&str; 2] = ["x_codes", "x_scale_inv"];
+const COLS: [&str; 2] = ["x_codes_t", "x_scale_inv_t"];
 
 pub static BACKWARD: OpSpec = OpSpec {
     name: "fp8_block_linear_backward",
@@ -79,7 +69,7 @@ pub static BACKWARD: OpSpec = OpSpec {
 };
 
 pub fn kernels() -> Vec<Kernel> {
-    [one_body!(FROM_CODES, from_codes), one_body!(FROM_ROWS, from_rows), one_body!(BACKWARD, backward)].concat()
+    [one_body!(FORWARD, forward), one_body!(BACKWARD, backward)].concat()
 }
 
 /// The scales of x^T's codes (k, m) as rowcol stores them M-major: (m/128, k).
@@ -126,47 +116,45 @@ pub(super) fn saved_cols(op: Op, codes: &Tensor, scale: Tensor) -> Result<impl F
     Ok(move |form| quantize::fp8_block_cols_from_codes(op, form, codes, scale))
 }
 
-/// `scaled_linear(x, weight, bias, "fp8_block")`'s y from x's rowcol codes: rows (m, k) with scales
-/// (k/128, m), and columns (k, m) with scales (m/128, k), both stored M-major (x itself is read for its
-/// shape and dtype only; the column copy is there for autograd to keep for the backward).
-fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
-    let (codes, scale) = (a.tensor("x_codes")?, a.tensor("x_scale_inv")?);
-    let cols = [a.tensor("x_codes_t")?, a.tensor("x_scale_inv_t")?];
-    forward(a, [codes, scale], Some(cols))
-}
-
-/// `from_codes` on x's row copy alone (the backward makes the column copy from x).
-fn from_rows(a: &mut Args) -> Result<Vec<Tensor>> {
-    let rows = [a.tensor("x_codes")?, a.tensor("x_scale_inv")?];
-    forward(a, rows, None)
-}
-
-/// y from fprop on x's row codes, after checking x against the weight and bias, and the codes given
-/// against x (the column copy, where given, is only checked: it is for the backward).
-fn forward(a: &mut Args, [codes, scale]: [Tensor; 2], cols: Option<[Tensor; 2]>) -> Result<Vec<Tensor>> {
+/// y from fprop on x's row copy (given, or made here with the column copy), after checking x
+/// against the weight and bias, and the copies given against x (the column copy is only checked: it
+/// is for the backward). Returns (y, the column copy made here as uint8 codes and scales, or two
+/// empty tensors where x's codes were given).
+fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();
     let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
     let recipe_arg = a.str("recipe")?;
+    let given = Given::parse(a, ROWS, COLS)?;
     expect_recipe(op, parse_recipe(op, &recipe_arg)?.0, Recipe::Fp8Block, &recipe_arg)?;
-    let mut others = vec![("x_codes", &codes), ("x_scale_inv", &scale)];
-    if let Some([codes_t, scale_t]) = &cols {
-        others.extend([("x_codes_t", codes_t), ("x_scale_inv_t", scale_t)]);
-    }
+    let mut others = given.named(ROWS, COLS);
     others.extend(bias.iter().map(|b| ("bias", b)));
     let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
     let p = &layer.p;
     check_bias(op, bias.as_ref(), p.n as i64)?;
     check_tokens(op, "x", p.m)?;
     let (m, k) = (p.m as i64, p.k as i64);
-    check_rows(op, m, k, &codes, &scale)?;
-    if let Some([codes_t, scale_t]) = &cols {
-        check_cols(op, m, k, codes_t, scale_t)?;
-    }
+    let none = || Ok::<_, Error>([unused(op, DType::U8, p.device)?, unused(op, DType::F32, p.device)?]);
+    let ([codes, scale], made) = match given {
+        Given::Nothing => {
+            let [codes, scale, codes_t, scale_t] =
+                quantizers::fp8_block_quantize_rowcol(op, p.x_2d(op)?, ScaleLayout::MMajor)?;
+            ([codes, scale], [aten::view_dtype(op, codes_t, DType::U8)?, scale_t])
+        }
+        Given::Rows([codes, scale]) => {
+            check_rows(op, m, k, &codes, &scale)?;
+            ([codes, scale], none()?)
+        }
+        Given::Both([codes, scale], [codes_t, scale_t]) => {
+            check_codes(op, m, k, [&codes, &scale, &codes_t, &scale_t])?;
+            ([codes, scale], none()?)
+        }
+    };
     let backend = p.choice(Pass::Fprop).backend;
     let (codes, scale) = (aten::contiguous(op, codes)?, aten::contiguous(op, scale)?);
     let xa = quantize::fp8_block_rows_from_codes(op, Form::of(backend).0, codes, scale)?;
     let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
-    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
+    let [codes_t, scale_t] = made;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes_t, scale_t])
 }
 
 fn backward(a: &mut Args) -> Result<Vec<Tensor>> {

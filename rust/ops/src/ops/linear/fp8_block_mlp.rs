@@ -5,7 +5,7 @@
 //! faster, docs/BASELINES.md "deepwell on the H100") the backend rewrites the three linear
 //! layers into it (compiler/fuse_mlp.py).
 //!
-//! Three `fp8_block_linear_from_codes` layers around a SwiGLU write and re-read the activation in
+//! Three `fp8_block_linear` layers on x's codes around a SwiGLU write and re-read the activation in
 //! bf16 four times a step: SwiGLU writes h, the down projection's rowcol pass reads it; SwiGLU's
 //! backward writes d_gate and d_up, and each of gate's and up's backwards reads its own to quantize
 //! it. Here:
@@ -188,7 +188,7 @@ fn gate_up_weight(op: Op, gate: &Layer, up: &Layer, want: Want, form: Form) -> R
     side_by_side(op, gate.weight_operand(op, want)?, up.weight_operand(op, want)?, want)
 }
 
-/// (y, gate_up, h's column codes as uint8, their scales) for x's rowcol codes (`fp8_block_linear_from_codes`'
+/// (y, gate_up, h's column codes as uint8, their scales) for x's rowcol codes (`fp8_block_linear`'
 /// layouts: rows (m, k), scales (k/128, m); columns (k, m), scales (m/128, k)).
 fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();

@@ -13,31 +13,30 @@
 //! and sum, which float8 tensors are not. Every output is bit-identical to
 //! `scaled_linear(x, w, b, "fp8_tensor")` and its backward (tests/ops/test_fp8_tensor_linear.py).
 //!
-//! `fp8_tensor_linear_from_codes` is the forward on codes made beforehand by
-//! `fp8_tensor_quantize_rowcol(x)`: layers that read the same x (q/k/v, gate/up) share one
-//! quantization and one saved copy of the codes (compiler/backend.py groups them).
-//! `fp8_tensor_linear_from_rows` is the same forward on the row codes alone
-//! (`fp8_tensor_quantize_rowcol(x, amax, copies="rows")`): its autograd formula makes the transposed
-//! codes in the backward, from x and `x_amax` (the forward's amax, so the scale is the forward's),
-//! for a forward that writes half the bytes and saves none of x's codes (the backend's
-//! `recompute_codes`).
+//! x's operands arrive as the optional arguments say (`Given`): none (quantized here, as above),
+//! both copies and the scale, made beforehand by `fp8_tensor_quantize_rowcol(x)` (layers that read
+//! one x, q/k/v or gate/up, share one quantization and one saved copy: compiler/backend.py groups
+//! them; outputs 1-2 empty), or the row codes alone (`copies="rows"`: the autograd formula makes
+//! the transposed codes in the backward, from x and `x_amax`, the forward's amax so the forward's
+//! scale, for a forward that writes half the bytes and saves none of x's codes, the backend's
+//! `recompute_codes`; outputs 1-2 empty). `x_amax` is x's amax wherever x is quantized (here, or
+//! in that backward); `weight_amax` is W's, reduced once per step in the backend's graph: W's fprop
+//! cast and its dgrad transposing cast read it, so W is read twice per step, not four times.
 //!
 //! The backward's optional `grad_amax` is dy's amax, reduced by the autograd formula as a torch op
 //! so that Inductor fuses it into dy's producer; dy's one rowcol pass reads it instead of reducing
-//! dy itself (`gemm::quantize::gradient_pair`). `weight_amax` (from_codes and the backward) is W's,
-//! reduced once per step in the backend's graph: W's fprop cast and its dgrad transposing cast
-//! read it, so W is read twice per step, not four times.
+//! dy itself (`gemm::quantize::gradient_pair`).
 
 use deepwell_core::policy::{Pass, Recipe};
 
 use super::weight_cache::Want;
-use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, Layer};
+use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, unused, Given, Layer};
 use crate::aten;
 use crate::check;
 use crate::dtype::DType;
-use crate::error::{Op, Result};
+use crate::error::{Error, Op, Result};
 use crate::gemm::quantize::{fp8_tensor_elem, Role};
-use crate::gemm::quantizers::{self as k, Copies, Fp8Elem};
+use crate::gemm::quantizers::{self, Copies, Fp8Elem};
 use crate::gemm::{self, quantize, Form};
 use crate::kernel::{one_body, Kernel};
 use crate::ops::fp8_tensor::check_amax;
@@ -46,9 +45,24 @@ use crate::tensor::Tensor;
 
 pub static FORWARD: OpSpec = OpSpec {
     name: "fp8_tensor_linear",
-    args: &[("x", Kind::Tensor), ("weight", Kind::Tensor), ("bias", Kind::OptTensor), ("recipe", Kind::Str)],
+    args: &[
+        ("x", Kind::Tensor),
+        ("weight", Kind::Tensor),
+        ("bias", Kind::OptTensor),
+        ("recipe", Kind::Str),
+        ("x_codes", Kind::OptTensor),
+        ("x_scale_inv", Kind::OptTensor),
+        ("x_codes_t", Kind::OptTensor),
+        ("weight_amax", Kind::OptTensor),
+        ("x_amax", Kind::OptTensor),
+    ],
     returns: 3,
 };
+
+/// The optional arguments of x's row copy (codes, and the scale both copies share) and of its
+/// transposed codes.
+const ROWS: [&str; 2] = ["x_codes", "x_scale_inv"];
+const COLS: [&str; 1] = ["x_codes_t"];
 
 pub static BACKWARD: OpSpec = OpSpec {
     name: "fp8_tensor_linear_backward",
@@ -66,44 +80,8 @@ pub static BACKWARD: OpSpec = OpSpec {
     returns: 2,
 };
 
-pub static FROM_CODES: OpSpec = OpSpec {
-    name: "fp8_tensor_linear_from_codes",
-    args: &[
-        ("x", Kind::Tensor),
-        ("x_codes", Kind::Tensor),
-        ("x_codes_t", Kind::Tensor),
-        ("x_scale_inv", Kind::Tensor),
-        ("weight", Kind::Tensor),
-        ("bias", Kind::OptTensor),
-        ("recipe", Kind::Str),
-        ("weight_amax", Kind::OptTensor),
-    ],
-    returns: 1,
-};
-
-pub static FROM_ROWS: OpSpec = OpSpec {
-    name: "fp8_tensor_linear_from_rows",
-    args: &[
-        ("x", Kind::Tensor),
-        ("x_codes", Kind::Tensor),
-        ("x_scale_inv", Kind::Tensor),
-        ("weight", Kind::Tensor),
-        ("bias", Kind::OptTensor),
-        ("recipe", Kind::Str),
-        ("weight_amax", Kind::OptTensor),
-        ("x_amax", Kind::OptTensor),
-    ],
-    returns: 1,
-};
-
 pub fn kernels() -> Vec<Kernel> {
-    [
-        one_body!(FORWARD, forward),
-        one_body!(FROM_CODES, from_codes),
-        one_body!(FROM_ROWS, from_rows),
-        one_body!(BACKWARD, backward),
-    ]
-    .concat()
+    [one_body!(FORWARD, forward), one_body!(BACKWARD, backward)].concat()
 }
 
 /// The recipe argument names fp8_tensor (`"fp8_tensor"`, or `"fp8_tensor@sm_90"` on CPU tensors).
@@ -111,63 +89,23 @@ fn check_recipe(op: Op, recipe: Recipe, recipe_arg: &str) -> Result<()> {
     expect_recipe(op, recipe, Recipe::Fp8Tensor, recipe_arg)
 }
 
+/// y from fprop on x's row codes (given, or made here with the transposed codes), after checking x
+/// against the weight and bias, and the codes given (and the amaxes) against x. Returns (y, the
+/// transposed codes made here as uint8 and the scale, or two empty tensors where x's codes were
+/// given).
 fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();
     let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
     let recipe_arg = a.str("recipe")?;
+    let given = Given::parse(a, ROWS, COLS)?;
+    let (w_amax, x_amax) = (a.opt_tensor("weight_amax")?, a.opt_tensor("x_amax")?);
     check_recipe(op, parse_recipe(op, &recipe_arg)?.0, &recipe_arg)?;
-    let others: Vec<_> = bias.iter().map(|b| ("bias", b)).collect();
-    let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
-    let p = &layer.p;
-    check_bias(op, bias.as_ref(), p.n as i64)?;
-    let [rows, cols, scale] = k::fp8_tensor_quantize_rowcol(op, p.x_2d(op)?, Fp8Elem::E4M3, Copies::Both, None)?;
-    let backend = p.choice(Pass::Fprop).backend;
-    let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, rows, scale.share(op)?)?;
-    let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
-    let codes = aten::view_dtype(op, cols, DType::U8)?;
-    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes, scale])
-}
-
-/// `fp8_tensor_linear`'s y from x's codes (m, k) and scale, as `fp8_tensor_quantize_rowcol(x)`
-/// made them (x itself is read for its shape and dtype only; `x_codes_t`, the transposed codes, is
-/// there for autograd to keep for the backward).
-fn from_codes(a: &mut Args) -> Result<Vec<Tensor>> {
-    let codes_t = a.tensor("x_codes_t")?;
-    on_codes(a, Some(codes_t), None)
-}
-
-/// `from_codes` on x's row codes alone; `x_amax`, checked here, is for the backward's transposed
-/// codes.
-fn from_rows(a: &mut Args) -> Result<Vec<Tensor>> {
-    let x_amax = a.opt_tensor("x_amax")?;
-    on_codes(a, None, x_amax)
-}
-
-/// y from fprop on x's codes, after checking x against the weight and bias, and the codes (and
-/// `x_codes_t`, `x_amax` where given: the backward's) against x.
-fn on_codes(a: &mut Args, codes_t: Option<Tensor>, x_amax: Option<Tensor>) -> Result<Vec<Tensor>> {
-    let op = a.op();
-    let (x, codes, scale) = (a.tensor("x")?, a.tensor("x_codes")?, a.tensor("x_scale_inv")?);
-    let (weight, bias) = (a.tensor("weight")?, a.opt_tensor("bias")?);
-    let recipe_arg = a.str("recipe")?;
-    let w_amax = a.opt_tensor("weight_amax")?;
-    check_recipe(op, parse_recipe(op, &recipe_arg)?.0, &recipe_arg)?;
-    let mut others = vec![("x_codes", &codes)];
-    others.extend(codes_t.iter().map(|c| ("x_codes_t", c)));
-    others.push(("x_scale_inv", &scale));
+    let mut others = given.named(ROWS, COLS);
     others.extend(bias.iter().map(|b| ("bias", b)));
     let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
     let p = &layer.p;
     check_bias(op, bias.as_ref(), p.n as i64)?;
     let (m, k) = (p.m as i64, p.k as i64);
-    check::dtype_in(op, "x_codes", &codes, &[DType::E4M3])?;
-    check::shape_eq(op, "x_codes", &codes, &[m, k])?;
-    if let Some(codes_t) = &codes_t {
-        check::dtype_in(op, "x_codes_t", codes_t, &[DType::E4M3, DType::U8])?;
-        check::shape_eq(op, "x_codes_t", codes_t, &[k, m])?;
-    }
-    check::dtype_in(op, "x_scale_inv", &scale, &[DType::F32])?;
-    check::shape_eq(op, "x_scale_inv", &scale, &[])?;
     let on = check::Backend::of(op, p.device)?;
     if let Some(amax) = &w_amax {
         check_amax(op, "weight_amax", amax, on, ("weight", &layer.weight), fp8_tensor_elem(Role::Weight))?;
@@ -175,11 +113,38 @@ fn on_codes(a: &mut Args, codes_t: Option<Tensor>, x_amax: Option<Tensor>) -> Re
     if let Some(amax) = &x_amax {
         check_amax(op, "x_amax", amax, on, ("x", &p.x), fp8_tensor_elem(Role::Activation))?;
     }
+    let none = || Ok::<_, Error>([unused(op, DType::U8, p.device)?, unused(op, DType::F32, p.device)?]);
+    let (codes, scale, made) = match given {
+        Given::Nothing => {
+            let [rows, cols, scale] =
+                quantizers::fp8_tensor_quantize_rowcol(op, p.x_2d(op)?, Fp8Elem::E4M3, Copies::Both, x_amax)?;
+            (rows, scale.share(op)?, [aten::view_dtype(op, cols, DType::U8)?, scale])
+        }
+        Given::Rows([codes, scale]) => {
+            check_rows(op, m, k, &codes, &scale)?;
+            (codes, scale, none()?)
+        }
+        Given::Both([codes, scale], [codes_t]) => {
+            check_rows(op, m, k, &codes, &scale)?;
+            check::dtype_in(op, "x_codes_t", &codes_t, &[DType::E4M3, DType::U8])?;
+            check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
+            (codes, scale, none()?)
+        }
+    };
     let backend = p.choice(Pass::Fprop).backend;
     let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, aten::contiguous(op, codes)?, scale)?;
     let wb = layer.weight_operand_from(op, Want::Fprop, w_amax)?;
     let y = gemm::run::run(op, backend, xa, wb, bias, p.x.dtype())?;
-    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?])
+    let [codes_t, scale] = made;
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes_t, scale])
+}
+
+/// x's row codes (m, k) E4M3 and the scale, 0-d fp32.
+fn check_rows(op: Op, m: i64, k: i64, codes: &Tensor, scale: &Tensor) -> Result<()> {
+    check::dtype_in(op, "x_codes", codes, &[DType::E4M3])?;
+    check::shape_eq(op, "x_codes", codes, &[m, k])?;
+    check::dtype_in(op, "x_scale_inv", scale, &[DType::F32])?;
+    check::shape_eq(op, "x_scale_inv", scale, &[])
 }
 
 fn backward(a: &mut Args) -> Result<Vec<Tensor>> {

@@ -317,6 +317,62 @@ fn expect_recipe(op: Op, recipe: Recipe, want: Recipe, recipe_arg: &str) -> Resu
     Err(Error::arg(op, "recipe", format!("be '{want}' (optionally '@' a GPU to model)"), check::quoted(recipe_arg)))
 }
 
+/// x's FP8 operands as a `fp8_*_linear` call gives them in its optional arguments: none (the
+/// forward quantizes x into both copies itself and returns the column copy for autograd to keep),
+/// the row copy alone (the backward makes the column copy from x), or both (made once beforehand for
+/// every layer reading x). `R` and `C`: how many tensors make each copy (codes, and scales where
+/// the copy has its own).
+pub(super) enum Given<const R: usize, const C: usize> {
+    Nothing,
+    Rows([Tensor; R]),
+    Both([Tensor; R], [Tensor; C]),
+}
+
+impl<const R: usize, const C: usize> Given<R, C> {
+    /// The optional arguments named `rows` (the row copy's) and `cols` (the column copy's): each copy
+    /// whole or absent, the column copy only with the row copy.
+    pub fn parse(a: &mut Args, rows: [&'static str; R], cols: [&'static str; C]) -> Result<Self> {
+        match (copy(a, rows)?, copy(a, cols)?) {
+            (None, None) => Ok(Given::Nothing),
+            (Some(r), None) => Ok(Given::Rows(r)),
+            (Some(r), Some(c)) => Ok(Given::Both(r, c)),
+            (None, Some(_)) => {
+                let why = format!("be given with '{}' (x's column copy comes with its row copy)", cols[0]);
+                Err(Error::arg(a.op(), rows[0], why, "None"))
+            }
+        }
+    }
+
+    /// The given tensors by argument name (for the device check).
+    pub fn named(&self, rows: [&'static str; R], cols: [&'static str; C]) -> Vec<(&'static str, &Tensor)> {
+        let (r, c): (&[Tensor], &[Tensor]) = match self {
+            Given::Nothing => (&[], &[]),
+            Given::Rows(r) => (r, &[]),
+            Given::Both(r, c) => (r, c),
+        };
+        rows.into_iter().zip(r).chain(cols.into_iter().zip(c)).collect()
+    }
+}
+
+/// One copy of x's operands from the optional arguments `names`: all given, or none.
+fn copy<const N: usize>(a: &mut Args, names: [&'static str; N]) -> Result<Option<[Tensor; N]>> {
+    let mut got = Vec::with_capacity(N);
+    for name in names {
+        got.push(a.opt_tensor(name)?);
+    }
+    if got.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    if let Some(missing) = names.iter().zip(&got).find_map(|(n, t)| t.is_none().then_some(*n)) {
+        let given: Vec<_> =
+            names.iter().zip(&got).filter(|(_, t)| t.is_some()).map(|(n, _)| format!("'{n}'")).collect();
+        let why = format!("be given with {} (a copy of x comes whole: its codes and their scales)", given.join(", "));
+        return Err(Error::arg(a.op(), missing, why, "None"));
+    }
+    let tensors: Vec<Tensor> = got.into_iter().flatten().collect();
+    Ok(tensors.try_into().ok())
+}
+
 /// A backward's layer from x's saved transposed codes (the argument's name and tensor: (k, m), E4M3
 /// or its bytes as uint8) and their fp32 scales (`scale`: the argument's name and tensor, of shape
 /// `scale_shape(m, k)`), checked against the weight (name and tensor, (n, k)) and grad_out (..., n): the layer's passes
