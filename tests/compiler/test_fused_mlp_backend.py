@@ -17,7 +17,7 @@ import deepwell
 from deepwell.compiler import backend as dw_backend
 from deepwell.models import Llama
 from deepwell.models.llama import FeedForward
-from deepwell.plan.memory import codes_of, fused_mlps, saved_activation_bytes
+from deepwell.plan.memory import codes_of, saved_activation_bytes
 from _util import deepwell_calls as _deepwell_calls
 
 ops = torch.ops.deepwell
@@ -70,15 +70,14 @@ def _rel(a, b):
 
 def _graph_counts(model, x, **options) -> dict:
     """Counts of the rewritten graph's deepwell ops and SwiGLU nodes (backend's own rewrite, fusion or
-    not, without Inductor)."""
-    from deepwell.compiler.fuse_mlp import fuse_mlp
-
+    not, without Inductor), and the MLPs its plan fuses (`plan`)."""
     counts = {}
 
     def spy(gm, example_inputs, **kw):
-        plan, found = dw_backend.plan_graph(gm, {"policy": options.get("policy", POLICY), "fp8_block_codes": True})
-        dw_backend.rewrite(gm, found)
-        counts["fused"] = fuse_mlp(gm) if options.get("fused_mlp", True) else 0
+        plan, found = dw_backend.plan_graph(gm, {"policy": options.get("policy", POLICY), "fp8_block_codes": True,
+                                                 "fused_mlp": options.get("fused_mlp", True)})
+        counts["fused"] = dw_backend._rewrite(gm, found)[1]
+        counts["plan"] = plan.fused_mlps()
         targets = [n.target for n in gm.graph.nodes]
         counts.update(
             mlp=targets.count(ops.fp8_block_swiglu_mlp.default),
@@ -164,19 +163,18 @@ def test_the_llama_mlps_are_fused_and_their_nodes_erased():
 @pytest.mark.parametrize("case", ["plain", "bias", "h_returned", "silu_reread"])
 def test_only_the_pattern_the_op_computes_is_fused(case, gen):
     """A bias on a site, or h or silu(a) read outside the MLP, keeps the three sites (the op has no
-    bias and keeps its intermediates to itself); the memory trace's mirror agrees (`fused_mlps`)."""
+    bias and keeps its intermediates to itself); the plan says which MLP runs fused."""
     model = _seeded(lambda: _Variant(case), gen).bfloat16()
     x = torch.randn(TOKENS, D, generator=gen).bfloat16()
     counts = _graph_counts(model, x)
     fusable = case == "plain"
     assert counts["mlp"] == counts["fused"] == int(fusable)
     assert counts["sites"] == (0 if fusable else 3)
-    codes = {"w1": "fp8_block", "w3": "fp8_block", "w2": "fp8_block"}
-    assert fused_mlps(model, (x,), codes) == ({("w1", "w3", "w2")} if fusable else set())
+    assert counts["plan"] == ({("w1", "w3", "w2")} if fusable else set())
 
 
 def test_the_memory_trace_counts_what_the_fused_op_saves(gen):
-    """dryrun's trace with fused_mlp: per MLP x's column codes and scales, gate_up (tokens x 2F in
+    """dryrun's trace of the MLPs the plan fuses: per MLP x's column codes and scales, gate_up (tokens x 2F in
     bf16, the largest saved tensor), h's column codes and scales; the same total as the unfused
     sites' (a and b in bf16 for SwiGLU's backward, h's column copy), where a or b is the largest.
     deepwell.dryrun predicts that total."""
@@ -185,13 +183,16 @@ def test_the_memory_trace_counts_what_the_fused_op_saves(gen):
     ir = deepwell.capture(model, (x,))
     plan = deepwell.autoplan(ir, policy=POLICY)
     codes = codes_of(plan)
-    assert len(codes) == 6 and len(fused_mlps(model, (x,), codes)) == 2
+    engine = deepwell.compile(ir, plan=plan, fused_mlp=True)
+    mlps = engine.plan.fused_mlps()
+    assert len(codes) == 6 and len(mlps) == 2
+    assert deepwell.compile(ir, plan=plan, fused_mlp=False).plan.fused_mlps() == set()
     per_mlp = (TOKENS * D + TOKENS // 128 * D * 4) + TOKENS * 2 * FFN * 2 + (FFN * TOKENS + TOKENS // 128 * FFN * 4)
-    fused = saved_activation_bytes(model, (x,), True, codes=codes, fused_mlp=True)
-    unfused = saved_activation_bytes(model, (x,), True, codes=codes, fused_mlp=False)
+    fused = saved_activation_bytes(model, (x,), True, codes=codes, mlps=mlps)
+    unfused = saved_activation_bytes(model, (x,), True, codes=codes)
     assert fused[:2] == (2 * per_mlp, TOKENS * 2 * FFN * 2)
     assert unfused[:2] == (2 * per_mlp, TOKENS * FFN * 2)
-    assert deepwell.dryrun(deepwell.compile(ir, plan=plan)).activations == 2 * per_mlp
+    assert deepwell.dryrun(deepwell.compile(ir, plan=plan, fused_mlp=True)).activations == 2 * per_mlp
 
 
 def test_off_by_default(gen):

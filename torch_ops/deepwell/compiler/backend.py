@@ -6,13 +6,14 @@ without `import deepwell`. For each graph Dynamo captures it
    `torch.mm`/`torch.addmm` with `w.t()`, `x @ w` with w (in, out)): the owning module's qualified
    name and type, role, in/out features and tokens per call;
 2. asks the Rust planner for a decision per site (deepwell.plan.sites; the policy from the options)
-   and writes each site's strategy into the plan (`Site.codes`, from `CompileOptions.codes_for`);
+   and writes each site's strategy into the plan (`Site.codes`, from `CompileOptions.codes_for`;
+   `Site.fused_mlp`, from `CompileOptions.mark_fused`, for the SwiGLU MLPs capture found);
    lists the graph's attention in the plan (`Plan.attention`, compiler/attention.py: what torch runs
    each with, and why; attention is not rewritten);
 3. rewrites the sites whose recipe is not bf16 into the op their strategy names
    (`torch.ops.deepwell.scaled_linear`, or the recipe's `fp8_*_linear` on x's codes made once per
    input: both copies, or the row copy alone; autograd registered: the backward GEMMs follow the same recipe), leaving bf16
-   sites as they are, then (option `fused_mlp`) fuses each fp8_block SwiGLU MLP's three sites into one
+   sites as they are, then fuses the three sites of each MLP the plan fuses into one
    `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py);
 4. hands the graph to Inductor (`compile_fx`), which fuses everything around the deepwell ops,
    letting AOTAutograd's partitioner recompute the cheap producers of the deepwell ops' inputs in
@@ -56,7 +57,7 @@ from ..plan.options import CompileOptions, Fallback
 from ..plan.sites import Codes, Plan, Site, plan_sites, role_of
 from . import guard
 from .attention import capture_attention, dotted
-from .fuse_mlp import fuse_mlp
+from .fuse_mlp import fuse_mlp, swiglu_groups
 from .graph_ops import GraphOps
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
@@ -68,7 +69,7 @@ PLANS: list[Plan] = []
 STATS = {"graphs": 0, "planning_s": 0.0, "fused_mlps": 0}
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: one object per site of a graph
 class Gemm:
     """One GEMM site of a graph: the node computing it and what `scaled_linear` needs in its place."""
 
@@ -81,6 +82,8 @@ class Gemm:
     weight_is_k_by_n: bool = False
     #: (x, y): the nodes of the site's input and of the deepwell op computing it, once rewritten.
     rewritten: tuple | None = None
+    #: (gate, up, down): the SwiGLU MLP's three sites when this is one of them (`swiglu_groups`).
+    mlp: tuple | None = None
 
 
 def _module_path(source_name: str) -> tuple[str, str] | None:
@@ -155,8 +158,13 @@ def _gemm(node: torch.fx.Node) -> Gemm | None:
 
 
 def capture_sites(gm: torch.fx.GraphModule) -> list[Gemm]:
-    """Every GEMM of the graph on a parameter weight, in graph order."""
-    return [g for g in map(_gemm, gm.graph.nodes) if g is not None]
+    """Every GEMM of the graph on a parameter weight, in graph order; the three sites of each SwiGLU
+    MLP the fused op could compute know their group (`Gemm.mlp`, `Site.swiglu`)."""
+    found = [g for g in map(_gemm, gm.graph.nodes) if g is not None]
+    for group in swiglu_groups(found):
+        for g in group:
+            g.mlp, g.site.swiglu = group, tuple(m.site.name for m in group)
+    return found
 
 
 def hf_moe_blocks(gm: torch.fx.GraphModule) -> list[str]:
@@ -390,6 +398,7 @@ def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None =
         if decision is not None:
             g.site.decision = decision
         g.site.codes = _codes(g, options)
+    options.mark_fused(plan.sites)
     plan.attention = capture_attention(gm, plan.arch)
     return plan, found
 
@@ -417,6 +426,19 @@ def _report(plan: Plan, rewritten: int, fused: int, options: CompileOptions) -> 
     if options.verbose or _env.print_plan():
         print(plan.table())
         print(f"deepwell backend: {rewritten} GEMM sites rewritten; {fused} SwiGLU MLP(s) fused into fp8_block_swiglu_mlp")
+
+
+def _rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> tuple[int, int]:
+    """`rewrite`, then `fuse_mlp` on the MLPs whose sites the plan fuses (`Site.fused_mlp`); returns
+    (sites rewritten, MLPs fused). A planned MLP the rewritten graph does not hold as expected stays
+    three sites, and its sites say so (the plan is what runs)."""
+    rewritten = rewrite(gm, found)
+    planned = list(dict.fromkeys(g.mlp for g in found if g.site.fused_mlp))
+    fused = fuse_mlp(gm, planned)
+    for group in set(planned) - set(fused):
+        for g in group:
+            g.site.fused_mlp = False
+    return rewritten, len(fused)
 
 
 def _guard_hook(gm: torch.fx.GraphModule, example_inputs, records: dict) -> Callable:
@@ -448,8 +470,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
     _warn_hf_moe(gm)
     _warn_unused_precision(plan, options)
     _notice_nothing_quantized(plan, options)
-    rewritten = rewrite(gm, found)
-    fused = fuse_mlp(gm) if options.fused_mlp else 0
+    rewritten, fused = _rewrite(gm, found)
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
     STATS["fused_mlps"] += fused
@@ -465,8 +486,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
         fakes = [n.meta["example_value"] for n in g.graph.nodes if n.op == "placeholder"]
         now: dict = {}
         plan, found = plan_graph(g, options, _guard_hook(original, [w() for w in weights], now))
-        n = rewrite(g, found)
-        fused = fuse_mlp(g) if options.fused_mlp else 0
+        n, fused = _rewrite(g, found)
         rows = guard.add_stats_output(g, [(f.site.name, *f.rewritten) for f in found if f.rewritten]) if observed else []
         if not observed:
             _report(plan, n, fused, options)

@@ -271,6 +271,11 @@ class Engine:
     #: what it was compiled with (`options.plan` is `plan`).
     options: CompileOptions = field(default_factory=CompileOptions)
 
+    def __post_init__(self):
+        # The plan says how each site runs under these options, as the backend decides it per
+        # graph (codes, fused MLPs): dryrun reads it from there.
+        self.options.write_strategies(self.plan.sites)
+
     def __repr__(self) -> str:
         recipes = sorted({s.recipe for s in self.plan.sites})
         return (

@@ -1,4 +1,7 @@
-"""The deepwell backend's SwiGLU MLP fusion, run on the graph `rewrite` leaves (compiler/backend.py).
+"""The deepwell backend's SwiGLU MLP fusion (compiler/backend.py). `swiglu_groups` finds, in the
+captured graph, the three sites of each MLP the fused op could compute (structure only; the plan's
+strategy, `CompileOptions.mark_fused`, says which run fused: `Site.fused_mlp`); `fuse_mlp` replaces
+those the plan fuses on the graph `rewrite` leaves.
 
 There an fp8_block MLP `w_down(silu(w_gate(x)) * w_up(x))` is three `fp8_block_linear` calls on
 x's codes (both copies): gate and up on x's shared codes, down on h = silu(a) * b quantized by its own rowcol pass
@@ -109,14 +112,44 @@ def _match(down: torch.fx.Node):
     return a, b, s, h, quantization
 
 
-def fuse_mlp(gm: torch.fx.GraphModule) -> int:
-    """Replaces every fusable fp8_block SwiGLU MLP of the rewritten graph by `fp8_block_swiglu_mlp`
-    (its output 0; 1-3 are what its backward saves) and erases the nodes it replaces: the gate, up
-    and down sites, silu, the product and h's quantization. Returns how many MLPs."""
-    n = 0
-    for down in list(gm.graph.nodes):  # every node a match erases comes before its down
+def swiglu_groups(found: list) -> list[tuple]:
+    """(gate, up, down) of the captured sites (the backend's `Gemm`s, before `rewrite`) that compute
+    an MLP `down(silu(gate(x)) * up(x))` as `fp8_block_swiglu_mlp` could: gate and up read one x and
+    have one shape, no site has a bias, and nothing but the MLP reads gate's or up's output, the
+    silu or the product (the fused op keeps those values to itself). Any recipe: whether a group
+    runs fused is the plan's strategy."""
+    by_node = {g.node: g for g in found}
+    groups = []
+    for down in found:
+        h = down.x
+        if down.bias is not None or not _mul(h) or set(h.users) != {down.node}:
+            continue
+        for s, b in (h.args, h.args[::-1]):  # silu(a) * b or b * silu(a)
+            gate = by_node.get(s.args[0]) if _silu(s) else None
+            up = by_node.get(b) if isinstance(b, torch.fx.Node) else None
+            if gate is None or up is None or gate is up or gate.x is not up.x:
+                continue
+            shape = (gate.site.in_features, gate.site.out_features)
+            if gate.bias is not None or up.bias is not None or shape != (up.site.in_features, up.site.out_features):
+                continue
+            if set(gate.node.users) == {s} and set(s.users) == {h} and set(up.node.users) == {h}:
+                groups.append((gate, up, down))
+                break
+    return groups
+
+
+def fuse_mlp(gm: torch.fx.GraphModule, groups: list[tuple]) -> list[tuple]:
+    """Replaces each MLP of `groups` ((gate, up, down) sites the plan fuses, as `rewrite` left them:
+    `Gemm.rewritten`) by `fp8_block_swiglu_mlp` (its output 0; 1-3 are what its backward saves) and
+    erases the nodes it replaces: the gate, up and down sites, silu, the product and h's
+    quantization. Returns the groups fused: all of them, unless the rewritten graph does not hold
+    the MLP as `rewrite` writes a planned one (then the caller's plan must say so)."""
+    fused_groups = []
+    for group in groups:
+        planned_gate, planned_up, planned_down = group
+        down = planned_down.rewritten[1]
         match = _match(down)
-        if match is None:
+        if match is None or (match[0], match[1]) != (planned_gate.rewritten[1], planned_up.rewritten[1]):
             continue
         a, b, s, h, quantization = match
         gate, up, down_site = _site(a), _site(b), _site(down)
@@ -130,8 +163,8 @@ def fuse_mlp(gm: torch.fx.GraphModule) -> int:
         down.replace_all_uses_with(y)
         for node in (down, down_site, *quantization, h, s, a, gate, b, up):  # each one's readers erased before it
             gm.graph.erase_node(node)
-        n += 1
-    if n:
+        fused_groups.append(group)
+    if fused_groups:
         gm.graph.lint()
         gm.recompile()
-    return n
+    return fused_groups

@@ -51,7 +51,8 @@ from ..distributed.copy_engine import staging_bytes, unit_params
 from ..distributed.fp8_all_gather import gathered_bytes
 from ..distributed.units import nbytes, plan_units
 from .attention import attention_cost
-from .memory import codes_of, saved_activation_bytes
+from .memory import saved_activation_bytes
+from .sites import Codes
 
 if TYPE_CHECKING:  # the engine is the compiler's, a layer above: only its type is read here
     from ..compiler.engine import Engine
@@ -150,10 +151,10 @@ def _loss_bytes(output: list[int]) -> int:
 
 
 def _saved_codes(engine: Engine) -> dict[str, str]:
-    """The sites whose FP8 codes of x the forward saves (`memory.codes_of` under the engine's
-    options); none of them with `recompute_codes`, whose saved set is the recomputing partition's,
-    which the plain GEMMs standing in for deepwell's trace."""
-    return codes_of(engine.plan, engine.options)
+    """The sites whose FP8 codes of x the forward saves, as the plan's strategies say (`Site.codes`,
+    written under the engine's options); none of them with `recompute_codes`, whose saved set is the
+    recomputing partition's, which the plain GEMMs standing in for deepwell's trace."""
+    return {s.name: s.recipe for s in engine.plan.sites if s.codes is Codes.SAVED}
 
 
 def dryrun(engine: Engine) -> Estimate:
@@ -194,7 +195,7 @@ def dryrun(engine: Engine) -> Estimate:
         quantized = any(s.recipe != "bf16" for s in plan.sites)
         activations, largest, *output = saved_activation_bytes(model, engine.ir.example_inputs, quantized,
                                                                codes=_saved_codes(engine),
-                                                               fused_mlp=engine.options.fused_mlp)
+                                                               mlps=engine.plan.fused_mlps())
     quantized = 0
     for s in plan.sites:
         n, k = s.out_features, s.in_features

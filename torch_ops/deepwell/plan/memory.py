@@ -12,9 +12,9 @@ plain GEMMs stand in: both read their bf16 input in the backward, which is what 
 choice depends on. The exception is the sites that save x's FP8 codes instead (fp8_tensor, and
 fp8_block under the backend's `fp8_block_codes`; 1 byte per element, once per input shared by
 several sites): their forwards are traced as the backend runs them (`saved_codes`), and so are the
-SwiGLU MLPs the backend fuses into `fp8_block_swiglu_mlp` (`fused_mlps`). A model AOTAutograd cannot trace on fake tensors (data-dependent Python
-control flow, e.g. a per-expert loop that reads group sizes on the host) falls back to counting
-what eager autograd saves, an upper bound."""
+SwiGLU MLPs the plan fuses into `fp8_block_swiglu_mlp` (`Plan.fused_mlps`). A model AOTAutograd
+cannot trace on fake tensors (data-dependent Python control flow, e.g. a per-expert loop that reads
+group sizes on the host) falls back to counting what eager autograd saves, an upper bound."""
 
 from __future__ import annotations
 
@@ -29,12 +29,10 @@ from ..ops.fp8_tensor import amax_of
 from .options import CompileOptions
 from .sites import Codes
 
-_MULS = (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
-
 
 def saved_activation_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool | None = None, tensor: int = 1,
-    sequence: bool = False, codes: dict[str, str] | None = None, fused_mlp: bool = CompileOptions.fused_mlp
+    sequence: bool = False, codes: dict[str, str] | None = None, mlps: set[tuple[str, str, str]] = frozenset()
 ) -> tuple[int, int, int, int]:
     """(total, largest, output, output elements): bytes of the activations one training forward
     saves, of the largest of them and of the forward's outputs, and the outputs' element count.
@@ -45,10 +43,10 @@ def saved_activation_bytes(
     `sequence` the residual stream at 1/tensor of the sequence (`tensor_parallel.local_sequence`).
     `codes`: the sites that save x's codes (qualified nn.Linear name -> recipe, `codes_of`; the
     compiled count, without tensor parallelism: the backend keeps scaled_linear on split weights);
-    `fused_mlp`: the backend's option of that name (`fused_mlps`)."""
+    `mlps`: the (gate, up, down) names of the SwiGLU MLPs that run fused (`Plan.fused_mlps`)."""
     if quantized is not None:
         try:
-            return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence, codes, fused_mlp)
+            return compiled_saved_bytes(model, example_inputs, quantized, tensor, sequence, codes, mlps)
         except Exception:  # noqa: BLE001 - any tracing failure: the eager count is an upper bound
             pass
     return eager_saved_bytes(model, example_inputs)
@@ -77,7 +75,7 @@ def eager_saved_bytes(model: torch.nn.Module, example_inputs: tuple) -> tuple[in
 
 def compiled_saved_bytes(
     model: torch.nn.Module, example_inputs: tuple, quantized: bool, tensor: int = 1, sequence: bool = False,
-    codes: dict[str, str] | None = None, fused_mlp: bool = CompileOptions.fused_mlp
+    codes: dict[str, str] | None = None, mlps: set[tuple[str, str, str]] = frozenset()
 ) -> tuple[int, int, int, int]:
     """`saved_activation_bytes`'s four figures under torch.compile. Saved: the storages behind the
     backward graph's inputs other than the output gradients (`tangents_*`) and the parameters, each
@@ -123,7 +121,6 @@ def compiled_saved_bytes(
     heads = tensor_parallel.local_heads(model, tensor) if tensor > 1 else contextlib.nullcontext()
     split = tensor_parallel.local_sequence(model, tensor) if tensor > 1 and sequence else contextlib.nullcontext()
     with_codes = bool(codes) and tensor == 1
-    mlps = fused_mlps(model, example_inputs, codes) if with_codes and fused_mlp else set()
     saves_codes = saved_codes(model, codes, mlps) if with_codes else contextlib.nullcontext()
     options = partitioner_options(1 if quantized else 0)
     with torch._functorch.config.patch(options), FakeTensorMode(allow_non_fake_inputs=True) as mode, heads, split, saves_codes:
@@ -146,82 +143,13 @@ def codes_of(plan, options: CompileOptions | None = None) -> dict[str, str]:
     return {s.name: s.recipe for s in plan.sites if options.codes_for(s.recipe, s.tokens) is Codes.SAVED}
 
 
-def fused_mlps(model: torch.nn.Module, example_inputs: tuple, codes: dict[str, str]) -> set[tuple[str, str, str]]:
-    """(gate, up, down) names of the nn.Linears whose MLP `down(silu(gate(x)) * up(x))` the backend
-    fuses into `fp8_block_swiglu_mlp` (compiler/fuse_mlp.py), under the same conditions: the three are
-    fp8_block code-saving sites (`codes`) of one recipe without biases, gate and up read one x and
-    have one shape, and nothing else reads gate's or up's output, the silu or the product. The
-    backend sees that in Dynamo's graph; here one forward on fake tensors records which linear, silu
-    or product made each tensor and how many calls read it (the model's outputs count as a read)."""
-    from torch.overrides import TorchFunctionMode
-
-    linears = {m: name for name, m in model.named_modules()
-               if type(m) is torch.nn.Linear and m.bias is None and family(codes.get(name, "bf16")) == "fp8_block"}
-    made: dict[int, tuple] = {}  # id(tensor) -> ("linear", name, x) | ("silu", a) | ("mul", p, q)
-    reads: dict[int, int] = {}
-    alive: list = []  # every tensor recorded, so that no id is reused
-
-    class Record(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            if getattr(func, "__name__", "") == "__get__":  # t.shape and such: no read in Dynamo's graph
-                return out
-            for t in torch.utils._pytree.tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor):
-                    reads[id(t)] = reads.get(id(t), 0) + 1
-                    alive.append(t)
-            alive.append(out)
-            if func is torch.nn.functional.silu and len(args) == 1 and not kwargs.get("inplace"):
-                made[id(out)] = ("silu", args[0])
-            elif func in _MULS and len(args) == 2 and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
-                made[id(out)] = ("mul", *args)
-            return out
-
-    def record_linear(m, args, out):
-        made[id(out)] = ("linear", linears[m], args[0])
-
-    hooks = [m.register_forward_hook(record_linear) for m in linears]
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad(), Record():
-            inputs = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-            outputs = [t for t in torch.utils._pytree.tree_leaves(model(*inputs)) if isinstance(t, torch.Tensor)]
-    finally:
-        for h in hooks:
-            h.remove()
-    for t in outputs:
-        reads[id(t)] = reads.get(id(t), 0) + 1
-
-    def kind(t, what):
-        entry = made.get(id(t))
-        return entry if entry is not None and entry[0] == what else None
-
-    found = set()
-    for down, h in [(e[1], e[2]) for e in made.values() if e[0] == "linear"]:
-        product = kind(h, "mul")
-        if product is None or reads.get(id(h)) != 1:
-            continue
-        for s, b in (product[1:], product[:0:-1]):  # silu(a) * b or b * silu(a)
-            silu, up = kind(s, "silu"), kind(b, "linear")
-            gate = kind(silu[1], "linear") if silu is not None else None
-            if gate is None or up is None or silu[1] is b:
-                continue
-            one_input = gate[2] is up[2] and silu[1].shape == b.shape
-            one_recipe = codes[gate[1]] == codes[up[1]] == codes[down]
-            read_once = all(reads.get(id(t)) == 1 for t in (silu[1], s, b))
-            if one_input and one_recipe and read_once:
-                found.add((gate[1], up[1], down))
-                break
-    return found
-
-
 @contextlib.contextmanager
 def saved_codes(model: torch.nn.Module, codes: dict[str, str], mlps: set[tuple[str, str, str]] = frozenset()):
     """The code-saving sites' forwards as the backend rewrites them (compiler/backend.py `rewrite`): each
     input tensor quantized once per recipe family however many sites read it (q/k/v, gate/up), by
     `fp8_tensor_quantize_rowcol` (from its amax) or `fp8_block_quantize_rowcol`, the sites' GEMMs the
     family's `fp8_*_linear` on both copies, whose backward keeps the transposed codes and their scales
-    instead of x. The MLPs of `mlps` ((gate, up, down) names, `fused_mlps`) as the backend fuses
+    instead of x. The MLPs of `mlps` ((gate, up, down) names, `Plan.fused_mlps`) as the backend fuses
     them: down's forward returns `fp8_block_swiglu_mlp` on gate's input and codes, which saves gate
     and up's output (one tensor), h's column codes and their scales; gate's, up's, the silu's and
     the product's values, which nothing else reads, drop out of the traced graph."""

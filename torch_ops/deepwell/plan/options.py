@@ -28,7 +28,7 @@ from enum import Enum
 from ..core.policy import PrecisionPolicy
 from ..core.recipes import Recipe, arch_name, names as recipe_names, precision_name
 from ..nn.guardrails import GuardrailConfig
-from .sites import Codes, Plan
+from .sites import Codes, Plan, Site
 
 
 class Fallback(str, Enum):
@@ -164,3 +164,22 @@ class CompileOptions:
         if not on_codes:
             return Codes.X
         return Codes.RECOMPUTED if self.recompute_codes else Codes.SAVED
+
+    def mark_fused(self, sites: list[Site]) -> None:
+        """Writes each site's `fused_mlp`: with `fused_mlp`, the SwiGLU MLPs (`Site.swiglu`) whose three
+        sites are all here, of one fp8_block recipe, and save x's codes (`Codes.SAVED`: the fused op
+        saves its codes, so never with `recompute_codes`) run as one `fp8_block_swiglu_mlp`."""
+        by_name = {s.name: s for s in sites}
+        for s in sites:
+            group = [by_name.get(name) for name in s.swiglu or ()]
+            s.fused_mlp = (
+                self.fused_mlp and bool(group) and all(m is not None and m.codes is Codes.SAVED for m in group)
+                and len({m.recipe for m in group}) == 1 and Recipe.parse(s.recipe).name == "fp8_block"
+            )
+
+    def write_strategies(self, sites: list[Site]) -> None:
+        """Each site's strategy under these options, as the backend writes it into its graph's plan:
+        how x reaches the backward (`codes_for`) and whether it runs fused (`mark_fused`)."""
+        for s in sites:
+            s.codes = self.codes_for(s.recipe, s.tokens)
+        self.mark_fused(sites)

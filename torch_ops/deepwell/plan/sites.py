@@ -46,6 +46,11 @@ class Site:
     dtype: str = ""
     #: How x reaches the backward (the backend's strategy for the site, from its options).
     codes: Codes = Codes.X
+    #: (gate, up, down) site names when the site is one of a SwiGLU MLP's three projections that
+    #: `fp8_block_swiglu_mlp` could compute (the graph's structure, found when captured).
+    swiglu: tuple[str, str, str] | None = None
+    #: The site runs inside its MLP's `fp8_block_swiglu_mlp` (the backend's strategy, from its options).
+    fused_mlp: bool = False
 
     @property
     def recipe(self) -> str:
@@ -79,6 +84,10 @@ class Plan:
     global_batch: int | None = None
     moe: dict | None = None
 
+    def fused_mlps(self) -> set[tuple[str, str, str]]:
+        """(gate, up, down) names of the SwiGLU MLPs that run as one `fp8_block_swiglu_mlp`."""
+        return {s.swiglu for s in self.sites if s.fused_mlp and s.swiglu}
+
     def table(self) -> str:
         """One row per site. A reason that several sites share is printed once, under the table, and
         its rows name it by a key ([a], [b], ...): a 29-site model repeats one long reason otherwise."""
@@ -97,6 +106,8 @@ class Plan:
         for s, reason in zip(self.sites, reasons):
             d = s.decision
             fprop = d.gemms.get("fprop", {}).get("backend", "") if d else ""
+            if s.fused_mlp:
+                fprop = "fp8_block_swiglu_mlp (fused MLP)"
             emu = " (emulated)" if d and d.emulated else ""
             shape = f"{s.in_features}x{s.out_features}"
             rows.append(f"{s.name:<36} {s.role:<9} {shape:>13} {s.runs_in + emu:<17} {fprop[:48]:<48} {keys.get(reason, reason)}")
@@ -135,6 +146,8 @@ class Plan:
                     "rule": s.decision.rule if s.decision else "",
                     "gemms": s.decision.gemms if s.decision else {},
                     "codes": s.codes.value,
+                    "swiglu": list(s.swiglu) if s.swiglu else None,
+                    "fused_mlp": s.fused_mlp,
                 }
                 for s in self.sites
             ],
