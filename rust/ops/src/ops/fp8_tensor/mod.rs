@@ -45,14 +45,6 @@ pub fn kernels() -> Vec<Kernel> {
     .concat()
 }
 
-/// The codes' torch dtype.
-pub fn code_dtype(elem: Fp8Elem) -> DType {
-    match elem {
-        Fp8Elem::E4M3 => DType::E4M3,
-        Fp8Elem::E5M2 => DType::E5M2,
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The typed API: validates, then runs on `on` (the CPU reference or the CUDA kernels).
 
@@ -86,7 +78,7 @@ pub fn quantize_rowcol(
     if copies == Copies::Rows {
         let (device, elem) = (q.device, q.elem);
         let [rows, scale] = run_on(op, on, q, cpu::quantize, cuda::quantize)?;
-        return Ok([rows, Tensor::empty(op, &[0], code_dtype(elem), device)?, scale]);
+        return Ok([rows, Tensor::empty(op, &[0], DType::of_fp8(elem), device)?, scale]);
     }
     run_on(op, on, RowCol { q, copies }, cpu::quantize_rowcol, cuda::quantize_rowcol)
 }

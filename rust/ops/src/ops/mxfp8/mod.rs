@@ -118,13 +118,6 @@ fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     Ok(vec![dequantize(a.op(), on, data, scale, dim, out_dtype)?])
 }
 
-fn elem_dtype(elem: Fp8Elem) -> DType {
-    match elem {
-        Fp8Elem::E4M3 => DType::E4M3,
-        Fp8Elem::E5M2 => DType::E5M2,
-    }
-}
-
 /// x's shape with `dim` divided by the block.
 fn scale_shape(sizes: &[i64], dim: usize) -> Vec<i64> {
     let mut s = sizes.to_vec();
