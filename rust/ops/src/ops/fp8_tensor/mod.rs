@@ -17,7 +17,7 @@ use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::host::{self, with_floats};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::run_on;
+use crate::ops::{run_on, run_one};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -86,8 +86,7 @@ pub fn quantize_rowcol(
 /// `fp8_tensor_dequantize`: decode(data) * scale_inv in `out_dtype` (bf16 when None).
 pub fn dequantize(op: Op, on: Backend, data: Tensor, scale_inv: Tensor, out_dtype: Option<DType>) -> Result<Tensor> {
     let q = Dequantize::new(op, on, data, scale_inv, out_dtype)?;
-    let [out] = run_on(op, on, q, cpu::dequantize, cuda::dequantize)?;
-    Ok(out)
+    run_one(op, on, q, cpu::dequantize, cuda::dequantize)
 }
 
 // The dispatcher's entry points: the schema's arguments, then the typed call.
