@@ -43,6 +43,19 @@ def _compiled(net, **options):
     return torch.compile(net, backend="deepwell", options={"policy": POLICY, **options})
 
 
+def _net_and_model(seed, **options):
+    """A fresh `Net` (its weights drawn after `torch.manual_seed(seed)`) and its compiled model."""
+    torch.manual_seed(seed)
+    net = Net()
+    return net, _compiled(net, **options)
+
+
+def _set_weight(layer, at, value):
+    """Writes `value` into `layer.weight[at]` outside autograd: a site poisoned, or repaired."""
+    with torch.no_grad():
+        layer.weight[at] = value
+
+
 def _data(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(TOKENS, D, generator=g) for _ in range(n)]
@@ -67,16 +80,13 @@ def _running(net):
 
 @pytest.mark.parametrize("poison", [math.inf, math.nan])
 def test_a_poisoned_site_falls_back_alone_within_two_intervals_and_training_goes_on(poison):
-    torch.manual_seed(0)
-    net = Net()
-    model = _compiled(net, guardrails={"interval": 2})
+    net, model = _net_and_model(0, guardrails={"interval": 2})
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     assert all(math.isfinite(v) for v in _train(model, net, _data(3), opt))
     assert _running(net) == {"a.weight": "mxfp8", "b.weight": "mxfp8"}
 
     clean = net.a.weight.detach().clone()
-    with torch.no_grad():
-        net.a.weight[5, 7] = poison
+    _set_weight(net.a, (5, 7), poison)
     with pytest.warns(UserWarning, match=r"GEMM site 'a' falls back from mxfp8 to bf16 \(.*non-finite output"):
         calls = 0
         while _running(net)["a.weight"] == "mxfp8":
@@ -105,9 +115,7 @@ def test_a_poisoned_site_falls_back_alone_within_two_intervals_and_training_goes
 
 
 def test_healthy_training_keeps_every_site_quantized():
-    torch.manual_seed(1)
-    net = Net()
-    model = _compiled(net, guardrails={"interval": 2})
+    net, model = _net_and_model(1, guardrails={"interval": 2})
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         losses = _train(model, net, _data(8, seed=2), torch.optim.SGD(net.parameters(), lr=1e-3))
@@ -120,9 +128,7 @@ def test_healthy_training_keeps_every_site_quantized():
 def test_the_observed_call_computes_what_the_plain_one_does():
     """The statistics are extra outputs: the model's outputs and gradients are bit for bit the
     plain variant's (so where the statistics calls fall changes no numerics)."""
-    torch.manual_seed(2)
-    net = Net()
-    model = _compiled(net, guardrails={"interval": 2})
+    net, model = _net_and_model(2, guardrails={"interval": 2})
     x = _data(1, seed=3)[0]
     outs, grads = [], []
     for _ in range(2):  # call 1 plain, call 2 observed
@@ -144,8 +150,7 @@ def test_each_graph_of_a_graph_break_keeps_its_own_guard():
     _train(model, net, _data(1), opt)
     graphs = guard.graphs_of(net)
     assert len(graphs) == 2 and sorted(sorted(g.records) for g in graphs) == [["a"], ["b"]]
-    with torch.no_grad():
-        net.a.weight[0, 0] = math.inf
+    _set_weight(net.a, (0, 0), math.inf)
     with pytest.warns(UserWarning, match="'a' falls back"):
         _train(model, net, _data(2, seed=4), opt)
     by = {next(iter(g.records)): g for g in graphs}
@@ -153,22 +158,16 @@ def test_each_graph_of_a_graph_break_keeps_its_own_guard():
 
 
 def test_fallback_error_raises_naming_the_site():
-    torch.manual_seed(4)
-    net = Net()
-    model = _compiled(net, fallback="error", guardrails={"interval": 1})
-    with torch.no_grad():
-        net.b.weight[1, 2] = math.nan
+    net, model = _net_and_model(4, fallback="error", guardrails={"interval": 1})
+    _set_weight(net.b, (1, 2), math.nan)
     with pytest.raises(RuntimeError, match=r"guardrail of GEMM site 'b' \(mxfp8\) at call 1: .*fallback='error'"):
         for x in _data(3):
             model(x)
 
 
 def test_fallback_none_compiles_without_guard():
-    torch.manual_seed(5)
-    net = Net()
-    model = _compiled(net, fallback="none", guardrails={"interval": 1})
-    with torch.no_grad():
-        net.a.weight[0, 0] = math.inf
+    net, model = _net_and_model(5, fallback="none", guardrails={"interval": 1})
+    _set_weight(net.a, (0, 0), math.inf)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         for x in _data(3):
@@ -179,11 +178,8 @@ def test_fallback_none_compiles_without_guard():
 
 def test_a_graph_compiled_after_a_fallback_starts_in_bf16():
     """The fallback belongs to the weight: the no_grad graph Dynamo compiles later plans the site bf16."""
-    torch.manual_seed(6)
-    net = Net()
-    model = _compiled(net, guardrails={"interval": 1})
-    with torch.no_grad():
-        net.a.weight[0, 0] = math.inf
+    net, model = _net_and_model(6, guardrails={"interval": 1})
+    _set_weight(net.a, (0, 0), math.inf)
     with pytest.warns(UserWarning, match="'a' falls back"):
         for x in _data(2):
             model(x).sum().backward()
@@ -227,15 +223,13 @@ def test_on_the_gpu_the_statistics_reach_pinned_memory_behind_an_event():
     assert call == 2 and host.device.type == "cpu" and host.is_pinned() and event is not None and rows == ["a", "b"]
     torch.cuda.synchronize()
     assert g.poll() == [] and g._pending is None
-    with torch.no_grad():
-        net.a.weight[0, 0] = math.inf
+    _set_weight(net.a, (0, 0), math.inf)
     with pytest.warns(UserWarning, match="'a' falls back"):
         for _ in range(4):  # calls 3-6: 4 observes the inf, 6 reads it
             model(x)
             torch.cuda.synchronize()
     assert _running(net) == {"a.weight": "bf16", "b.weight": "mxfp8"}
-    with torch.no_grad():
-        net.a.weight[0, 0] = 0.0
+    _set_weight(net.a, (0, 0), 0.0)
     assert torch.isfinite(model(x)).all()
 
 

@@ -5,34 +5,7 @@ library once, which registers the kernels. Importing needs no GPU.
 """
 
 from . import _native
-from .ops import (
-    fp8_block_dequantize,
-    fp8_block_gemm,
-    fp8_block_grouped_gemm,
-    fp8_block_grouped_wgrad,
-    fp8_block_linear,
-    fp8_block_quantize,
-    fp8_block_quantize_rowcol,
-    fp8_block_quantize_transposed,
-    fp8_tensor_dequantize,
-    fp8_tensor_linear,
-    fp8_tensor_quantize,
-    fp8_tensor_quantize_rowcol,
-    grouped_linear,
-    moe_combine,
-    moe_dispatch,
-    moe_permute_index,
-    moe_route,
-    mxfp8_dequantize,
-    mxfp8_linear,
-    mxfp8_quantize,
-    mxfp8_quantize_rowcol,
-    nvfp4_dequantize,
-    nvfp4_quantize,
-    scaled_linear,
-    swizzle_scales,
-    unswizzle_scales,
-)
+from . import ops
 
 from .api import optimize, optimize_for_blackwell
 from .compiler.engine import IR, Engine, autoplan, capture, compile
@@ -60,6 +33,9 @@ from .train import Trainer  # noqa: E402
 from .train.affinity import pin_cores  # noqa: E402
 
 __version__ = _native.version()
+
+# The op wrappers deepwell.ops names for re-export, so that the two lists cannot drift apart.
+globals().update({name: getattr(ops, name) for name in ops.EXPORTED})
 
 __all__ = [
     "Codes",
@@ -95,29 +71,6 @@ __all__ = [
     "manual_seed",
     "microbatches",
     "weight_cache_info",
-    "fp8_block_dequantize",
-    "fp8_block_gemm",
-    "fp8_block_grouped_gemm",
-    "fp8_block_grouped_wgrad",
-    "fp8_block_linear",
-    "fp8_block_quantize",
-    "fp8_block_quantize_rowcol",
-    "fp8_block_quantize_transposed",
-    "fp8_tensor_dequantize",
-    "fp8_tensor_linear",
-    "fp8_tensor_quantize",
-    "fp8_tensor_quantize_rowcol",
-    "grouped_linear",
-    "moe_combine",
-    "moe_dispatch",
-    "moe_permute_index",
-    "moe_route",
-    "mxfp8_dequantize",
-    "mxfp8_linear",
-    "mxfp8_quantize",
-    "mxfp8_quantize_rowcol",
-    "nvfp4_dequantize",
-    "nvfp4_quantize",
     "optimize",
     "optimize_for_blackwell",
     "pin_cores",
@@ -125,10 +78,8 @@ __all__ = [
     "print_hardware_info",
     "probe",
     "reduce_gradients",
-    "scaled_linear",
     "swap_attention",
     "swap_hf_moe",
-    "swizzle_scales",
-    "unswizzle_scales",
     "update_expert_biases",
+    *ops.EXPORTED,
 ]

@@ -84,26 +84,25 @@ fn minifloat_magnitude<const M: u32, const BIAS: i32>(a: u32) -> u32 {
 /// -0.0 -> 0x80, subnormals kept. Bit-exact with `cvt.rn.satfinite.e4m3x2.f32`.
 #[inline(always)]
 pub fn f32_to_e4m3(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let a = bits & 0x7FFF_FFFF;
-    let sign = ((bits >> 24) & 0x80) as u8;
     // 0x7E = 448 is the largest finite code; 0x7F is NaN.
-    let q = sign | minifloat_magnitude::<3, 7>(a).min(0x7E) as u8;
-    if a > 0x7F80_0000 {
-        0x7F
-    } else {
-        q
-    }
+    f32_to_fp8::<3, 7, 0x7E>(x)
 }
 
 /// fp32 -> E5M2: RNE, satfinite (±Inf and overflow -> ±57344 = 0x7B), NaN -> 0x7F.
 #[inline(always)]
 pub fn f32_to_e5m2(x: f32) -> u8 {
+    // 0x7B = 57344 is the largest finite code; 0x7C is Inf, which satfinite never produces.
+    f32_to_fp8::<2, 15, 0x7B>(x)
+}
+
+/// fp32 -> the FP8 code with `M` mantissa bits and exponent bias `BIAS`: RNE, the magnitude
+/// clamped to `MAX_CODE` (satfinite), the sign kept (-0.0 too), NaN -> 0x7F.
+#[inline(always)]
+fn f32_to_fp8<const M: u32, const BIAS: i32, const MAX_CODE: u32>(x: f32) -> u8 {
     let bits = x.to_bits();
     let a = bits & 0x7FFF_FFFF;
     let sign = ((bits >> 24) & 0x80) as u8;
-    // 0x7B = 57344 is the largest finite code; 0x7C is Inf, which satfinite never produces.
-    let q = sign | minifloat_magnitude::<2, 15>(a).min(0x7B) as u8;
+    let q = sign | minifloat_magnitude::<M, BIAS>(a).min(MAX_CODE) as u8;
     if a > 0x7F80_0000 {
         0x7F
     } else {

@@ -124,17 +124,7 @@ fn tiled_paths_match_scalar_model() {
         Dims3 { outer: 3, k: 96, inner: 7 },
         Dims3 { outer: 700, k: 96, inner: 1 },
     ] {
-        let x: Vec<f32> = (0..dims.numel())
-            .map(|_| {
-                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                let r = (state >> 33) as u32;
-                if r % 997 == 0 {
-                    f32::NAN
-                } else {
-                    (r as f32 / 2f32.powi(31) - 0.5) * exp2i((r % 40) as i32 - 20)
-                }
-            })
-            .collect();
+        let x = common::lcg_floats(&mut state, dims.numel(), 40, (997, f32::NAN));
         for (mode, elem) in [(ScaleMode::Rceil, Fp8Elem::E4M3), (ScaleMode::Floor, Fp8Elem::E5M2)] {
             let (mut d, mut s) = (vec![0u8; x.len()], vec![0u8; x.len() / 32]);
             mxfp8_quantize(&x, dims, mode, elem, &mut d, &mut s);

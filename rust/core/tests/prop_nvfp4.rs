@@ -177,17 +177,7 @@ fn quantizer_matches_scalar_model() {
     let mut st = 7u64;
     // (rows, k): 32 x 784 spans several 1024-block work items.
     for (rows, k) in [(16, 16), (48, 80), (32, 784)] {
-        let x: Vec<f32> = (0..rows * k)
-            .map(|_| {
-                st = st.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                let r = (st >> 33) as u32;
-                if r % 1999 == 0 {
-                    f32::INFINITY
-                } else {
-                    (r as f32 / 2f32.powi(31) - 0.5) * exp2i((r % 24) as i32 - 12)
-                }
-            })
-            .collect();
+        let x = common::lcg_floats(&mut st, rows * k, 24, (1999, f32::INFINITY));
         for block_2d in [false, true] {
             for stochastic_seed in [None, Some(99)] {
                 for hadamard in [false, true] {

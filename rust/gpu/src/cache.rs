@@ -199,12 +199,18 @@ mod tests {
 
     const CUBIN: &[u8] = b"\x7fELF a complete cubin";
 
+    /// A fresh cache (under `temp_root(name)`) holding the entry "k" of `CUBIN`, broken by `corrupt`.
+    fn broken_cache(name: &str, corrupt: fn(&Path)) -> DiskCache {
+        let cache = DiskCache::new(temp_root(name));
+        cache.try_put("k", CUBIN, "_Z1kv").unwrap();
+        corrupt(&cache.root().join("k"));
+        cache
+    }
+
     #[test]
     fn broken_entries_are_detected_and_rebuilt() {
         for (what, corrupt) in corruptions() {
-            let cache = DiskCache::new(temp_root("broken"));
-            cache.try_put("k", CUBIN, "_Z1kv").unwrap();
-            corrupt(&cache.root().join("k"));
+            let cache = broken_cache("broken", corrupt);
             assert!(cache.get("k").is_none(), "{what}: a broken entry was served");
             assert!(!cache.root().join("k").exists(), "{what}: the broken entry was not removed");
             cache.try_put("k", CUBIN, "_Z1kv").unwrap();
@@ -217,9 +223,7 @@ mod tests {
     fn a_put_replaces_a_broken_entry_in_its_way() {
         // Without a get first (another process may have left the broken entry after our get).
         for (what, corrupt) in corruptions() {
-            let cache = DiskCache::new(temp_root("in-the-way"));
-            cache.try_put("k", CUBIN, "_Z1kv").unwrap();
-            corrupt(&cache.root().join("k"));
+            let cache = broken_cache("in-the-way", corrupt);
             cache.try_put("k", CUBIN, "_Z1kv").unwrap();
             assert_eq!(cache.get("k").unwrap().0, CUBIN, "{what}");
             let _ = fs::remove_dir_all(cache.root());

@@ -7,6 +7,8 @@
 use std::fmt;
 use std::sync::OnceLock;
 
+use deepwell_core::Fp8Elem;
+
 use crate::abi::Api;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +89,14 @@ impl DType {
         match self {
             DType::Other(c) => c,
             d => codes().table.iter().find(|(x, _)| *x == d).map(|(_, c)| *c).unwrap_or(-1),
+        }
+    }
+
+    /// The dtype of an FP8 element format's codes (fp8_tensor's and MXFP8's).
+    pub fn of_fp8(elem: Fp8Elem) -> DType {
+        match elem {
+            Fp8Elem::E4M3 => DType::E4M3,
+            Fp8Elem::E5M2 => DType::E5M2,
         }
     }
 }

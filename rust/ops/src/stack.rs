@@ -115,6 +115,19 @@ unsafe fn take_string(h: StringHandle) -> String {
     }
 }
 
+/// `Args`'s accessors of the arguments that arrive as plain values: `fn_name(arg)` is the value
+/// of `Value::Variant`, or an internal error where the spec gave the argument another kind.
+macro_rules! plain_args {
+    ($($fn_name:ident: $variant:ident -> $ty:ty),* $(,)?) => {$(
+        pub fn $fn_name(&mut self, name: &'static str) -> Result<$ty> {
+            match self.take(name)? {
+                Value::$variant(v) => Ok(v),
+                _ => Err(self.wrong_kind(name)),
+            }
+        }
+    )*};
+}
+
 impl Args {
     /// Takes ownership of `spec.args.len()` values from the stack.
     ///
@@ -179,39 +192,12 @@ impl Args {
         }
     }
 
-    pub fn int(&mut self, name: &'static str) -> Result<i64> {
-        match self.take(name)? {
-            Value::Int(v) => Ok(v),
-            _ => Err(self.wrong_kind(name)),
-        }
-    }
-
-    pub fn float(&mut self, name: &'static str) -> Result<f64> {
-        match self.take(name)? {
-            Value::Float(v) => Ok(v),
-            _ => Err(self.wrong_kind(name)),
-        }
-    }
-
-    pub fn bool(&mut self, name: &'static str) -> Result<bool> {
-        match self.take(name)? {
-            Value::Bool(v) => Ok(v),
-            _ => Err(self.wrong_kind(name)),
-        }
-    }
-
-    pub fn str(&mut self, name: &'static str) -> Result<String> {
-        match self.take(name)? {
-            Value::Str(v) => Ok(v),
-            _ => Err(self.wrong_kind(name)),
-        }
-    }
-
-    pub fn opt_int(&mut self, name: &'static str) -> Result<Option<i64>> {
-        match self.take(name)? {
-            Value::OptInt(v) => Ok(v),
-            _ => Err(self.wrong_kind(name)),
-        }
+    plain_args! {
+        int: Int -> i64,
+        float: Float -> f64,
+        bool: Bool -> bool,
+        str: Str -> String,
+        opt_int: OptInt -> Option<i64>,
     }
 
     pub fn scalar_type(&mut self, name: &'static str) -> Result<DType> {

@@ -63,3 +63,15 @@ __all__ = [
     "swizzle_scales",
     "unswizzle_scales",
 ]
+
+# The building blocks only this package exports (fused passes, the stored-codes linear, the
+# reference SwiGLU); `import deepwell` re-exports every other op, as `EXPORTED` lists them.
+_BUILDING_BLOCKS = (
+    "fp8_block_swiglu_backward_quantize_rowcol",
+    "fp8_block_swiglu_mlp",
+    "fp8_block_swiglu_quantize_rowcol",
+    "quantized_linear",
+    "quantized_linear_backward",
+    "swiglu",
+)
+EXPORTED = tuple(name for name in __all__ if name not in _BUILDING_BLOCKS)

@@ -46,6 +46,14 @@ def register(*ops: str, hint: str | None = None) -> None:
         _register(op)
 
 
+def register_once_differentiable(op: str, backward, setup_context) -> None:
+    """Registers `backward` (with `setup_context`) as the autograd formula of
+    `torch.ops.deepwell.<op>`, and makes its backward op `<op>_backward` raise on a second
+    derivative (double backward) instead of returning a silently missing one."""
+    torch.library.register_autograd(f"deepwell::{op}", backward, setup_context=setup_context)
+    register(f"{op}_backward", hint=f"second derivatives (double backward) through deepwell.{op} are not supported")
+
+
 def _register(op: str) -> None:
     def setup_context(ctx, inputs, output):
         # Metadata only: saving the inputs would keep them alive until backward for nothing.

@@ -79,11 +79,7 @@ def _mlp_backward(ctx, grad, *_):
             d_up if need[6] else None, d_down if need[7] else None, None)
 
 
-torch.library.register_autograd("deepwell::fp8_block_swiglu_mlp", _mlp_backward, setup_context=_mlp_setup)
-_nondiff.register(
-    "fp8_block_swiglu_mlp_backward",
-    hint="second derivatives (double backward) through deepwell.fp8_block_swiglu_mlp are not supported",
-)
+_nondiff.register_once_differentiable("fp8_block_swiglu_mlp", _mlp_backward, _mlp_setup)
 
 
 def fp8_block_swiglu_mlp(

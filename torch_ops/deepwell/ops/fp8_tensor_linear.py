@@ -115,11 +115,7 @@ def _backward(ctx, grad, _grad_codes, _grad_scale):
     return dx, dw, db, None, None, None, None, None, None
 
 
-torch.library.register_autograd("deepwell::fp8_tensor_linear", _backward, setup_context=_setup)
-_nondiff.register(
-    "fp8_tensor_linear_backward",
-    hint="second derivatives (double backward) through deepwell.fp8_tensor_linear are not supported",
-)
+_nondiff.register_once_differentiable("fp8_tensor_linear", _backward, _setup)
 
 
 def fp8_tensor_linear(

@@ -2,7 +2,7 @@
 //! generators.
 #![allow(dead_code)] // each test binary uses a subset
 
-use deepwell_core::{e2m1_to_f32, e4m3_to_f32, e5m2_to_f32};
+use deepwell_core::{e2m1_to_f32, e4m3_to_f32, e5m2_to_f32, exp2i};
 use proptest::prelude::*;
 
 /// Reference RNE satfinite cast by brute force: nearest finite grid value in f64, ties to the
@@ -108,4 +108,21 @@ pub mod archs {
     pub const A100: Arch = Arch::sm(8, 0);
     pub const THOR: Arch = Arch::sm(11, 0);
     pub const CPU: Arch = Arch::CPU;
+}
+
+/// `n` reproducible floats from a 64-bit LCG (Knuth's MMIX constants) advanced in `state`: each
+/// uniform in [-0.5, 0.5] times 2^e with e in [-spread/2, spread/2), or `special` (a NaN or an
+/// infinity) where the draw's bits are a multiple of `every`.
+pub fn lcg_floats(state: &mut u64, n: usize, spread: u32, (every, special): (u32, f32)) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            *state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let r = (*state >> 33) as u32;
+            if r % every == 0 {
+                special
+            } else {
+                (r as f32 / 2f32.powi(31) - 0.5) * exp2i((r % spread) as i32 - (spread / 2) as i32)
+            }
+        })
+        .collect()
 }

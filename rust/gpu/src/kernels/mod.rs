@@ -63,9 +63,35 @@ impl Float {
     }
 }
 
-/// One kernel: a template specialization of one family's header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelId {
+/// `KernelId`, one variant per family's key, with `From<key> for KernelId` and the key's
+/// `template()` for each: the one list of families.
+macro_rules! kernel_ids {
+    ($($variant:ident($key:ty)),*) => {
+        /// One kernel: a template specialization of one family's header.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum KernelId {
+            $($variant($key)),*
+        }
+
+        impl KernelId {
+            /// The kernel's template name and arguments, as its family's key gives them.
+            fn template(self) -> (&'static str, Vec<Arg>) {
+                match self {
+                    $(KernelId::$variant(k) => k.template()),*
+                }
+            }
+        }
+
+        $(
+            impl From<$key> for KernelId {
+                fn from(k: $key) -> KernelId {
+                    KernelId::$variant(k)
+                }
+            }
+        )*
+    };
+}
+kernel_ids!(
     Mxfp8(Mxfp8),
     Fp8Block(Fp8Block),
     Fp8Tensor(Fp8Tensor),
@@ -74,8 +100,8 @@ pub enum KernelId {
     Linear(LinearEpilogue),
     Moe(Moe),
     Fp8Gemm(Fp8Gemm),
-    Swiglu(Swiglu),
-}
+    Swiglu(Swiglu)
+);
 
 impl KernelId {
     pub fn header(self) -> Header {
@@ -94,17 +120,7 @@ impl KernelId {
 
     /// The NVRTC name expression, e.g. `deepwell::mxfp8_quantize_rows<deepwell::BF16, 0, 0>`.
     pub fn name_expression(self) -> String {
-        let (template, args) = match self {
-            KernelId::Mxfp8(k) => k.template(),
-            KernelId::Fp8Block(k) => k.template(),
-            KernelId::Fp8Tensor(k) => k.template(),
-            KernelId::Nvfp4(k) => k.template(),
-            KernelId::Swizzle(k) => k.template(),
-            KernelId::Linear(k) => k.template(),
-            KernelId::Moe(k) => k.template(),
-            KernelId::Fp8Gemm(k) => k.template(),
-            KernelId::Swiglu(k) => k.template(),
-        };
+        let (template, args) = self.template();
         let args: Vec<String> = args.iter().map(Arg::to_string).collect();
         format!("deepwell::{template}<{}>", args.join(", "))
     }
@@ -121,28 +137,6 @@ impl KernelId {
         format!("#include \"{}\"\n", self.header().file_name())
     }
 }
-
-/// `From<key> for KernelId` for each family's key.
-macro_rules! family_ids {
-    ($($variant:ident($key:ty)),*) => {$(
-        impl From<$key> for KernelId {
-            fn from(k: $key) -> KernelId {
-                KernelId::$variant(k)
-            }
-        }
-    )*};
-}
-family_ids!(
-    Mxfp8(Mxfp8),
-    Fp8Block(Fp8Block),
-    Fp8Tensor(Fp8Tensor),
-    Nvfp4(Nvfp4),
-    Swizzle(Swizzle),
-    Linear(LinearEpilogue),
-    Moe(Moe),
-    Fp8Gemm(Fp8Gemm),
-    Swiglu(Swiglu)
-);
 
 /// A template argument: a float tag or an `int` (cuda/INTERFACE.md: booleans and enums are ints).
 #[derive(Clone, Copy)]

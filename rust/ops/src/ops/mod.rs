@@ -67,6 +67,12 @@ pub(crate) fn run_on<Q, const N: usize>(op: Op, on: Backend, q: Q, cpu: Body<Q>,
     v.try_into().map_err(|_| Error::Internal { op, msg: format!("a kernel returned {got} tensors, not {N}") })
 }
 
+/// `run_on` for a kernel with one output.
+pub(crate) fn run_one<Q>(op: Op, on: Backend, q: Q, cpu: Body<Q>, cuda: Body<Q>) -> Result<Tensor> {
+    let [out] = run_on(op, on, q, cpu, cuda)?;
+    Ok(out)
+}
+
 pub fn all_kernels() -> Vec<Kernel> {
     let mut k = Vec::new();
     k.extend(mxfp8::kernels());

@@ -13,7 +13,7 @@ use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::{copies_arg, run_on, Copies};
+use crate::ops::{copies_arg, run_on, run_one, Copies};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -154,8 +154,7 @@ pub fn dequantize(
     out_dtype: Option<DType>,
 ) -> Result<Tensor> {
     let q = Dequantize::new(op, on, data, scale_inv, block, out_dtype)?;
-    let [out] = run_on(op, on, q, cpu::dequantize, cuda::dequantize)?;
-    Ok(out)
+    run_one(op, on, q, cpu::dequantize, cuda::dequantize)
 }
 
 // The dispatcher's entry points: the schema's arguments, then the typed call.

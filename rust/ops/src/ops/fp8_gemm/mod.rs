@@ -28,7 +28,7 @@ use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::run_on;
+use crate::ops::run_one;
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -98,8 +98,7 @@ pub fn gemm(
     out: Option<DType>,
 ) -> Result<Tensor> {
     let c = Call::new(op, on, Grouping::Dense, (a, a_scale), (b, b_scale), bias, None, out)?;
-    let [y] = run_on(op, on, c, reference::run, cuda::run)?;
-    Ok(y)
+    run_one(op, on, c, reference::run, cuda::run)
 }
 
 /// `fp8_block_grouped_gemm` (`Grouping::Rows`) or `fp8_block_grouped_wgrad` (`Grouping::K`).
@@ -113,8 +112,7 @@ pub fn grouped(
     out: Option<DType>,
 ) -> Result<Tensor> {
     let c = Call::new(op, on, grouping, (a, a_scale), (b, b_scale), None, Some(offsets), out)?;
-    let [y] = run_on(op, on, c, reference::run, cuda::run)?;
-    Ok(y)
+    run_one(op, on, c, reference::run, cuda::run)
 }
 
 fn gemm_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {

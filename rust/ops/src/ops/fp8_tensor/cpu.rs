@@ -2,7 +2,7 @@
 
 use deepwell_core::fp8_tensor;
 
-use super::{code_dtype, Copies, Dequantize, Quantize, RowCol};
+use super::{Copies, Dequantize, Quantize, RowCol};
 use crate::dtype::{DType, Device};
 use crate::error::{Op, Result};
 use crate::host::{self, with_floats, with_floats_mut};
@@ -35,7 +35,7 @@ fn scalar(op: Op, v: f32) -> Result<Tensor> {
 }
 
 pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
-    let data = Tensor::empty(op, q.x.sizes(), code_dtype(q.elem), Device::Cpu)?;
+    let data = Tensor::empty(op, q.x.sizes(), DType::of_fp8(q.elem), Device::Cpu)?;
     // SAFETY: `data` is fresh, contiguous, x's numel of 1-byte codes.
     let s_inv = unsafe { codes(op, &q, &data)? };
     Ok(vec![data, scalar(op, s_inv)?])
@@ -45,8 +45,8 @@ pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
 pub(super) fn quantize_rowcol(op: Op, rc: RowCol) -> Result<Vec<Tensor>> {
     let q = &rc.q;
     let (m, k) = q.matrix();
-    let rows = Tensor::empty(op, &[m, k], code_dtype(q.elem), Device::Cpu)?;
-    let cols = Tensor::empty(op, &[k, m], code_dtype(q.elem), Device::Cpu)?;
+    let rows = Tensor::empty(op, &[m, k], DType::of_fp8(q.elem), Device::Cpu)?;
+    let cols = Tensor::empty(op, &[k, m], DType::of_fp8(q.elem), Device::Cpu)?;
     // SAFETY: fresh contiguous 1-byte outputs of m * k elements.
     let s_inv = unsafe {
         let s_inv = codes(op, q, &rows)?;
@@ -56,7 +56,7 @@ pub(super) fn quantize_rowcol(op: Op, rc: RowCol) -> Result<Vec<Tensor>> {
     };
     let rows = match rc.copies {
         Copies::Both | Copies::Rows => rows,
-        Copies::Cols => Tensor::empty(op, &[0], code_dtype(q.elem), Device::Cpu)?,
+        Copies::Cols => Tensor::empty(op, &[0], DType::of_fp8(q.elem), Device::Cpu)?,
     };
     Ok(vec![rows, cols, scalar(op, s_inv)?])
 }

@@ -6,7 +6,7 @@ use deepwell_core::Fp8Elem;
 use deepwell_gpu::kernels::{Fp8Tensor, Matrix, Nvfp4};
 use deepwell_gpu::Params;
 
-use super::{code_dtype, Copies, Dequantize, Quantize, RowCol};
+use super::{Copies, Dequantize, Quantize, RowCol};
 use crate::cuda::{self, float, ptr, Launch};
 use crate::dtype::DType;
 use crate::error::{Op, Result};
@@ -39,7 +39,7 @@ pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let x = cuda::contiguous(op, q.x.share(op)?)?;
     let bits = amax(op, &launch, &q, &x)?;
-    let data = Tensor::empty(op, x.sizes(), code_dtype(q.elem), q.device)?;
+    let data = Tensor::empty(op, x.sizes(), DType::of_fp8(q.elem), q.device)?;
     let scale_inv = Tensor::empty(op, &[], DType::F32, q.device)?;
     let n = x.numel() as u64;
     let p = Params::new().ptr(ptr(&x)).i64(n as i64).ptr(ptr(&bits)).ptr(ptr(&data)).ptr(ptr(&scale_inv));
@@ -57,8 +57,8 @@ pub(super) fn quantize_rowcol(op: Op, rc: RowCol) -> Result<Vec<Tensor>> {
     let bits = amax(op, &launch, q, &x)?;
     let both = rc.copies == Copies::Both;
     let row_shape: Vec<i64> = if both { vec![m, k] } else { vec![0] };
-    let rows = Tensor::empty(op, &row_shape, code_dtype(q.elem), q.device)?;
-    let cols = Tensor::empty(op, &[k, m], code_dtype(q.elem), q.device)?;
+    let rows = Tensor::empty(op, &row_shape, DType::of_fp8(q.elem), q.device)?;
+    let cols = Tensor::empty(op, &[k, m], DType::of_fp8(q.elem), q.device)?;
     let scale_inv = Tensor::empty(op, &[], DType::F32, q.device)?;
     let row_ptr = if both { ptr(&rows) } else { std::ptr::null() };
     let p = Params::new().ptr(ptr(&x)).i64(m).i64(k).ptr(ptr(&bits));

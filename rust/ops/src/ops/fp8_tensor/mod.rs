@@ -17,7 +17,7 @@ use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::host::{self, with_floats};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::run_on;
+use crate::ops::{run_on, run_one};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -43,14 +43,6 @@ pub fn kernels() -> Vec<Kernel> {
         cpu_and_cuda!(DEQUANTIZE, dequantize_boxed),
     ]
     .concat()
-}
-
-/// The codes' torch dtype.
-pub fn code_dtype(elem: Fp8Elem) -> DType {
-    match elem {
-        Fp8Elem::E4M3 => DType::E4M3,
-        Fp8Elem::E5M2 => DType::E5M2,
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -86,7 +78,7 @@ pub fn quantize_rowcol(
     if copies == Copies::Rows {
         let (device, elem) = (q.device, q.elem);
         let [rows, scale] = run_on(op, on, q, cpu::quantize, cuda::quantize)?;
-        return Ok([rows, Tensor::empty(op, &[0], code_dtype(elem), device)?, scale]);
+        return Ok([rows, Tensor::empty(op, &[0], DType::of_fp8(elem), device)?, scale]);
     }
     run_on(op, on, RowCol { q, copies }, cpu::quantize_rowcol, cuda::quantize_rowcol)
 }
@@ -94,8 +86,7 @@ pub fn quantize_rowcol(
 /// `fp8_tensor_dequantize`: decode(data) * scale_inv in `out_dtype` (bf16 when None).
 pub fn dequantize(op: Op, on: Backend, data: Tensor, scale_inv: Tensor, out_dtype: Option<DType>) -> Result<Tensor> {
     let q = Dequantize::new(op, on, data, scale_inv, out_dtype)?;
-    let [out] = run_on(op, on, q, cpu::dequantize, cuda::dequantize)?;
-    Ok(out)
+    run_one(op, on, q, cpu::dequantize, cuda::dequantize)
 }
 
 // The dispatcher's entry points: the schema's arguments, then the typed call.

@@ -21,7 +21,7 @@
 use deepwell_core::policy::{Pass, Recipe};
 
 use super::weight_cache::Want;
-use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, unused, Given, Layer};
+use super::{forward_outputs, given_layer, run_backward, Given, Saved};
 use crate::aten;
 use crate::check;
 use crate::dtype::DType;
@@ -122,62 +122,40 @@ pub(super) fn saved_cols(op: Op, codes: &Tensor, scale: Tensor) -> Result<impl F
 /// empty tensors where x's codes were given).
 fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();
-    let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
-    let recipe_arg = a.str("recipe")?;
-    let given = Given::parse(a, ROWS, COLS)?;
-    expect_recipe(op, parse_recipe(op, &recipe_arg)?.0, Recipe::Fp8Block, &recipe_arg)?;
-    let mut others = given.named(ROWS, COLS);
-    others.extend(bias.iter().map(|b| ("bias", b)));
-    let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
+    let (layer, bias, given) = given_layer(a, Recipe::Fp8Block, ROWS, COLS)?;
     let p = &layer.p;
-    check_bias(op, bias.as_ref(), p.n as i64)?;
     check_tokens(op, "x", p.m)?;
     let (m, k) = (p.m as i64, p.k as i64);
-    let none = || Ok::<_, Error>([unused(op, DType::U8, p.device)?, unused(op, DType::F32, p.device)?]);
     let ([codes, scale], made) = match given {
         Given::Nothing => {
             let [codes, scale, codes_t, scale_t] =
                 quantizers::fp8_block_quantize_rowcol(op, p.x_2d(op)?, ScaleLayout::MMajor)?;
-            ([codes, scale], [aten::view_dtype(op, codes_t, DType::U8)?, scale_t])
+            ([codes, scale], Some([aten::view_dtype(op, codes_t, DType::U8)?, scale_t]))
         }
         Given::Rows([codes, scale]) => {
             check_rows(op, m, k, &codes, &scale)?;
-            ([codes, scale], none()?)
+            ([codes, scale], None)
         }
         Given::Both([codes, scale], [codes_t, scale_t]) => {
             check_codes(op, m, k, [&codes, &scale, &codes_t, &scale_t])?;
-            ([codes, scale], none()?)
+            ([codes, scale], None)
         }
     };
     let backend = p.choice(Pass::Fprop).backend;
     let (codes, scale) = (aten::contiguous(op, codes)?, aten::contiguous(op, scale)?);
     let xa = quantize::fp8_block_rows_from_codes(op, Form::of(backend).0, codes, scale)?;
     let y = gemm::run::run(op, backend, xa, layer.weight_operand(op, Want::Fprop)?, bias, p.x.dtype())?;
-    let [codes_t, scale_t] = made;
-    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes_t, scale_t])
+    forward_outputs(op, p, y, made)
 }
 
 fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();
-    let (dy, codes, scale, weight) =
-        (a.tensor("grad_out")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv_t")?, a.tensor("weight")?);
-    let recipe_arg = a.str("recipe")?;
-    let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
-    let scale_arg = ("x_scale_inv_t", &scale);
-    let layer = saved_layer(
-        op,
-        &dy,
-        ("x_codes_t", codes),
-        scale_arg,
-        ("weight", weight),
-        (&recipe_arg, Recipe::Fp8Block),
-        cols_scale_shape,
-    )?;
+    let Saved { layer, dy, scale, grads } = Saved::parse(a, "x_scale_inv_t", Recipe::Fp8Block, cols_scale_shape)?;
     let p = &layer.p;
     check_tokens(op, "grad_out", p.m)?;
     let dtypes = (dy.dtype(), layer.weight.dtype());
     let dgrad_weight = || layer.weight_operand(op, Want::Dgrad);
     let x_wgrad = saved_cols(op, &p.x, scale)?;
     // fp8_block rounds gradients to nearest: no stochastic-rounding seed.
-    run_backward(op, p, (dy, None), 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)
+    run_backward(op, p, (dy, None), 0, grads, dtypes, dgrad_weight, x_wgrad)
 }

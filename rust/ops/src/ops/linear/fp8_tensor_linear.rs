@@ -30,11 +30,11 @@
 use deepwell_core::policy::{Pass, Recipe};
 
 use super::weight_cache::Want;
-use super::{check_bias, expect_recipe, parse_recipe, run_backward, saved_layer, unused, Given, Layer};
+use super::{forward_outputs, given_layer, run_backward, Given, Saved};
 use crate::aten;
 use crate::check;
 use crate::dtype::DType;
-use crate::error::{Error, Op, Result};
+use crate::error::{Op, Result};
 use crate::gemm::quantize::{fp8_tensor_elem, Role};
 use crate::gemm::quantizers::{self, Copies, Fp8Elem};
 use crate::gemm::{self, quantize, Form};
@@ -84,27 +84,15 @@ pub fn kernels() -> Vec<Kernel> {
     [one_body!(FORWARD, forward), one_body!(BACKWARD, backward)].concat()
 }
 
-/// The recipe argument names fp8_tensor (`"fp8_tensor"`, or `"fp8_tensor@sm_90"` on CPU tensors).
-fn check_recipe(op: Op, recipe: Recipe, recipe_arg: &str) -> Result<()> {
-    expect_recipe(op, recipe, Recipe::Fp8Tensor, recipe_arg)
-}
-
 /// y from fprop on x's row codes (given, or made here with the transposed codes), after checking x
 /// against the weight and bias, and the codes given (and the amaxes) against x. Returns (y, the
 /// transposed codes made here as uint8 and the scale, or two empty tensors where x's codes were
 /// given).
 fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();
-    let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
-    let recipe_arg = a.str("recipe")?;
-    let given = Given::parse(a, ROWS, COLS)?;
     let (w_amax, x_amax) = (a.opt_tensor("weight_amax")?, a.opt_tensor("x_amax")?);
-    check_recipe(op, parse_recipe(op, &recipe_arg)?.0, &recipe_arg)?;
-    let mut others = given.named(ROWS, COLS);
-    others.extend(bias.iter().map(|b| ("bias", b)));
-    let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
+    let (layer, bias, given) = given_layer(a, Recipe::Fp8Tensor, ROWS, COLS)?;
     let p = &layer.p;
-    check_bias(op, bias.as_ref(), p.n as i64)?;
     let (m, k) = (p.m as i64, p.k as i64);
     let on = check::Backend::of(op, p.device)?;
     if let Some(amax) = &w_amax {
@@ -113,30 +101,28 @@ fn forward(a: &mut Args) -> Result<Vec<Tensor>> {
     if let Some(amax) = &x_amax {
         check_amax(op, "x_amax", amax, on, ("x", &p.x), fp8_tensor_elem(Role::Activation))?;
     }
-    let none = || Ok::<_, Error>([unused(op, DType::U8, p.device)?, unused(op, DType::F32, p.device)?]);
     let (codes, scale, made) = match given {
         Given::Nothing => {
             let [rows, cols, scale] =
                 quantizers::fp8_tensor_quantize_rowcol(op, p.x_2d(op)?, Fp8Elem::E4M3, Copies::Both, x_amax)?;
-            (rows, scale.share(op)?, [aten::view_dtype(op, cols, DType::U8)?, scale])
+            (rows, scale.share(op)?, Some([aten::view_dtype(op, cols, DType::U8)?, scale]))
         }
         Given::Rows([codes, scale]) => {
             check_rows(op, m, k, &codes, &scale)?;
-            (codes, scale, none()?)
+            (codes, scale, None)
         }
         Given::Both([codes, scale], [codes_t]) => {
             check_rows(op, m, k, &codes, &scale)?;
             check::dtype_in(op, "x_codes_t", &codes_t, &[DType::E4M3, DType::U8])?;
             check::shape_eq(op, "x_codes_t", &codes_t, &[k, m])?;
-            (codes, scale, none()?)
+            (codes, scale, None)
         }
     };
     let backend = p.choice(Pass::Fprop).backend;
     let xa = quantize::fp8_tensor_from_codes(op, Form::of(backend).0, aten::contiguous(op, codes)?, scale)?;
     let wb = layer.weight_operand_from(op, Want::Fprop, w_amax)?;
     let y = gemm::run::run(op, backend, xa, wb, bias, p.x.dtype())?;
-    let [codes_t, scale] = made;
-    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes_t, scale])
+    forward_outputs(op, p, y, made)
 }
 
 /// x's row codes (m, k) E4M3 and the scale, 0-d fp32.
@@ -149,21 +135,8 @@ fn check_rows(op: Op, m: i64, k: i64, codes: &Tensor, scale: &Tensor) -> Result<
 
 fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let op = a.op();
-    let (dy, codes, scale, weight) =
-        (a.tensor("grad_out")?, a.tensor("x_codes_t")?, a.tensor("x_scale_inv")?, a.tensor("weight")?);
-    let recipe_arg = a.str("recipe")?;
-    let (need_x, need_w) = (a.bool("need_input")?, a.bool("need_weight")?);
     let (dy_amax, w_amax) = (a.opt_tensor("grad_amax")?, a.opt_tensor("weight_amax")?);
-    let scale_arg = ("x_scale_inv", &scale);
-    let layer = saved_layer(
-        op,
-        &dy,
-        ("x_codes_t", codes),
-        scale_arg,
-        ("weight", weight),
-        (&recipe_arg, Recipe::Fp8Tensor),
-        |_, _| vec![],
-    )?;
+    let Saved { layer, dy, scale, grads } = Saved::parse(a, "x_scale_inv", Recipe::Fp8Tensor, |_, _| vec![])?;
     let p = &layer.p;
     let on = check::Backend::of(op, dy.device())?;
     if let Some(amax) = &dy_amax {
@@ -177,5 +150,5 @@ fn backward(a: &mut Args) -> Result<Vec<Tensor>> {
     let dgrad_weight = || layer.weight_operand_from(op, Want::Dgrad, w_amax);
     let x_wgrad = |form| quantize::fp8_tensor_cols_from_codes(op, form, codes, scale);
     // fp8_tensor rounds gradients to nearest: no stochastic-rounding seed.
-    run_backward(op, p, (dy, dy_amax), 0, (need_x, need_w), dtypes, dgrad_weight, x_wgrad)
+    run_backward(op, p, (dy, dy_amax), 0, grads, dtypes, dgrad_weight, x_wgrad)
 }

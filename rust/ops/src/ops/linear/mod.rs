@@ -354,6 +354,75 @@ impl<const R: usize, const C: usize> Given<R, C> {
     }
 }
 
+/// A `fp8_*_linear` forward's arguments x, weight, bias, recipe and x's copies (`rows`, `cols`, as
+/// `Given::parse` reads them), checked: the recipe names `want`, x fits the weight and the bias,
+/// and every tensor is on one device (each op checks its copies' dtypes and shapes). Returns the
+/// layer, the bias and the copies.
+fn given_layer<const R: usize, const C: usize>(
+    a: &mut Args,
+    want: Recipe,
+    rows: [&'static str; R],
+    cols: [&'static str; C],
+) -> Result<(Layer, Option<Tensor>, Given<R, C>)> {
+    let op = a.op();
+    let (x, weight, bias) = (a.tensor("x")?, a.tensor("weight")?, a.opt_tensor("bias")?);
+    let recipe_arg = a.str("recipe")?;
+    let given = Given::parse(a, rows, cols)?;
+    expect_recipe(op, parse_recipe(op, &recipe_arg)?.0, want, &recipe_arg)?;
+    let mut others = given.named(rows, cols);
+    others.extend(bias.iter().map(|b| ("bias", b)));
+    let layer = Layer::new(op, x, weight, &others, &recipe_arg)?;
+    check_bias(op, bias.as_ref(), layer.p.n as i64)?;
+    Ok((layer, bias, given))
+}
+
+/// A `fp8_*_linear` forward's outputs: y (m, n) shaped like x with n features, then x's column
+/// copy made here as uint8 codes and fp32 scales (`made`), or two empty tensors of those dtypes
+/// where x's copies were given.
+fn forward_outputs(op: Op, p: &Passes, y: Tensor, made: Option<[Tensor; 2]>) -> Result<Vec<Tensor>> {
+    let [codes_t, scale_t] = match made {
+        Some(made) => made,
+        None => [unused(op, DType::U8, p.device)?, unused(op, DType::F32, p.device)?],
+    };
+    Ok(vec![aten::contiguous(op, y)?.reshape_contiguous(op, &p.out_shape)?, codes_t, scale_t])
+}
+
+/// A `fp8_*_linear_backward`'s arguments, read and checked by `saved_layer`: grad_out, x's saved
+/// transposed codes `x_codes_t`, their scales (the argument `scale_arg`, of shape
+/// `scale_shape(m, k)`), the weight, the recipe (naming `want`), need_input and need_weight.
+struct Saved {
+    layer: Layer,
+    dy: Tensor,
+    scale: Tensor,
+    /// (need_input, need_weight).
+    grads: (bool, bool),
+}
+
+impl Saved {
+    fn parse(
+        a: &mut Args,
+        scale_arg: &'static str,
+        want: Recipe,
+        scale_shape: impl Fn(i64, i64) -> Vec<i64>,
+    ) -> Result<Saved> {
+        let op = a.op();
+        let (dy, codes, scale, weight) =
+            (a.tensor("grad_out")?, a.tensor("x_codes_t")?, a.tensor(scale_arg)?, a.tensor("weight")?);
+        let recipe_arg = a.str("recipe")?;
+        let grads = (a.bool("need_input")?, a.bool("need_weight")?);
+        let layer = saved_layer(
+            op,
+            &dy,
+            ("x_codes_t", codes),
+            (scale_arg, &scale),
+            ("weight", weight),
+            (&recipe_arg, want),
+            scale_shape,
+        )?;
+        Ok(Saved { layer, dy, scale, grads })
+    }
+}
+
 /// One copy of x's operands from the optional arguments `names`: all given, or none.
 fn copy<const N: usize>(a: &mut Args, names: [&'static str; N]) -> Result<Option<[Tensor; N]>> {
     let mut got = Vec::with_capacity(N);

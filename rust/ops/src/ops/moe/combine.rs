@@ -21,7 +21,7 @@
 use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
-use crate::ops::run_on;
+use crate::ops::run_one;
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -55,22 +55,19 @@ pub fn gather_rows(
     top_k: i64,
 ) -> Result<Tensor> {
     let g = GatherRows::new(op, on, src, index, weights, top_k)?;
-    let [out] = run_on(op, on, g, cpu::gather_rows, cuda::gather_rows)?;
-    Ok(out)
+    run_one(op, on, g, cpu::gather_rows, cuda::gather_rows)
 }
 
 /// `moe_sum_slots`.
 pub fn sum_slots(op: Op, on: Backend, rows: Tensor, row_of_slot: Tensor, weights: Option<Tensor>) -> Result<Tensor> {
     let s = Slots::new(op, on, rows, row_of_slot, weights, None)?;
-    let [out] = run_on(op, on, s, cpu::sum_slots, cuda::sum_slots)?;
-    Ok(out)
+    run_one(op, on, s, cpu::sum_slots, cuda::sum_slots)
 }
 
 /// `moe_slot_dots`.
 pub fn slot_dots(op: Op, on: Backend, rows: Tensor, row_of_slot: Tensor, grad: Tensor) -> Result<Tensor> {
     let s = Slots::new(op, on, rows, row_of_slot, None, Some(grad))?;
-    let [out] = run_on(op, on, s, cpu::slot_dots, cuda::slot_dots)?;
-    Ok(out)
+    run_one(op, on, s, cpu::slot_dots, cuda::slot_dots)
 }
 
 pub(super) fn gather_rows_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {

@@ -4,14 +4,14 @@ use deepwell_core::mxfp8;
 use deepwell_core::shape::Dims3;
 use deepwell_core::swizzle;
 
-use super::{elem_dtype, Dequantize, Quantize, QuantizeRowCol};
+use super::{Dequantize, Quantize, QuantizeRowCol};
 use crate::dtype::{DType, Device};
 use crate::error::{Op, Result};
 use crate::host::{self, with_floats, with_floats_mut};
 use crate::tensor::Tensor;
 
 pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
-    let data = Tensor::empty(op, &q.data_shape, elem_dtype(q.elem), Device::Cpu)?;
+    let data = Tensor::empty(op, &q.data_shape, DType::of_fp8(q.elem), Device::Cpu)?;
     let scale = Tensor::empty(op, &q.scale_shape, DType::E8M0, Device::Cpu)?;
     // SAFETY: x is a validated non-empty CPU float tensor; data/scale are fresh contiguous 1-byte
     // tensors of the sizes mxfp8_quantize writes.
@@ -27,7 +27,7 @@ pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
 pub(super) fn quantize_rowcol(op: Op, q: QuantizeRowCol) -> Result<Vec<Tensor>> {
     let shapes = q.shapes();
     let (m, k) = (q.m, q.k);
-    let elem = elem_dtype(q.elem);
+    let elem = DType::of_fp8(q.elem);
     let outs = [
         Tensor::empty(op, &shapes[0], elem, Device::Cpu)?,
         Tensor::empty(op, &shapes[1], DType::E8M0, Device::Cpu)?,

@@ -5,7 +5,7 @@ use deepwell_gpu::kernels::mxfp8::{Fp8, Mode, Sizes};
 use deepwell_gpu::kernels::Mxfp8;
 use deepwell_gpu::Params;
 
-use super::{elem_dtype, Dequantize, Quantize, QuantizeRowCol};
+use super::{Dequantize, Quantize, QuantizeRowCol};
 use crate::cuda::{self, float, ptr};
 use crate::dtype::DType;
 use crate::error::{Op, Result};
@@ -29,7 +29,7 @@ fn fp8(e: Fp8Elem) -> Fp8 {
 pub(super) fn quantize(op: Op, q: Quantize) -> Result<Vec<Tensor>> {
     let launch = cuda::launch_context(op, q.device)?;
     let x = cuda::contiguous(op, q.x)?;
-    let data = Tensor::empty(op, &q.data_shape, elem_dtype(q.elem), q.device)?;
+    let data = Tensor::empty(op, &q.data_shape, DType::of_fp8(q.elem), q.device)?;
     let scale = Tensor::empty(op, &q.scale_shape, DType::E8M0, q.device)?;
     let d = &q.dims;
     let (input, mode, elem) = (float(q.dtype), mode(q.mode), fp8(q.elem));
@@ -53,7 +53,7 @@ pub(super) fn quantize_rowcol(op: Op, q: QuantizeRowCol) -> Result<Vec<Tensor>> 
     let launch = cuda::launch_context(op, q.device)?;
     let shapes = q.shapes();
     let x = cuda::contiguous(op, q.x)?;
-    let elem = elem_dtype(q.elem);
+    let elem = DType::of_fp8(q.elem);
     let rd = Tensor::empty(op, &shapes[0], elem, q.device)?;
     let rs = Tensor::empty(op, &shapes[1], DType::E8M0, q.device)?;
     let cd = Tensor::empty(op, &shapes[2], elem, q.device)?;

@@ -13,7 +13,7 @@ use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::run_on;
+use crate::ops::{run_on, run_one};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -95,8 +95,7 @@ pub fn dequantize(
     out_dtype: Option<DType>,
 ) -> Result<Tensor> {
     let q = Dequantize::new(op, on, data, scale, dim, out_dtype)?;
-    let [out] = run_on(op, on, q, cpu::dequantize, cuda::dequantize)?;
-    Ok(out)
+    run_one(op, on, q, cpu::dequantize, cuda::dequantize)
 }
 
 // The dispatcher's entry points: the schema's arguments, then the typed call.
@@ -116,13 +115,6 @@ fn dequantize_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
     let (data, scale, dim) = (a.tensor("data")?, a.tensor("scale")?, a.int("dim")?);
     let out_dtype = a.opt_scalar_type("out_dtype")?;
     Ok(vec![dequantize(a.op(), on, data, scale, dim, out_dtype)?])
-}
-
-fn elem_dtype(elem: Fp8Elem) -> DType {
-    match elem {
-        Fp8Elem::E4M3 => DType::E4M3,
-        Fp8Elem::E5M2 => DType::E5M2,
-    }
 }
 
 /// x's shape with `dim` divided by the block.

@@ -12,7 +12,7 @@ use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::run_on;
+use crate::ops::{run_on, run_one};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -65,8 +65,7 @@ pub fn dequantize(
     out_dtype: Option<DType>,
 ) -> Result<Tensor> {
     let q = Dequantize::new(op, on, data, scale, global_scale, out_dtype)?;
-    let [out] = run_on(op, on, q, cpu::dequantize, cuda::dequantize)?;
-    Ok(out)
+    run_one(op, on, q, cpu::dequantize, cuda::dequantize)
 }
 
 // The dispatcher's entry points: the schema's arguments, then the typed call.

@@ -17,7 +17,7 @@ use crate::dtype::{DType, Device};
 use crate::error::{Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
 use crate::ops::fp8_block::ScaleLayout;
-use crate::ops::run_on;
+use crate::ops::{run_on, run_one};
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -53,15 +53,13 @@ pub fn kernels() -> Vec<Kernel> {
 
 /// h (rows, f) = silu(gate) * up of gate_up (rows, 2f).
 pub fn swiglu(op: Op, on: Backend, gate_up: Tensor) -> Result<Tensor> {
-    let [h] = run_on(op, on, Swiglu::new(op, on, gate_up, None, false)?, cpu::swiglu, cuda::swiglu)?;
-    Ok(h)
+    run_one(op, on, Swiglu::new(op, on, gate_up, None, false)?, cpu::swiglu, cuda::swiglu)
 }
 
 /// d_gate_up (rows, 2f) = [d gate | d up] of gate_up (rows, 2f) for h's gradient (rows, f).
 pub fn swiglu_backward(op: Op, on: Backend, gate_up: Tensor, grad: Tensor) -> Result<Tensor> {
     let s = Swiglu::new(op, on, gate_up, Some(grad), false)?;
-    let [d] = run_on(op, on, s, cpu::swiglu_backward, cuda::swiglu_backward)?;
-    Ok(d)
+    run_one(op, on, s, cpu::swiglu_backward, cuda::swiglu_backward)
 }
 
 /// `fp8_block_quantize_rowcol` of `swiglu(gate_up)` (grad None) or of `swiglu_backward(gate_up,

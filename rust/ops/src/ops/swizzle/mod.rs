@@ -13,7 +13,7 @@ use crate::check::{self, Backend};
 use crate::dtype::{DType, Device};
 use crate::error::{Error, Op, Result};
 use crate::kernel::{cpu_and_cuda, Kernel};
-use crate::ops::run_on;
+use crate::ops::run_one;
 use crate::stack::{Args, Kind, OpSpec};
 use crate::tensor::Tensor;
 
@@ -34,15 +34,13 @@ pub fn kernels() -> Vec<Kernel> {
 /// `swizzle_scales`: a (rows, cols) scale tensor in the 1-D 128x4 tiled layout.
 pub fn swizzle(op: Op, on: Backend, scale: Tensor) -> Result<Tensor> {
     let c = Call::swizzle(op, on, scale)?;
-    let [out] = run_on(op, on, c, cpu::swizzle, cuda::swizzle)?;
-    Ok(out)
+    run_one(op, on, c, cpu::swizzle, cuda::swizzle)
 }
 
 /// `unswizzle_scales`: the (rows, cols) scales back from the 1-D tiled layout.
 pub fn unswizzle(op: Op, on: Backend, swizzled: Tensor, rows: i64, cols: i64) -> Result<Tensor> {
     let c = Call::unswizzle(op, on, swizzled, rows, cols)?;
-    let [out] = run_on(op, on, c, cpu::unswizzle, cuda::unswizzle)?;
-    Ok(out)
+    run_one(op, on, c, cpu::unswizzle, cuda::unswizzle)
 }
 
 fn swizzle_boxed(a: &mut Args, on: Backend) -> Result<Vec<Tensor>> {
