@@ -3,7 +3,8 @@ deepwell found; quantize real tensors (an nn.Linear weight and a heavy-tailed ac
 format, on the GPU when there is one, with the error statistics of each (ms = quantize + dequantize,
 median of 5 timed runs after a warm-up); then train a small byte-level LLaMA-style model on the
 standard library's sources with deepwell.Trainer through the `deepwell` torch.compile backend,
-resume it from a checkpoint, export it, and compare the recipes (deepwell.cli.demo)."""
+resume it from a checkpoint, export it, and compare the recipes (deepwell.cli.demo). Deterministic
+kernels by default, so the resume continues bit for bit (`--no-deterministic`: the faster ones)."""
 
 from __future__ import annotations
 
@@ -151,6 +152,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="directory for the logs, plots, checkpoints and export: each run writes a new OUT/run-N inside it, "
                    "leaving earlier runs as they are (default: deepwell_run/ in the working directory)")
     p.add_argument("--quick", action="store_true", help="skip the quantization report; 20 training steps, 10 per parity run")
+    # On by default: the job's resume check is only a check when both runs' bits are reproducible.
+    p.add_argument(
+        "--deterministic", action=argparse.BooleanOptionalAction, default=True,
+        help="deterministic kernels, seeded everything (deepwell.Trainer's deterministic): the run resumed from its "
+        "middle checkpoint continues bit for bit, on a GPU too (default); --no-deterministic: the faster kernels, "
+        "whose last bits vary from run to run (on a GPU: atomic adds in the embedding's gradient, timed kernel choices)",
+    )
     args = p.parse_args(argv)
     gpu = args.device != "cpu" and (args.device.startswith("cuda") or torch.cuda.is_available())
     if args.steps is None:
@@ -181,5 +189,6 @@ def main(argv: list[str] | None = None) -> None:
             quantization_report(device)
         train_demo(device, steps=args.steps, precision=args.precision, out=args.out, parity_steps=args.parity_steps,
                    tensor_parallel=args.tensor_parallel, fp8_all_gather=args.fp8_all_gather,
-                   sequence_parallel=args.sequence_parallel, noise_seeds=args.noise_seeds)
+                   sequence_parallel=args.sequence_parallel, noise_seeds=args.noise_seeds,
+                   deterministic=args.deterministic)
         print(f"main job: {time.perf_counter() - start:.0f} s")

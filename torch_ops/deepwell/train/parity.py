@@ -128,11 +128,12 @@ def _runs_as(engine) -> str:
 
 
 def _train(corpus: ByteCorpus, config: ModelConfig, steps: int, device: torch.device, recipe: str, seed: int,
-           heldout, progress: bool) -> RecipeResult:
+           heldout, progress: bool, deterministic: bool | None = None) -> RecipeResult:
     engine = build_engine(config, recipe, device, seed)
     if progress:
         print(f"parity: {recipe} ({_runs_as(engine)}), seed {seed}, {steps} steps")
-    trainer = make_trainer(engine, steps, log_every=max(steps // 5, 1), progress=progress, seed=seed)
+    trainer = make_trainer(engine, steps, log_every=max(steps // 5, 1), progress=progress, seed=seed,
+                           deterministic=deterministic)
     trainer.fit(TokenBatches(corpus.train, config.batch, config.seq_len, seed=seed), heldout)
     losses = [r["loss"] for r in trainer.history if "loss" in r]
     tail = losses[-max(len(losses) // 10, 1):]
@@ -145,17 +146,19 @@ def _train(corpus: ByteCorpus, config: ModelConfig, steps: int, device: torch.de
 
 def run(corpus: ByteCorpus, config: ModelConfig, steps: int, device: torch.device, recipes=RECIPES, seed: int = 0,
         eval_batches: int = 4, out_dir: str | os.PathLike | None = None, progress: bool = True,
-        noise_seeds: int = 1) -> list[RecipeResult]:
+        noise_seeds: int = 1, deterministic: bool | None = None) -> list[RecipeResult]:
     """Trains one model per recipe at `seed`, and the bf16 baseline also at seeds seed + 1 ..
     seed + noise_seeds - 1 (its seed spread, against which the table judges the gaps); writes
-    parity.png, parity.md and parity.json to `out_dir`."""
+    parity.png, parity.md and parity.json to `out_dir`. `deterministic`: the Trainer's (None: its
+    default for the device)."""
     heldout = heldout_batches(corpus.heldout, config.batch, config.seq_len, eval_batches)
     results = []
     for recipe in recipes:
-        result = _train(corpus, config, steps, device, recipe, seed, heldout, progress)
+        result = _train(corpus, config, steps, device, recipe, seed, heldout, progress, deterministic)
         if recipe == "bf16":
             for other in range(seed + 1, seed + noise_seeds):
-                result.heldout_seeds.append(_train(corpus, config, steps, device, recipe, other, heldout, progress).heldout)
+                result.heldout_seeds.append(
+                    _train(corpus, config, steps, device, recipe, other, heldout, progress, deterministic).heldout)
         results.append(result)
     if out_dir is not None:
         write(results, Path(out_dir), device, steps)

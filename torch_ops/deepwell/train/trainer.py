@@ -76,7 +76,7 @@ from .. import _native
 from ..compiler import guard
 from ..nn.moe import DeepwellMoE, update_expert_biases
 from ..nn.weight_cache import microbatches
-from . import checkpoint, distributed, plots, sharded, state
+from . import checkpoint, determinism, distributed, plots, sharded, state
 from .data import TokenBatches
 from .dirlock import DirectoryLock
 from .log import JsonlLog
@@ -225,9 +225,12 @@ class Trainer(TrainerCheckpoints):
         self.progress, self.seed, self.plot = progress, int(seed), plot
         if deterministic is None:
             # On the CPU the deterministic kernels cost little and make resume bit for bit; on a GPU
-            # they need cuBLAS's deterministic workspace and cost speed, so they are asked for.
+            # they cost speed (docs/DESIGN.md "Determinism"), so they are asked for.
             deterministic = next(self.model.parameters()).device.type == "cpu"
-        self.deterministic = bool(deterministic)
+        if not isinstance(deterministic, bool):
+            raise ValueError(f"{who}: deterministic must be a bool or None, got {deterministic!r}")
+        #: Whether `fit` runs deterministic kernels (train/determinism.py): resume continues bit for bit.
+        self.deterministic = deterministic
         self.scheduler = None  # a torch LRScheduler, stepped after each optimizer step
         if isinstance(lr_schedule, torch.optim.lr_scheduler.LRScheduler):
             self.scheduler, self.lr_schedule = lr_schedule, None
@@ -304,26 +307,24 @@ class Trainer(TrainerCheckpoints):
         `trust`: see `load_checkpoint` (a sharded checkpoint's DCP metadata is a pickle).
         While it runs, the Trainer holds `checkpoint_dir`'s lock: another Trainer on the same
         directory is a CheckpointError (train/dirlock.py).
-        With `deterministic` (default: True for a model on the CPU) the loop runs under
-        torch.use_deterministic_algorithms (as Lightning's flag): Inductor's CPU code otherwise
-        accumulates the embedding gradient with parallel atomic adds, whose order, and so the
-        weights' last bits, changes from run to run."""
+        With `deterministic` (default: True for a model on the CPU) the loop runs deterministic
+        kernels (train/determinism.py: torch.use_deterministic_algorithms, as Lightning's flag, and
+        Inductor's deterministic mode): Inductor's code otherwise accumulates the embedding gradient
+        with parallel atomic adds, whose order, and so the weights' last bits, changes from run to
+        run; with it a resumed run continues bit for bit, on a GPU too."""
         if train_data is None:
             train_data = self.dataloader
         if train_data is None:
             raise ValueError("deepwell.Trainer.fit: no training data: pass fit(train_data) or Trainer(..., dataloader=...)")
         if resume is None:
             resume = self.elastic and self.checkpoint_dir is not None
-        was_deterministic, was_collecting = torch.are_deterministic_algorithms_enabled(), gc.isenabled()
-        if self.deterministic:
-            torch.use_deterministic_algorithms(True)
+        was_collecting = gc.isenabled()
         if self.gc_every:
             gc.disable()
         try:
-            with self._writing():
+            with determinism.deterministic_kernels(self.deterministic), self._writing():
                 return self._fit(train_data, eval_data, resume, trust)
         finally:
-            torch.use_deterministic_algorithms(was_deterministic)
             if was_collecting:
                 gc.enable()
 
