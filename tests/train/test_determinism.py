@@ -27,6 +27,13 @@ from deepwell.train.parity import ModelConfig, build_engine, make_trainer
 
 
 def test_deterministic_kernels_switches_and_restores_everything():
+    # torch's test utilities (imported by other test files of this process) lock the cuDNN flags
+    # (torch.backends.disable_global_flags); this test sets them, as a user's script may.
+    with torch.backends.__allow_nonbracketed_mutation():
+        _switches_and_restores_everything()
+
+
+def _switches_and_restores_everything():
     before = torch.backends.cudnn.benchmark
     torch.use_deterministic_algorithms(False)
     inductor_config.deterministic = True  # as TORCHINDUCTOR_DETERMINISTIC=1 would

@@ -49,10 +49,14 @@ def deterministic_kernels(on: bool = True):
            inductor_config.deterministic, torch.backends.cudnn.benchmark)
     torch.use_deterministic_algorithms(True)
     inductor_config.deterministic = True
-    torch.backends.cudnn.benchmark = False
+    # Written only when on: once torch.backends.disable_global_flags() has run (torch's own test
+    # utilities call it at import), assigning any cuDNN flag raises, even its current value.
+    if was[3]:
+        torch.backends.cudnn.benchmark = False
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
         inductor_config.deterministic = was[2]
-        torch.backends.cudnn.benchmark = was[3]
+        if was[3]:
+            torch.backends.cudnn.benchmark = True
