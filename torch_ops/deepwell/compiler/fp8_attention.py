@@ -20,7 +20,7 @@ from .attention import _SDPA, _SDPA_ARGS, _arg, _value
 
 KERNEL = "deepwell fp8_attention (emulated: quantize, dequantize, fp32 attention; bf16 backward)"
 WHY = ("attention='fp8' asked: FlashAttention-3's FP8 forward numerics (Q, K, V, P in E4M3), computed by exact "
-       "emulation, slower than torch's SDPA; backward: torch's exact SDPA gradients (straight-through)")
+       "emulation (emulated, slower than torch's SDPA); bf16 backward: torch's exact SDPA gradients (straight-through)")
 
 
 def why_not(node: torch.fx.Node) -> str | None:
