@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 import deepwell  # noqa: F401  (registers the ops)
 
+ops = torch.ops.deepwell
+
 from _common import environment, header, time_ms, write_json
 
 
@@ -45,13 +47,13 @@ def main(argv=None) -> list[dict]:
         q, k, v = (torch.randn(b, h, t, d, device=args.device, dtype=torch.bfloat16) for _ in range(3))
         grad = torch.randn_like(q)
         sdpa = timer(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        fp8 = timer(lambda: torch.ops.deepwell.fp8_attention(q, k, v, True))
+        fp8 = timer(lambda: ops.fp8_attention(q, k, v, True))
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         sdpa_fb = timer(lambda: torch.autograd.grad(F.scaled_dot_product_attention(*leaves, is_causal=True), leaves, grad))
-        fp8_fb = timer(lambda: torch.autograd.grad(torch.ops.deepwell.fp8_attention(*leaves, True), leaves, grad))
+        fp8_fb = timer(lambda: torch.autograd.grad(ops.fp8_attention(*leaves, True), leaves, grad))
         # The backward alone: SDPA's forward again and its vjp (what a training step's backward runs).
-        bwd = timer(lambda: torch.ops.deepwell.fp8_attention_backward(grad, q, k, v, True))
-        out = torch.ops.deepwell.fp8_attention(q, k, v, True).float()
+        bwd = timer(lambda: ops.fp8_attention_backward(grad, q, k, v, True))
+        out = ops.fp8_attention(q, k, v, True).float()
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
         err = ((out - ref).norm() / ref.norm()).item()
         rows.append({"shape": shape, "sdpa_fwd_ms": sdpa, "fp8_emulated_fwd_ms": fp8, "sdpa_fwd_bwd_ms": sdpa_fb,

@@ -92,7 +92,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool 
     tk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     ops = quantized_operands(q, k, v)
-    qd, kd = _dequantize(*ops["q"]), _dequantize(*ops["k"])
+    qd, kd = _dequantize(*ops["q"])[..., :d], _dequantize(*ops["k"])[..., :d]  # the padding is zeros
     vd = _dequantize(*ops["v_t"])[..., :tk].transpose(-1, -2)  # (B, H, Tk, D), fp32
     out = torch.empty(b, h, tq, d, dtype=q.dtype, device=q.device)
     rows = max(1, CHUNK_ELEMENTS // max(b * h * tk, 1))
@@ -102,16 +102,17 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool 
         s = torch.matmul(qd[:, :, i0:i1], kd.transpose(-1, -2)) * scale  # (B, H, rows, Tk) fp32
         if is_causal:
             s.masked_fill_(keys > torch.arange(i0, i1, device=q.device)[:, None], float("-inf"))
-        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        p = s.sub_(s.amax(dim=-1, keepdim=True)).exp_()
         l = p.sum(dim=-1, keepdim=True)
-        p_hat = (p * P_SCALE).to(torch.float8_e4m3fn).float() * (1.0 / P_SCALE)
-        out[:, :, i0:i1] = (torch.matmul(p_hat, vd) / l).to(q.dtype)
+        # P̂ · 2^8 = e4m3(P · 2^8); the 2^-8 goes into the division (a power of two: the same bits).
+        p_hat = p.mul_(P_SCALE).to(torch.float8_e4m3fn).float()
+        out[:, :, i0:i1] = torch.matmul(p_hat, vd).div_(l * P_SCALE).to(q.dtype)
     return out
 
 
 def _backward_kernel(grad, q, k, v, is_causal=False, scale=None):
     """SDPA's vjp on the unquantized inputs: what torch's exact attention's backward gives. A custom
-    op's kernel runs below autograd (torch/_library/autograd.py excludes the autograd keys), so the
+    op's kernel runs below autograd (torch.library's autograd wrapper excludes the autograd keys), so the
     kernel includes them again to differentiate torch's SDPA."""
     keys = torch._C.DispatchKey
     with contextlib.ExitStack() as stack:
