@@ -196,3 +196,27 @@ def test_long_sequence_in_chunks():
     assert fa.CHUNK_ELEMENTS // (2 * 4096) < 4096  # it ran in chunks
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     assert rel(out, ref) < 8e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,tq,tk,causal", [(64, 200, 200, True), (128, 77, 300, False), (128, 1024, 1024, True)])
+def test_gpu_matches_the_contract_and_sdpas_gradients(d, tq, tk, causal):
+    q, k, v = _qkv(2, 3, tq, tk, d, seed=12)
+    qc, kc, vc = (t.cuda().requires_grad_() for t in (q, k, v))
+    cpu_ops, gpu_ops = fa.quantized_operands(q, k, v), fa.quantized_operands(qc.detach(), kc.detach(), vc.detach())
+    for name in cpu_ops:  # the quantizer's bits are the same on both devices (docs/NUMERICS.md "FP8 block")
+        assert torch.equal(gpu_ops[name][0].cpu().view(torch.uint8), cpu_ops[name][0].view(torch.uint8))
+        assert torch.equal(gpu_ops[name][1].cpu(), cpu_ops[name][1])
+    out = torch.ops.deepwell.fp8_attention(qc, kc, vc, causal)
+    # fp32 GEMMs on the GPU (TF32 where the process enables it) against the float64 contract.
+    assert rel(out.cpu(), reference(q, k, v, causal)) < 1e-2
+    assert rel(out.cpu(), exact(q, k, v, causal)) < 8e-2
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(13)).to(out.dtype).cuda()
+    got = torch.autograd.grad(out, (qc, kc, vc), grad)
+    ref = torch.autograd.grad(F.scaled_dot_product_attention(qc, kc, vc, is_causal=causal), (qc, kc, vc), grad)
+    for a, b in zip(got, ref):  # the same SDPA backward; flash's dq sums with atomics, so not always the same bits
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
