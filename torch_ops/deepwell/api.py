@@ -104,6 +104,8 @@ def summary(model: torch.nn.Module, plan, swapped: int = 0, keep_attention_weigh
     plan's attention sites by kernel, and the modules swapped or kept)."""
     recipes = Counter(s.runs_in for s in plan.sites)
     kernels = Counter(a.kernel for a in plan.attention)
+    fp8 = any(k.startswith("deepwell") for k in kernels)
+    rewritten = "some rewritten to deepwell.fp8_attention, emulated" if fp8 else "not rewritten: torch runs them"
     moe = sum(isinstance(m, DeepwellMoE) for m in model.modules())
     report = attention_report(model, keep_attention_weights)
     # nn.MultiheadAttention (and the drop-in, its subclass) are in the report's lines.
@@ -113,8 +115,7 @@ def summary(model: torch.nn.Module, plan, swapped: int = 0, keep_attention_weigh
         f"deepwell.optimize: {len(plan.sites)} GEMM sites on parameters (nn.Linear, HF Conv1D, matmuls) planned for "
         f"{plan.arch}: " + ", ".join(f"{n} {r}" for r, n in sorted(recipes.items())),
         f"  MoE blocks: {moe} deepwell.DeepwellMoE" + (f" ({swapped} swapped in from Hugging Face)" if swapped else ""),
-        f"  attention sites: {len(plan.attention)}" + (f" ({'some rewritten to deepwell.fp8_attention, emulated' if any(k.startswith('deepwell') for k in kernels) else 'not rewritten: torch runs them'}) by kernel: "
-           if kernels else "")
+        f"  attention sites: {len(plan.attention)}" + (f" ({rewritten}) by kernel: " if kernels else "")
         + ", ".join(f"{n} {k}" for k, n in sorted(kernels.items())),
     ] + [f"  attention: {line}" for line in report.lines()]
     if other or not report.lines():

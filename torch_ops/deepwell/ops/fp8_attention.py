@@ -52,7 +52,8 @@ def _check(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal
     _checks.same_device(op, ("q", q), ("k", k), ("v", v))
     b, h, _, d = q.shape
     if tuple(k.shape[:2]) != (b, h) or k.shape[3] != d:
-        _checks.fail(op, "k", f"be (batch, heads, keys, head_dim) = ({b}, {h}, keys, {d}) like q", _checks.shape_str(k.shape))
+        expected = f"be (batch, heads, keys, head_dim) = ({b}, {h}, keys, {d}) like q"
+        _checks.fail(op, "k", expected, _checks.shape_str(k.shape))
     if tuple(v.shape) != tuple(k.shape):
         _checks.fail(op, "v", f"have k's shape {_checks.shape_str(k.shape)}", _checks.shape_str(v.shape))
     if d > MAX_HEAD_DIM:
@@ -69,7 +70,7 @@ def _pad(x: torch.Tensor, dim: int) -> torch.Tensor:
     return F.pad(x, (0, extra) if dim == -1 else (0, 0, 0, extra))
 
 
-def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, tuple]:
     """The FP8 operands (codes, scale_inv) of the contract, from `fp8_block_quantize` (1x128 blocks):
     "q", "k" (B, H, T, Dp) along the head dim, Dp = D zero-padded to a multiple of 128; "v_t"
     (B, H, D, Tkp), V transposed, along the keys (Tk zero-padded likewise)."""
@@ -81,9 +82,10 @@ def quantized_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dic
     }
 
 
-def _dequantize(codes: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """e4m3(codes) * scale_inv in fp32 (exact: a power-of-two scale times an E4M3 value)."""
-    return (codes.float().unflatten(-1, (-1, BLOCK)) * scale_inv.unsqueeze(-1)).flatten(-2)
+def _dequantize(codes: torch.Tensor, scale_inv: torch.Tensor, n: int) -> torch.Tensor:
+    """e4m3(codes) * scale_inv in fp32 of the first `n` columns (the rest is padding): exact, a
+    power-of-two scale times an E4M3 value."""
+    return codes[..., :n].float() * scale_inv.repeat_interleave(BLOCK, dim=-1)[..., :n]
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False, scale: float | None = None):
@@ -92,8 +94,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool 
     tk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     ops = quantized_operands(q, k, v)
-    qd, kd = _dequantize(*ops["q"])[..., :d], _dequantize(*ops["k"])[..., :d]  # the padding is zeros
-    vd = _dequantize(*ops["v_t"])[..., :tk].transpose(-1, -2)  # (B, H, Tk, D), fp32
+    qd, kd = _dequantize(*ops["q"], d), _dequantize(*ops["k"], d)  # the padding is zeros
+    vd = _dequantize(*ops["v_t"], tk).transpose(-1, -2)  # (B, H, Tk, D), fp32
     out = torch.empty(b, h, tq, d, dtype=q.dtype, device=q.device)
     rows = max(1, CHUNK_ELEMENTS // max(b * h * tk, 1))
     keys = torch.arange(tk, device=q.device)
@@ -164,11 +166,15 @@ def _backward_setup(ctx, inputs, output) -> None:
 
 
 def _backward_backward(ctx, *grads):
-    raise RuntimeError("deepwell.fp8_attention_backward: double backward (second derivatives of attention) is not implemented")
+    raise RuntimeError(
+        "deepwell.fp8_attention_backward: double backward (second derivatives of attention) is not implemented"
+    )
 
 
 torch.library.register_autograd("deepwell::fp8_attention", _backward, setup_context=_setup)
-torch.library.register_autograd("deepwell::fp8_attention_backward", _backward_backward, setup_context=_backward_setup)
+torch.library.register_autograd(
+    "deepwell::fp8_attention_backward", _backward_backward, setup_context=_backward_setup
+)
 
 
 def fp8_attention(
