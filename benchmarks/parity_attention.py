@@ -16,7 +16,9 @@ The issue's target: a gap <= 1% of bf16's held-out loss. On the CPU the model is
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -68,8 +70,13 @@ def main(argv=None) -> dict:
     p.add_argument("--seeds", default="0,1", help="comma-separated seeds (at least 2 for the seed spread)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--eval-batches", type=int, default=4)
+    p.add_argument("--tag", default="", help="a tag in the JSON's name (a partial run: one seed of several)")
     p.add_argument("--max-bytes", type=int, default=4_000_000, help="training text read from the standard library")
+    p.add_argument("--combine", default="", help="comma-separated JSONs of tagged partial runs: their rows, summarised "
+                   "and written as one untagged result")
     args = p.parse_args(argv)
+    if args.combine:
+        return combine(args.combine.split(","))
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     device = torch.device(args.device)
     backend.ensure_registered()
@@ -87,23 +94,45 @@ def main(argv=None) -> dict:
             rows.append(r)
             print(f"seed {seed} attention={arm:<4} held-out {r['heldout']:.4f}  final train {r['final_train']:.4f}  "
                   f"{r['seconds']:.0f} s  [{'; '.join(r['kernels'])}]", flush=True)
+    summarise(rows, seeds, args.steps, config)
+    for r in rows:
+        r["losses"] = [round(x, 5) for x in r["losses"]]
+    path = write_json("parity_attention" + (f"-{args.tag}" if args.tag else ""), env, rows,
+                      {"summary": summarise(rows, seeds, args.steps, config, quiet=True)})
+    print(f"wrote {path}")
+    return rows
+
+
+def combine(paths: list[str]) -> list[dict]:
+    """The rows of partial runs (one seed each, run side by side), summarised and written as one result."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [r for run in runs for r in run["rows"]]
+    seeds = sorted({r["seed"] for r in rows})
+    config, steps = runs[0]["summary"]["config"], runs[0]["summary"]["steps"]
+    summarise(rows, seeds, steps, argparse.Namespace(**config))
+    summary = summarise(rows, seeds, steps, argparse.Namespace(**config), quiet=True)
+    path = write_json("parity_attention", runs[0]["env"], rows, {"summary": {**summary, "combined_from": paths}})
+    print(f"wrote {path}")
+    return rows
+
+
+def summarise(rows: list[dict], seeds: list[int], steps: int, config, quiet: bool = False) -> dict:
+    """The per-seed gaps, the mean gap and the bf16 seed spread of `rows`, printed as a table."""
     by = {(r["attention"], r["seed"]): r["heldout"] for r in rows}
     gaps = [100 * (by["fp8", s] - by["bf16", s]) / by["bf16", s] for s in seeds]
     mean = {a: sum(by[a, s] for s in seeds) / len(seeds) for a in ARMS}
     spread = max(by["bf16", s] for s in seeds) - min(by["bf16", s] for s in seeds)
     summary = {"gap_pct_per_seed": gaps, "gap_pct_mean": 100 * (mean["fp8"] - mean["bf16"]) / mean["bf16"],
                "heldout_mean": mean, "bf16_seed_spread": spread, "bf16_seed_spread_pct": 100 * spread / mean["bf16"],
-               "target_gap_pct": 1.0, "config": vars(config), "steps": args.steps, "seeds": seeds}
+               "target_gap_pct": 1.0, "config": vars(config), "steps": steps, "seeds": seeds}
+    if quiet:
+        return summary
     print("\n| seed | bf16 held-out | fp8 held-out | gap |\n|---|---|---|---|")
     for s, g in zip(seeds, gaps):
         print(f"| {s} | {by['bf16', s]:.4f} | {by['fp8', s]:.4f} | {g:+.2f}% |")
     print(f"| mean | {mean['bf16']:.4f} | {mean['fp8']:.4f} | {summary['gap_pct_mean']:+.2f}% |")
     print(f"bf16 seed spread: {spread:.4f} ({summary['bf16_seed_spread_pct']:.2f}%); target gap <= 1%: "
           f"{'met' if max(abs(g) for g in gaps) <= 1.0 else 'NOT met'}")
-    for r in rows:
-        r["losses"] = [round(x, 5) for x in r["losses"]]
-    path = write_json("parity_attention", env, rows, {"summary": summary})
-    print(f"wrote {path}")
     return summary
 
 
