@@ -58,3 +58,12 @@ def test_calls_it_cannot_compute_are_kept_with_the_reason():
     masked, other = backend.last_plan().attention
     assert masked.kernel != fp8_attention.KERNEL and "attention='fp8' asked but kept: it has an attn_mask" in masked.why
     assert other.kernel == fp8_attention.KERNEL
+
+
+def test_optimize_passes_the_option(capsys):
+    tokens = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(2))
+    torch._dynamo.reset()
+    model = deepwell.optimize(_llama(), precision="bf16", attention="fp8", verbose=True)
+    model(tokens)
+    assert [a.kernel for a in backend.last_plan().attention] == [fp8_attention.KERNEL]
+    assert "deepwell fp8_attention (emulated" in capsys.readouterr().out
