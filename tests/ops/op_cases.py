@@ -110,6 +110,15 @@ def cases() -> dict[str, list[tuple[tuple, dict]]]:
             ((_x(256, 128),), {"m_major_scales": True, "copies": "cols"}),
         ],
         "fp8_block_dequantize": [(fb, {}), ((*fb2, 128, 128), {"out_dtype": torch.float32})],
+        "fp8_attention": [
+            ((_p(1, 2, 16, 64), _p(1, 2, 16, 64, seed=1), _p(1, 2, 16, 64, seed=2)), {"is_causal": True}),
+            ((_x(2, 1, 5, 32, dtype=torch.float32), _x(2, 1, 9, 32, dtype=torch.float32, seed=1),
+              _x(2, 1, 9, 32, dtype=torch.float32, seed=2)), {"scale": 0.3}),
+        ],
+        "fp8_attention_backward": [
+            ((_x(1, 2, 16, 64, seed=3), _x(1, 2, 16, 64), _x(1, 2, 16, 64, seed=1), _x(1, 2, 16, 64, seed=2)),
+             {"is_causal": True}),
+        ],
         "swiglu": [((_p(8, 64),), {}), ((_x(3, 10, dtype=torch.float32),), {}), ((_p(5, 6, dtype=torch.float16),), {})],
         "swiglu_backward": [
             ((_x(8, 64), _x(8, 32, seed=1)), {}),

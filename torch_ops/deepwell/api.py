@@ -31,6 +31,7 @@ def optimize(
     fused_mlp: bool | None = None,
     graph_ops: bool | None = None,
     recompute_codes: bool | None = None,
+    attention: str | None = None,
     options: CompileOptions | None = None,
     seq_len: int | None = None,
     batch_size: int | None = None,
@@ -42,7 +43,8 @@ def optimize(
     fastest native recipe), the rest is fused by Inductor. The keywords are `CompileOptions` fields
     (plan/options.py says what each does; `verbose=True` prints the plan, `cudagraphs=True` replays
     the compiled graphs as CUDA graphs, `mode="reduce-overhead"`), applied over `options` where
-    given (not None).
+    given (not None). `attention="fp8"` runs each eligible `scaled_dot_product_attention` as
+    `deepwell.fp8_attention`: FP8 forward numerics, EMULATED (slower than torch's SDPA), bf16 backward.
 
     With `swap_moe` (default) the Hugging Face MoE blocks of `model` (Mixtral, Qwen2/3-MoE,
     DeepSeek-V3) are first replaced, in place, by equivalent `deepwell.DeepwellMoE` modules whose
@@ -65,7 +67,8 @@ def optimize(
     backend.ensure_registered()  # a source checkout has no entry point naming the backend
     options = (options or CompileOptions()).replace(
         precision=precision, policy=policy, verbose=verbose, cudagraphs=cudagraphs, fp8_block_codes=fp8_block_codes,
-        fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes)
+        fused_mlp=fused_mlp, graph_ops=graph_ops, recompute_codes=recompute_codes,
+        attention=attention)
     swapped = 0
     if swap_attention and isinstance(model, torch.nn.Module):
         # Before torch.compile: Dynamo then traces the SDPA branch, not the explicit one.
@@ -101,6 +104,8 @@ def summary(model: torch.nn.Module, plan, swapped: int = 0, keep_attention_weigh
     plan's attention sites by kernel, and the modules swapped or kept)."""
     recipes = Counter(s.runs_in for s in plan.sites)
     kernels = Counter(a.kernel for a in plan.attention)
+    fp8 = any(k.startswith("deepwell") for k in kernels)
+    rewritten = "some rewritten to deepwell.fp8_attention, emulated" if fp8 else "not rewritten: torch runs them"
     moe = sum(isinstance(m, DeepwellMoE) for m in model.modules())
     report = attention_report(model, keep_attention_weights)
     # nn.MultiheadAttention (and the drop-in, its subclass) are in the report's lines.
@@ -110,7 +115,7 @@ def summary(model: torch.nn.Module, plan, swapped: int = 0, keep_attention_weigh
         f"deepwell.optimize: {len(plan.sites)} GEMM sites on parameters (nn.Linear, HF Conv1D, matmuls) planned for "
         f"{plan.arch}: " + ", ".join(f"{n} {r}" for r, n in sorted(recipes.items())),
         f"  MoE blocks: {moe} deepwell.DeepwellMoE" + (f" ({swapped} swapped in from Hugging Face)" if swapped else ""),
-        f"  attention sites: {len(plan.attention)}" + (" (not rewritten: torch runs them) by kernel: " if kernels else "")
+        f"  attention sites: {len(plan.attention)}" + (f" ({rewritten}) by kernel: " if kernels else "")
         + ", ".join(f"{n} {k}" for k, n in sorted(kernels.items())),
     ] + [f"  attention: {line}" for line in report.lines()]
     if other or not report.lines():

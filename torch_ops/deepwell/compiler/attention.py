@@ -9,7 +9,8 @@ Dynamo leaves them:
   softmax over the last dimension, optional casts and dropout, and a matmul of the probabilities
   with a third activation (Hugging Face eager attention; nn.MultiheadAttention's baddbmm / softmax /
   bmm where Dynamo traces into it).
-Nothing is rewritten.
+Nothing is rewritten here; under `CompileOptions.attention="fp8"` compiler/fp8_attention.py rewrites
+the SDPA calls it can.
 """
 
 from __future__ import annotations
@@ -242,8 +243,9 @@ def _chain(start: torch.fx.Node, end: torch.fx.Node) -> list[torch.fx.Node]:
     return nodes
 
 
-def capture_attention(gm: torch.fx.GraphModule, arch: str) -> list[AttentionSite]:
-    """Every attention of the graph, in graph order, each with the kernel it runs with on `arch`."""
+def capture_attention(gm: torch.fx.GraphModule, arch: str, nodes: list | None = None) -> list[AttentionSite]:
+    """Every attention of the graph, in graph order, each with the kernel it runs with on `arch`;
+    `nodes`, when given, receives each site's graph node, in the same order."""
     found = []
     for node in gm.graph.nodes:
         site = None
@@ -261,6 +263,8 @@ def capture_attention(gm: torch.fx.GraphModule, arch: str) -> list[AttentionSite
         if node.op != "call_module":
             site.name, site.module_type = name, kind or site.module_type
         found.append(decide(site, arch, hf))
+        if nodes is not None:
+            nodes.append(node)
     seen = Counter()
     for s in found:  # a module's second, third, ... attention
         seen[s.name] += 1

@@ -9,7 +9,8 @@ without `import deepwell`. For each graph Dynamo captures it
    and writes each site's strategy into the plan (`Site.codes`, from `CompileOptions.codes_for`;
    `Site.fused_mlp`, from `CompileOptions.mark_fused`, for the SwiGLU MLPs capture found);
    lists the graph's attention in the plan (`Plan.attention`, compiler/attention.py: what torch runs
-   each with, and why; attention is not rewritten);
+   each with, and why; attention is not rewritten unless the user asks for `attention="fp8"`:
+   compiler/fp8_attention.py, emulated);
 3. rewrites the sites whose recipe is not bf16 into the op their strategy names
    (`torch.ops.deepwell.scaled_linear`, or the recipe's `fp8_*_linear` on x's codes made once per
    input: both copies, or the row copy alone; autograd registered: the backward GEMMs follow the same recipe), leaving bf16
@@ -56,6 +57,7 @@ from ..plan.memory import partitioner_options
 from ..plan.options import CompileOptions, Fallback
 from ..plan.sites import Codes, Plan, Site, plan_sites, role_of
 from . import guard
+from . import fp8_attention
 from .attention import capture_attention, dotted
 from .fuse_mlp import fuse_mlp, swiglu_groups
 from .graph_ops import GraphOps
@@ -399,7 +401,10 @@ def plan_graph(gm: torch.fx.GraphModule, options: CompileOptions | dict | None =
             g.site.decision = decision
         g.site.codes = _codes(g, options)
     options.mark_fused(plan.sites)
-    plan.attention = capture_attention(gm, plan.arch)
+    nodes: list = []
+    plan.attention = capture_attention(gm, plan.arch, nodes)
+    if options.attention == "fp8":
+        fp8_attention.mark(plan.attention, nodes)
     return plan, found
 
 
@@ -428,10 +433,13 @@ def _report(plan: Plan, rewritten: int, fused: int, options: CompileOptions) -> 
         print(f"deepwell backend: {rewritten} GEMM sites rewritten; {fused} SwiGLU MLP(s) fused into fp8_block_swiglu_mlp")
 
 
-def _rewrite(gm: torch.fx.GraphModule, found: list[Gemm]) -> tuple[int, int]:
+def _rewrite(gm: torch.fx.GraphModule, found: list[Gemm], options: CompileOptions) -> tuple[int, int]:
     """`rewrite`, then `fuse_mlp` on the MLPs whose sites the plan fuses (`Site.fused_mlp`); returns
     (sites rewritten, MLPs fused). A planned MLP the rewritten graph does not hold as expected stays
-    three sites, and its sites say so (the plan is what runs)."""
+    three sites, and its sites say so (the plan is what runs). Under attention="fp8", first the SDPA
+    calls `fp8_attention.mark` marked."""
+    if options.attention == "fp8":
+        fp8_attention.rewrite(gm)
     rewritten = rewrite(gm, found)
     planned = list(dict.fromkeys(g.mlp for g in found if g.site.fused_mlp))
     fused = fuse_mlp(gm, planned)
@@ -470,7 +478,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
     _warn_hf_moe(gm)
     _warn_unused_precision(plan, options)
     _notice_nothing_quantized(plan, options)
-    rewritten, fused = _rewrite(gm, found)
+    rewritten, fused = _rewrite(gm, found, options)
     STATS["graphs"] += 1
     STATS["planning_s"] += time.perf_counter() - start
     STATS["fused_mlps"] += fused
@@ -486,7 +494,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
         fakes = [n.meta["example_value"] for n in g.graph.nodes if n.op == "placeholder"]
         now: dict = {}
         plan, found = plan_graph(g, options, _guard_hook(original, [w() for w in weights], now))
-        n, fused = _rewrite(g, found)
+        n, fused = _rewrite(g, found, options)
         rows = guard.add_stats_output(g, [(f.site.name, *f.rewritten) for f in found if f.rewritten]) if observed else []
         if not observed:
             _report(plan, n, fused, options)

@@ -11,6 +11,7 @@ from .fp8_block_mlp import fp8_block_swiglu_mlp
 from .quantized_linear import quantized_linear, quantized_linear_backward
 from .grouped_linear import grouped_linear
 from .moe import moe_combine, moe_dispatch, moe_permute_index, moe_route
+from .fp8_attention import fp8_attention
 from .fp8_block import (
     fp8_block_dequantize,
     fp8_block_quantize,
@@ -30,6 +31,7 @@ if torch.distributed.is_available():
     from . import sharding  # noqa: F401
 
 __all__ = [
+    "fp8_attention",
     "fp8_block_dequantize",
     "fp8_block_gemm",
     "fp8_block_grouped_gemm",

@@ -1,7 +1,9 @@
 """Attention sites: each scaled-dot-product attention of a captured graph, the kernel torch runs it
 with and why, and what it costs a training step. deepwell does not rewrite attention (its bf16
-SDPA kernels are exact and already fast): the plan lists it so that the plan table says what runs
-and `dryrun` prices the whole step, not only its GEMMs.
+SDPA kernels are exact and already fast) unless the user asks for `CompileOptions.attention="fp8"`
+(compiler/fp8_attention.py: an EMULATED FP8 forward, which `dryrun` still prices at SDPA's rate):
+the plan lists it so that the plan table says what runs and `dryrun` prices the whole step, not
+only its GEMMs.
 
 The backend finds the sites (compiler/attention.py); this module decides what torch runs them
 with (`kernel`), their FLOPs, the bytes they save for the backward (`saved_bytes`) and their time

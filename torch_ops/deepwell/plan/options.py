@@ -31,6 +31,10 @@ from ..nn.guardrails import GuardrailConfig
 from .sites import Codes, Plan, Site
 
 
+#: `CompileOptions.attention`'s values.
+ATTENTION = ("bf16", "fp8")
+
+
 class Fallback(str, Enum):
     """What happens to a GEMM site that cannot run its planned recipe: one a fixed plan does not
     name (found when compiling), or a quantized one whose guardrail sees a non-finite input or
@@ -97,6 +101,12 @@ class CompileOptions:
     #: compiled graphs call the `deepwell_graph` twins of the ops, without the Python autograd layer
     #: (compiler/graph_ops.py).
     graph_ops: bool = True
+    #: what the graph's `F.scaled_dot_product_attention` calls run: "bf16" (torch's own SDPA, exact),
+    #: or "fp8", asked for by the user only: each call without attn_mask or dropout (and with Tq == Tk
+    #: when causal) runs `deepwell.fp8_attention`, FlashAttention-3's FP8 forward numerics EMULATED
+    #: (quantize, dequantize, fp32 attention: slower than SDPA) with a bf16 backward
+    #: (docs/NUMERICS.md "FP8 attention").
+    attention: str = "bf16"
 
     def __post_init__(self):
         def fail(name, expected, got):
@@ -123,6 +133,8 @@ class CompileOptions:
         if self.arch is not None and not isinstance(self.arch, str):
             fail("arch", "an arch name such as 'sm_90' or None", self.arch)
         object.__setattr__(self, "arch", arch_name(self.arch))  # "blackwell-sm100" -> "sm_100"
+        if self.attention not in ATTENTION:
+            fail("attention", " or ".join(repr(a) for a in ATTENTION), self.attention)
         for f in ("verbose", "cudagraphs", "fp8_block_codes", "recompute_codes", "fused_mlp", "graph_ops"):
             if not isinstance(getattr(self, f), bool):
                 fail(f, "a bool", getattr(self, f))

@@ -1,8 +1,8 @@
 """The plan: one decision per GEMM site of a captured graph (recipe, each pass's GEMM kernel, and
 why), made by the Rust planner (rust/core/src/policy, through the `policy_decide` entry of
 rust/ops/src/capi.rs) from the sites, the device and the user's policy, and the graph's attention
-sites with the kernel torch runs each with (plan/attention.py; listed, not rewritten). Printable as
-a table (`verbose=True` or DEEPWELL_PRINT_PLAN=1)."""
+sites with the kernel torch runs each with (plan/attention.py; listed, rewritten only under
+attention="fp8"). Printable as a table (`verbose=True` or DEEPWELL_PRINT_PLAN=1)."""
 
 from __future__ import annotations
 
