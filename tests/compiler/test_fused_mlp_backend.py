@@ -74,9 +74,10 @@ def _graph_counts(model, x, **options) -> dict:
     counts = {}
 
     def spy(gm, example_inputs, **kw):
-        plan, found = dw_backend.plan_graph(gm, {"policy": options.get("policy", POLICY), "fp8_block_codes": True,
-                                                 "fused_mlp": options.get("fused_mlp", True)})
-        counts["fused"] = dw_backend._rewrite(gm, found)[1]
+        compile_options = deepwell.CompileOptions(policy=options.get("policy", POLICY), fp8_block_codes=True,
+                                                  fused_mlp=options.get("fused_mlp", True))
+        plan, found = dw_backend.plan_graph(gm, compile_options)
+        counts["fused"] = dw_backend._rewrite(gm, found, compile_options)[1]
         counts["plan"] = plan.fused_mlps()
         targets = [n.target for n in gm.graph.nodes]
         counts.update(
