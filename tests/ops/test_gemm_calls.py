@@ -14,8 +14,8 @@ from gemm_calls import cpu_call_with_gemms
 from op_cases import cases
 
 ops = torch.ops.deepwell
-#: Op names of the families that multiply matrices (linear layers, GEMMs, fused MLPs).
-HAS_GEMM = re.compile(r"linear|gemm|wgrad|_mlp")
+#: Op names of the families that multiply matrices (linear layers, GEMMs, fused MLPs, attention).
+HAS_GEMM = re.compile(r"linear|gemm|wgrad|_mlp|attention")
 
 
 def _models_another_gpu(args, kwargs) -> bool:
