@@ -15,10 +15,12 @@ GEMM_RTOL = 5e-3
 #: aten's matrix products (any overload): what a CPU reference calls to multiply.
 GEMM_ATEN = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
              "aten::_scaled_mm", "aten::_scaled_mm_v2", "aten::_grouped_mm", "aten::einsum", "aten::dot")
+#: aten's attention kernels (every scaled_dot_product_* forward and backward): matrix products inside.
+ATTENTION_ATEN = "scaled_dot_product"
 
 
 def cpu_call_with_gemms(fn, *args, **kwargs):
     """(fn(*args, **kwargs), whether it ran one of aten's matrix products)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = fn(*args, **kwargs)
-    return out, any(e.name in GEMM_ATEN for e in prof.events())
+    return out, any(e.name in GEMM_ATEN or ATTENTION_ATEN in e.name for e in prof.events())
