@@ -470,7 +470,10 @@ def backend(gm: torch.fx.GraphModule, example_inputs, options: CompileOptions | 
     """The Dynamo backend (see the module docs)."""
     options = CompileOptions.of(options)
     start = time.perf_counter()
-    guarded = options.fallback is not Fallback.NONE
+    # Graphs on sharded weights (FSDP2, tensor parallelism: DTensors) stay unguarded: their statistics
+    # would be DTensors, and a fallback decided per rank could leave the ranks' graphs different.
+    sharded = any(is_traceable_wrapper_subclass(t) for t in example_inputs if isinstance(t, torch.Tensor))
+    guarded = options.fallback is not Fallback.NONE and not sharded
     original = copy.deepcopy(gm) if guarded else None  # what a guarded graph's later compilations start from
     records: dict = {}
     forced = _guard_hook(gm, example_inputs, records) if guarded else None
