@@ -16,10 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import deepwell  # noqa: F401  (registers the ops)
+from _common import environment, header, time_ms, write_json
 
 ops = torch.ops.deepwell
-
-from _common import environment, header, time_ms, write_json
 
 
 def _wall_ms(fn, iters: int = 3) -> float:

@@ -94,29 +94,27 @@ def main(argv=None) -> dict:
             rows.append(r)
             print(f"seed {seed} attention={arm:<4} held-out {r['heldout']:.4f}  final train {r['final_train']:.4f}  "
                   f"{r['seconds']:.0f} s  [{'; '.join(r['kernels'])}]", flush=True)
-    summarise(rows, seeds, args.steps, config)
+    summary = summarise(rows, seeds, args.steps, config)
     for r in rows:
         r["losses"] = [round(x, 5) for x in r["losses"]]
-    path = write_json("parity_attention" + (f"-{args.tag}" if args.tag else ""), env, rows,
-                      {"summary": summarise(rows, seeds, args.steps, config, quiet=True)})
+    path = write_json("parity_attention" + (f"-{args.tag}" if args.tag else ""), env, rows, {"summary": summary})
     print(f"wrote {path}")
-    return rows
+    return summary
 
 
-def combine(paths: list[str]) -> list[dict]:
+def combine(paths: list[str]) -> dict:
     """The rows of partial runs (one seed each, run side by side), summarised and written as one result."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     rows = [r for run in runs for r in run["rows"]]
     seeds = sorted({r["seed"] for r in rows})
     config, steps = runs[0]["summary"]["config"], runs[0]["summary"]["steps"]
-    summarise(rows, seeds, steps, argparse.Namespace(**config))
-    summary = summarise(rows, seeds, steps, argparse.Namespace(**config), quiet=True)
+    summary = summarise(rows, seeds, steps, argparse.Namespace(**config))
     path = write_json("parity_attention", runs[0]["env"], rows, {"summary": {**summary, "combined_from": paths}})
     print(f"wrote {path}")
-    return rows
+    return summary
 
 
-def summarise(rows: list[dict], seeds: list[int], steps: int, config, quiet: bool = False) -> dict:
+def summarise(rows: list[dict], seeds: list[int], steps: int, config) -> dict:
     """The per-seed gaps, the mean gap and the bf16 seed spread of `rows`, printed as a table."""
     by = {(r["attention"], r["seed"]): r["heldout"] for r in rows}
     gaps = [100 * (by["fp8", s] - by["bf16", s]) / by["bf16", s] for s in seeds]
@@ -125,8 +123,6 @@ def summarise(rows: list[dict], seeds: list[int], steps: int, config, quiet: boo
     summary = {"gap_pct_per_seed": gaps, "gap_pct_mean": 100 * (mean["fp8"] - mean["bf16"]) / mean["bf16"],
                "heldout_mean": mean, "bf16_seed_spread": spread, "bf16_seed_spread_pct": 100 * spread / mean["bf16"],
                "target_gap_pct": 1.0, "config": vars(config), "steps": steps, "seeds": seeds}
-    if quiet:
-        return summary
     print("\n| seed | bf16 held-out | fp8 held-out | gap |\n|---|---|---|---|")
     for s, g in zip(seeds, gaps):
         print(f"| {s} | {by['bf16', s]:.4f} | {by['fp8', s]:.4f} | {g:+.2f}% |")
